@@ -1,0 +1,1 @@
+"""Tinker wire types and the protobuf/zstd/JSON codec."""

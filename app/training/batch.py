@@ -1,0 +1,64 @@
+"""Datums of one forward/forward_backward request packed as flat numpy arrays.
+
+A batch travels from the ingress to the workers through the object store; flat arrays keep that cheap.
+Datum i owns rows ``offsets[i]:offsets[i+1]`` of ``tokens`` and of every array in ``loss_inputs``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class PackedBatch:
+    tokens: np.ndarray  # int64 [total_tokens]: every datum's model input, concatenated
+    offsets: np.ndarray  # int64 [num_datums + 1], offsets[0] == 0
+    loss_inputs: dict[str, np.ndarray] = field(default_factory=dict)  # name -> [total_tokens, *trailing]
+
+    @property
+    def num_datums(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def datum_slice(self, i: int) -> slice:
+        return slice(int(self.offsets[i]), int(self.offsets[i + 1]))
+
+    def select(self, datum_indices: np.ndarray | list[int]) -> PackedBatch:
+        """The sub-batch of the given datums, in the given order."""
+        slices = [self.datum_slice(int(i)) for i in datum_indices]
+        lengths = np.array([s.stop - s.start for s in slices], dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+
+        def gather(a: np.ndarray) -> np.ndarray:
+            if not slices:
+                return a[:0]
+            return np.concatenate([a[s] for s in slices])
+
+        return PackedBatch(gather(self.tokens), offsets, {k: gather(v) for k, v in self.loss_inputs.items()})
+
+
+@dataclass(frozen=True)
+class ForwardBackwardInput:
+    """A decoded forward / forward_backward request."""
+
+    model_id: str
+    seq_id: int
+    loss_fn: str
+    loss_fn_config: dict[str, float | str]
+    forward_only: bool
+    batch: PackedBatch
+
+
+@dataclass(frozen=True)
+class ForwardBackwardResult:
+    """Per-datum outputs (flat, aligned with the batch's offsets) plus summed metrics."""
+
+    offsets: np.ndarray  # int64 [num_datums + 1]
+    outputs: dict[str, np.ndarray]  # name -> [total_tokens, *trailing] float32
+    metrics: dict[str, float]
+    loss_fn_output_type: str = "ArrayRecord"
