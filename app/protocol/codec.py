@@ -1,0 +1,333 @@
+"""Wire codec for forward / forward_backward: request decoding (proto, zstd, legacy JSON) and output encoding.
+
+Requests are decoded straight into a PackedBatch; every structural problem becomes a UserError whose
+`field` names the offending request field (``data[3].loss_fn_inputs.weights``). The only limits applied
+here bound memory (body size, zstd output, densified CSR cells); semantic checks (vocab range, loss
+names, datum/token counts) belong to the caller.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from typing import Any
+
+import numpy as np
+import zstandard
+from google.protobuf.message import DecodeError
+from tinker.proto import tinker_public_pb2 as pb
+
+from app.errors import LimitExceeded, ServerError, UserError
+from app.training.batch import ForwardBackwardInput, ForwardBackwardResult, PackedBatch
+
+__all__ = ["decode_forward_backward", "encode_forward_backward_output", "forward_backward_output_to_json"]
+
+# Wire dtype of each proto DType; INT32 and BFLOAT16 (raw uint16) are widened after reading.
+_PROTO_DTYPES: dict[int, np.dtype] = {
+    pb.DTYPE_FLOAT32: np.dtype("<f4"),
+    pb.DTYPE_INT64: np.dtype("<i8"),
+    pb.DTYPE_INT32: np.dtype("<i4"),
+    pb.DTYPE_BFLOAT16: np.dtype("<u2"),
+}
+_JSON_DTYPES = {"float32": np.float32, "int64": np.int64, "int32": np.int64}
+_INT_INPUTS = frozenset({"target_tokens"})
+
+
+def _err(field: str, message: str) -> UserError:
+    return UserError(f"{field} {message}", field=field)
+
+
+
+def _decompress_zstd(body: bytes, max_body_bytes: int) -> bytes:
+    """Decompress one zstd frame; a streaming first pass bounds the output before anything is buffered."""
+    dctx = zstandard.ZstdDecompressor()
+    try:
+        size = 0
+        for chunk in dctx.read_to_iter(io.BytesIO(body), write_size=1 << 20):
+            size += len(chunk)
+            if size > max_body_bytes:
+                raise LimitExceeded(f"body exceeds {max_body_bytes} bytes after zstd decompression", field="body")
+        obj = dctx.decompressobj()
+        out = obj.decompress(body)  # same output as the pass above, so bounded
+    except zstandard.ZstdError as exc:
+        raise _err("body", f"is not valid zstd data: {exc}") from exc
+    if not obj.eof or obj.unused_data:
+        raise _err("body", "is not exactly one complete zstd frame (truncated or trailing data)")
+    return out
+
+
+def decode_forward_backward(
+    body: bytes, content_type: str, content_encoding: str | None, *, max_body_bytes: int
+) -> ForwardBackwardInput:
+    """Decode a forward_backward body: protobuf (or JSON from older SDKs), optionally zstd-compressed.
+
+    max_body_bytes bounds the raw body, the decompressed body and the cell count of any densified CSR tensor.
+    """
+    if len(body) > max_body_bytes:
+        raise LimitExceeded(f"body exceeds {max_body_bytes} bytes", field="body")
+    encoding = (content_encoding or "identity").strip().lower()
+    if encoding == "zstd":
+        body = _decompress_zstd(body, max_body_bytes)
+    elif encoding not in ("identity", ""):
+        raise _err("body", f"has unsupported Content-Encoding {content_encoding!r} (use zstd or none)")
+    mime = (content_type or "").split(";", 1)[0].strip().lower()
+    if mime == "application/json" or mime.endswith("+json"):
+        return _decode_json(body, max_body_bytes)
+    return _decode_proto(body, max_body_bytes)
+
+
+def _pack(datums: list[tuple[np.ndarray, dict[str, np.ndarray]]]) -> PackedBatch:
+    """Check cross-datum consistency and concatenate the per-datum arrays."""
+    if not datums:
+        raise _err("data", "is empty; at least one datum is required")
+    names0 = set(datums[0][1])
+    trailing0 = {k: v.shape[1:] for k, v in datums[0][1].items()}
+    for i, (_, inputs) in enumerate(datums[1:], start=1):
+        if set(inputs) != names0:
+            raise _err(f"data[{i}].loss_fn_inputs", f"has keys {sorted(inputs)} but data[0] has {sorted(names0)}")
+        for k, v in inputs.items():
+            if v.shape[1:] != trailing0[k]:
+                raise _err(
+                    f"data[{i}].loss_fn_inputs.{k}",
+                    f"has trailing shape {list(v.shape[1:])} but data[0] has {list(trailing0[k])}",
+                )
+    lengths = [len(t) for t, _ in datums]
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    tokens = np.concatenate([t for t, _ in datums]).astype(np.int64, copy=False)
+    loss_inputs = {k: np.concatenate([inp[k] for _, inp in datums]) for k in sorted(names0)}
+    return PackedBatch(tokens, offsets, loss_inputs)
+
+
+def _finish_tensor(field: str, name: str, arr: np.ndarray, n_tokens: int) -> np.ndarray:
+    """Coerce dtype (target_tokens int64, rest float32) and check the leading dimension."""
+    if arr.ndim not in (1, 2):
+        raise _err(field, f"has shape {list(arr.shape)}; only (N,) or (N, K) is supported")
+    if arr.shape[0] != n_tokens:
+        raise _err(field, f"has length {arr.shape[0]} but model_input has {n_tokens} tokens")
+    if name in _INT_INPUTS:
+        if arr.dtype.kind == "f":
+            if not (np.all(np.isfinite(arr)) and np.all(arr == np.round(arr))):
+                raise _err(field, "must hold integers")
+        return arr.astype(np.int64, copy=False)
+    return arr.astype(np.float32, copy=False)
+
+
+def _densify(
+    field: str, values: np.ndarray, crow: np.ndarray, col: np.ndarray, shape: list[int], n_tokens: int, max_cells: int
+) -> np.ndarray:
+    """Expand a CSR tensor; unlisted cells are 0. The dense size is bounded by max_cells."""
+    if len(shape) != 2:
+        raise _err(field, f"is sparse CSR with shape {shape}; CSR must be 2-D")
+    rows, cols = shape
+    if rows < 0 or cols < 0:
+        raise _err(field, f"has negative shape {shape}")
+    if rows != n_tokens:
+        raise _err(field, f"has length {rows} but model_input has {n_tokens} tokens")
+    if rows * cols > max_cells:
+        raise LimitExceeded(f"{field} densifies to {rows * cols} cells, more than {max_cells}", field=field)
+    nnz = len(values)
+    if len(crow) != rows + 1 or len(col) != nnz or crow[0] != 0 or crow[-1] != nnz:
+        raise _err(field, f"has inconsistent sparse CSR indices for shape {shape} and {nnz} values")
+    if np.any(np.diff(crow) < 0) or np.any((col < 0) | (col >= cols)):
+        raise _err(field, f"has inconsistent sparse CSR indices for shape {shape} and {nnz} values")
+    dense = np.zeros((rows, cols), dtype=values.dtype)
+    dense[np.repeat(np.arange(rows), np.diff(crow)), col] = values
+    return dense
+
+
+
+def _from_bytes(field: str, raw: bytes, dtype: np.dtype) -> np.ndarray:
+    if len(raw) % dtype.itemsize:
+        raise _err(field, f"has {len(raw)} bytes, not a multiple of the dtype size {dtype.itemsize}")
+    return np.frombuffer(raw, dtype=dtype)
+
+
+def _reshape(field: str, arr: np.ndarray, shape: list[int] | None) -> np.ndarray:
+    if shape is None:
+        return arr
+    if any(s < 0 for s in shape) or math.prod(shape) != arr.size:
+        raise _err(field, f"has {arr.size} values but shape {shape}")
+    return arr.reshape(shape)
+
+
+def _widen(arr: np.ndarray, proto_dtype: int) -> np.ndarray:
+    if proto_dtype == pb.DTYPE_BFLOAT16:
+        return (arr.astype(np.uint32) << 16).view(np.float32)
+    if proto_dtype == pb.DTYPE_INT32:
+        return arr.astype(np.int64)
+    return arr
+
+
+def _proto_tensor(field: str, name: str, msg: pb.Tensor, n_tokens: int, max_cells: int) -> np.ndarray:
+    if msg.dtype not in _PROTO_DTYPES:
+        raise _err(f"{field}.dtype", f"is unknown ({msg.dtype}); expected FLOAT32, INT64, INT32 or BFLOAT16")
+    np_dtype = _PROTO_DTYPES[msg.dtype]
+    shape = [int(s) for s in msg.shape]
+    if msg.WhichOneof("encoding") == "sparse_csr":
+        csr = msg.sparse_csr
+        values = _widen(_from_bytes(f"{field}.sparse_csr.values", csr.values, np_dtype), msg.dtype)
+        crow = _from_bytes(f"{field}.sparse_csr.crow_indices", csr.crow_indices, np.dtype("<i8"))
+        col = _from_bytes(f"{field}.sparse_csr.col_indices", csr.col_indices, np.dtype("<i8"))
+        arr = _densify(field, values, crow, col, shape, n_tokens, max_cells)
+    else:
+        arr = _widen(_from_bytes(field, msg.dense, np_dtype), msg.dtype)
+        arr = _reshape(field, arr, shape or None)
+    return _finish_tensor(field, name, arr, n_tokens)
+
+
+def _decode_proto(body: bytes, max_cells: int) -> ForwardBackwardInput:
+    req = pb.ForwardBackwardRequest()
+    try:
+        req.ParseFromString(body)
+    except DecodeError as exc:
+        raise _err("body", f"is not a valid ForwardBackwardRequest protobuf: {exc}") from exc
+    datums = []
+    for i, d in enumerate(req.data):
+        parts = []
+        for j, chunk in enumerate(d.model_input):
+            kind = chunk.WhichOneof("chunk")
+            if kind != "encoded_text":
+                raise _err(f"data[{i}].model_input[{j}]", f"is a {kind or 'empty'} chunk; only text is supported")
+            parts.append(_from_bytes(f"data[{i}].model_input[{j}].tokens", chunk.encoded_text.tokens, np.dtype("<i4")))
+        tokens = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+        inputs = {
+            name: _proto_tensor(f"data[{i}].loss_fn_inputs.{name}", name, t, len(tokens), max_cells)
+            for name, t in d.loss_fn_inputs.items()
+        }
+        datums.append((tokens, inputs))
+    config: dict[str, float | str] = {k: float(v) for k, v in req.loss_fn_config.items()}
+    for k, v in req.loss_fn_config_v2.items():
+        arm = v.WhichOneof("value")
+        if arm is None:
+            raise _err(f"loss_fn_config_v2.{k}", "has neither number nor text set")
+        config[k] = float(v.number) if arm == "number" else str(v.text)
+    batch = _pack(datums)
+    return ForwardBackwardInput(req.model_id, int(req.seq_id), req.loss_fn, config, bool(req.forward_only), batch)
+
+
+
+def _json_tensor(field: str, name: str, obj: Any, n_tokens: int, max_cells: int) -> np.ndarray:
+    if not isinstance(obj, dict):
+        raise _err(field, "must be an object with data and dtype")
+    dtype = obj.get("dtype")
+    if dtype not in _JSON_DTYPES:
+        raise _err(f"{field}.dtype", f"is unknown ({dtype!r}); expected 'int64' or 'float32'")
+    try:
+        raw = np.asarray(obj.get("data") or [])
+        if raw.size and (raw.dtype.kind not in "iuf" or (dtype != "float32" and raw.dtype.kind == "f")):
+            raise _err(field, f"data must hold {'numbers' if dtype == 'float32' else 'integers'}")
+        values = raw.astype(_JSON_DTYPES[dtype])
+        shape = [int(s) for s in obj["shape"]] if obj.get("shape") is not None else None
+        crow, col = obj.get("sparse_crow_indices"), obj.get("sparse_col_indices")
+        if crow is not None or col is not None:
+            crow_a, col_a = np.asarray(crow or [], dtype=np.int64), np.asarray(col or [], dtype=np.int64)
+            arr = _densify(field, values.reshape(-1), crow_a, col_a, shape or [], n_tokens, max_cells)
+            return _finish_tensor(field, name, arr, n_tokens)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise _err(field, f"is malformed: {exc}") from exc
+    return _finish_tensor(field, name, _reshape(field, values, shape), n_tokens)
+
+
+def _json_datum(i: int, d: Any, max_cells: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    if not isinstance(d, dict) or not isinstance(d.get("model_input"), dict):
+        raise _err(f"data[{i}]", "must be an object with model_input and loss_fn_inputs")
+    parts = []
+    for j, chunk in enumerate(d["model_input"].get("chunks") or []):
+        kind = chunk.get("type", "encoded_text") if isinstance(chunk, dict) else "malformed"
+        if kind != "encoded_text":
+            raise _err(f"data[{i}].model_input.chunks[{j}]", f"is a {kind} chunk; only text is supported")
+        toks = np.asarray(chunk.get("tokens") or [])
+        if toks.ndim != 1 or (toks.size and toks.dtype.kind not in "iu"):
+            raise _err(f"data[{i}].model_input.chunks[{j}].tokens", "must be a list of integers")
+        parts.append(toks.astype(np.int64))
+    tokens = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    raw_inputs = d.get("loss_fn_inputs") or {}
+    if not isinstance(raw_inputs, dict):
+        raise _err(f"data[{i}].loss_fn_inputs", "must be an object")
+    return tokens, {
+        k: _json_tensor(f"data[{i}].loss_fn_inputs.{k}", k, v, len(tokens), max_cells) for k, v in raw_inputs.items()
+    }
+
+
+def _decode_json(body: bytes, max_cells: int) -> ForwardBackwardInput:
+    try:
+        obj = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _err("body", f"is not valid JSON: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise _err("body", "must be a JSON object")
+    fbi = obj.get("forward_backward_input")
+    inner = fbi if isinstance(fbi, dict) else obj
+    model_id, seq_id, loss_fn = obj.get("model_id"), obj.get("seq_id") or 0, inner.get("loss_fn")
+    if not isinstance(model_id, str):
+        raise _err("model_id", "must be a string")
+    if not isinstance(seq_id, int) or isinstance(seq_id, bool):
+        raise _err("seq_id", "must be an integer")
+    if not isinstance(loss_fn, str):
+        raise _err("loss_fn", "must be a string")
+    data = inner.get("data")
+    if not isinstance(data, list):
+        raise _err("data", "must be a list of datums")
+    raw_config = inner.get("loss_fn_config") or {}
+    if not isinstance(raw_config, dict):
+        raise _err("loss_fn_config", "must be an object")
+    config: dict[str, float | str] = {}
+    for k, v in raw_config.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+            raise _err(f"loss_fn_config.{k}", "must be a number or a string")
+        config[k] = v if isinstance(v, str) else float(v)
+    forward_only = bool(obj.get("forward_only", inner.get("forward_only", False)))
+    batch = _pack([_json_datum(i, d, max_cells) for i, d in enumerate(data)])
+    return ForwardBackwardInput(model_id, seq_id, loss_fn, config, forward_only, batch)
+
+
+
+def _output_arrays(result: ForwardBackwardResult) -> dict[str, tuple[np.ndarray, int]]:
+    """name -> (array in its wire dtype, proto dtype), checked against the offsets."""
+    total = int(result.offsets[-1])
+    out = {}
+    for name, arr in result.outputs.items():
+        if arr.shape[0] != total:
+            raise ServerError(f"output {name} has {arr.shape[0]} rows but offsets cover {total}")
+        if arr.dtype.kind in "iu":
+            out[name] = (np.ascontiguousarray(arr, dtype="<i8"), pb.DTYPE_INT64)
+        else:
+            out[name] = (np.ascontiguousarray(arr, dtype="<f4"), pb.DTYPE_FLOAT32)
+    return out
+
+
+def encode_forward_backward_output(result: ForwardBackwardResult) -> bytes:
+    """Serialize a result as a ``tinker_public.ForwardBackwardOutput`` with one batched ArrayRecord."""
+    offsets = np.asarray(result.offsets, dtype=np.int64)
+    msg = pb.ForwardBackwardOutput(loss_fn_output_type=result.loss_fn_output_type)
+    record = msg.loss_fn_outputs.add(type_tag="ArrayRecord", num_datums=len(offsets) - 1)
+    for name, (arr, dtype) in _output_arrays(result).items():
+        row_bytes = int(np.prod(arr.shape[1:], dtype=np.int64)) * arr.itemsize
+        bt = record.fields[name]
+        bt.data = arr.tobytes()
+        bt.offsets = (offsets * row_bytes).astype("<i8").tobytes()
+        bt.dtype = dtype
+        bt.trailing_shape.extend(int(s) for s in arr.shape[1:])
+    for k, v in result.metrics.items():
+        msg.metrics[k] = float(v)
+    return msg.SerializeToString()
+
+
+def forward_backward_output_to_json(result: ForwardBackwardResult) -> dict[str, Any]:
+    """The JSON ForwardBackwardOutput older SDKs parse: one {name: TensorData} dict per datum."""
+    arrays = _output_arrays(result)
+    bounds = [(int(lo), int(hi)) for lo, hi in zip(result.offsets[:-1], result.offsets[1:])]
+    outputs = [
+        {
+            name: {
+                "data": arr[lo:hi].reshape(-1).tolist(),
+                "dtype": "int64" if dtype == pb.DTYPE_INT64 else "float32",
+                "shape": [hi - lo, *(int(s) for s in arr.shape[1:])],
+            }
+            for name, (arr, dtype) in arrays.items()
+        }
+        for lo, hi in bounds
+    ]
+    metrics = {k: float(v) for k, v in result.metrics.items()}
+    return {"loss_fn_output_type": result.loss_fn_output_type, "loss_fn_outputs": outputs, "metrics": metrics}
