@@ -1,0 +1,106 @@
+"""Server configuration: one root pydantic model, validated before any replica starts.
+
+`serve_config.yaml` passes this structure as the application's `args`; environment variables are
+read here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+API_KEYS_ENV = "TINKER_SERVE_API_KEYS"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LimitsConfig(_Strict):
+    """Every request limit; each is enforced with a user error naming the field."""
+
+    max_datums_per_request: int = Field(1024, ge=1)
+    max_tokens_per_datum: int = Field(2048, ge=2)
+    max_request_bytes: int = Field(64 * 2**20, ge=1024)
+    max_lora_rank: int = Field(128, ge=1)
+    max_models_per_base: int = Field(64, ge=1)
+    fwdbwd_max_chunk_len: int = Field(1024, ge=1)  # advertised to clients in client/config
+    long_poll_seconds: float = Field(20.0, gt=0, le=40)  # the SDK's poll timeout is 45 s
+    command_timeout_seconds: float = Field(900.0, gt=0)  # one worker message, start-up excluded
+
+
+class BaseModelConfig(_Strict):
+    """A base model served for LoRA training, with its worker group shape."""
+
+    name: str  # what clients pass as base_model
+    path: str  # local directory or Hugging Face id
+    embedded_preset: Literal["tiny", "small"] | None = None  # build into `path` if missing
+    num_workers: int = Field(2, ge=1)
+    cpus_per_worker: float = Field(1.0, gt=0)
+    use_gpu: bool = False
+    torch_threads_per_worker: int = Field(1, ge=1)
+    max_context_length: int = Field(2048, ge=2)
+
+
+class AuthConfig(_Strict):
+    """`any_tml_key_on_loopback`: any `tml-` key from 127.0.0.0/8 or ::1 (the laptop default).
+    `api_keys`: keys from the environment variable and/or a secret file (one key per line)."""
+
+    mode: Literal["any_tml_key_on_loopback", "api_keys"] = "api_keys"
+    api_keys_file: str | None = None
+
+    def load_keys(self) -> frozenset[str]:
+        keys = {k.strip() for k in os.environ.get(API_KEYS_ENV, "").split(",") if k.strip()}
+        if self.api_keys_file:
+            lines = Path(self.api_keys_file).read_text().splitlines()
+            keys |= {line.strip() for line in lines if line.strip() and not line.startswith("#")}
+        return frozenset(keys)
+
+
+class ServerConfig(_Strict):
+    state_dir: str = "state"
+    database_url: str | None = None  # default: SQLite file under state_dir; postgresql+asyncpg://... works
+    base_models: list[BaseModelConfig]
+    limits: LimitsConfig = LimitsConfig()
+    auth: AuthConfig = AuthConfig()
+    ingress_replicas: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> ServerConfig:
+        names = [m.name for m in self.base_models]
+        if not names:
+            raise ValueError("base_models must list at least one model")
+        if len(set(names)) != len(names):
+            raise ValueError(f"base_models names must be unique, got {names}")
+        if self.auth.mode == "api_keys" and not self.auth.load_keys():
+            raise ValueError(
+                f"auth.mode is api_keys but no keys are configured: set {API_KEYS_ENV} or auth.api_keys_file"
+            )
+        return self
+
+    def resolved(self) -> ServerConfig:
+        """A copy with every local path made absolute (Ray Train workers change directory)."""
+        state = str(Path(self.state_dir).resolve())
+        models = [
+            m.model_copy(update={"path": str(Path(m.path).resolve()) if m.embedded_preset else _abs_if_local(m.path)})
+            for m in self.base_models
+        ]
+        return self.model_copy(update={"state_dir": state, "base_models": models})
+
+    @property
+    def db_url(self) -> str:
+        return self.database_url or f"sqlite+aiosqlite:///{Path(self.state_dir).resolve() / 'tinker_serve.db'}"
+
+    def base_model(self, name: str) -> BaseModelConfig | None:
+        return next((m for m in self.base_models if m.name == name), None)
+
+
+def _abs_if_local(path: str) -> str:
+    """Relative paths that exist or look local become absolute; `org/name` hub ids stay as they are."""
+    p = Path(path)
+    if p.is_absolute() or p.exists() or path.startswith("."):
+        return str(p.resolve())
+    return path

@@ -1,0 +1,1 @@
+"""Durable state over SQLAlchemy async: futures, sessions and training runs (SQLite or Postgres)."""

@@ -1,0 +1,134 @@
+"""The future store: every long operation is a row; outcomes are a closed union.
+
+Rows live in the database so any ingress replica can answer `retrieve_future` and a restart loses no
+finished result. Waiters in the process that completes a future wake at once; others poll the row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Union
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.store.db import futures
+
+PROTO_CONTENT_TYPE = "application/x-protobuf"
+JSON_CONTENT_TYPE = "application/json"
+
+
+@dataclass(frozen=True)
+class Pending:
+    request_id: str
+    queue_state: str = "active"
+
+
+@dataclass(frozen=True)
+class Completed:
+    request_id: str
+    payload: bytes
+    content_type: str
+
+
+@dataclass(frozen=True)
+class Failed:
+    request_id: str
+    error: dict
+
+
+@dataclass(frozen=True)
+class Unknown:
+    request_id: str
+
+
+Outcome = Union[Pending, Completed, Failed, Unknown]
+
+
+class FutureStore:
+    def __init__(self, engine: AsyncEngine, *, poll_interval_s: float = 0.2) -> None:
+        self._engine = engine
+        self._poll_interval_s = poll_interval_s
+        self._local_events: dict[str, asyncio.Event] = {}
+
+    async def create(self, kind: str, model_id: str | None = None, seq_id: int | None = None) -> tuple[str, bool]:
+        """A new pending future; for a repeated (model_id, seq_id) the existing id and False."""
+        request_id = uuid.uuid4().hex
+        row = dict(request_id=request_id, kind=kind, model_id=model_id, seq_id=seq_id, state="pending",
+                   created_at=time.time())
+        try:
+            async with self._engine.begin() as conn:
+                await conn.execute(insert(futures).values(**row))
+            return request_id, True
+        except IntegrityError:
+            if seq_id is None:
+                raise
+            async with self._engine.connect() as conn:
+                existing = await conn.scalar(
+                    select(futures.c.request_id).where(futures.c.model_id == model_id, futures.c.seq_id == seq_id)
+                )
+            return existing, False
+
+    async def complete(self, request_id: str, payload: bytes, content_type: str) -> None:
+        await self._finish(request_id, state="completed", payload=payload, content_type=content_type)
+
+    async def fail(self, request_id: str, error: dict) -> None:
+        await self._finish(request_id, state="failed", error=error)
+
+    async def fail_if_pending(self, request_id: str, error: dict) -> None:
+        """Fail a future unless something already finished it (used when a dispatch itself breaks)."""
+        if isinstance(await self.get(request_id), Pending):
+            await self.fail(request_id, error)
+
+    async def _finish(self, request_id: str, **values: object) -> None:
+        async with self._engine.begin() as conn:
+            await conn.execute(
+                update(futures)
+                .where(futures.c.request_id == request_id, futures.c.state == "pending")
+                .values(completed_at=time.time(), **values)
+            )
+        self.notify(request_id)
+
+    def notify(self, request_id: str) -> None:
+        """Wake local waiters of a future finished by this or another process."""
+        event = self._local_events.get(request_id)
+        if event is not None:
+            event.set()
+
+    async def get(self, request_id: str) -> Outcome:
+        async with self._engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    select(futures.c.state, futures.c.payload, futures.c.content_type, futures.c.error).where(
+                        futures.c.request_id == request_id
+                    )
+                )
+            ).first()
+        if row is None:
+            return Unknown(request_id)
+        if row.state == "completed":
+            return Completed(request_id, row.payload, row.content_type)
+        if row.state == "failed":
+            return Failed(request_id, row.error)
+        return Pending(request_id)
+
+    async def wait(self, request_id: str, timeout_s: float) -> Outcome:
+        """Long-poll: the outcome once finished, or Pending after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        event = self._local_events.setdefault(request_id, asyncio.Event())
+        try:
+            while True:
+                outcome = await self.get(request_id)
+                remaining = deadline - time.monotonic()
+                if not isinstance(outcome, Pending) or remaining <= 0:
+                    return outcome
+                try:
+                    await asyncio.wait_for(event.wait(), min(self._poll_interval_s, remaining))
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            self._local_events.pop(request_id, None)

@@ -1,0 +1,95 @@
+"""Sessions and training runs: who created which model on which base, with which LoRA config."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.errors import NotFound, UserError
+from app.store.db import sessions, training_runs
+
+
+@dataclass(frozen=True)
+class TrainingRun:
+    model_id: str
+    session_id: str
+    base_model: str
+    lora_rank: int
+    role: str
+    lora_config: dict
+    user_metadata: dict
+    created_at: float
+    unloaded: bool
+
+
+def model_id_for(session_id: str, model_seq_id: int) -> str:
+    """The mandatory Tinker model id format (the SDK builds it itself for create-from-state)."""
+    return f"{session_id}:train:{model_seq_id}"
+
+
+class MetadataStore:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+
+    async def create_session(self, sdk_version: str | None, tags: list[str], user_metadata: dict) -> str:
+        session_id = uuid.uuid4().hex[:16]
+        now = time.time()
+        async with self._engine.begin() as conn:
+            await conn.execute(
+                insert(sessions).values(session_id=session_id, created_at=now, last_heartbeat=now,
+                                        sdk_version=sdk_version, tags=tags, user_metadata=user_metadata)
+            )
+        return session_id
+
+    async def heartbeat(self, session_id: str) -> bool:
+        """Record a heartbeat; False when the session is unknown."""
+        async with self._engine.begin() as conn:
+            result = await conn.execute(
+                update(sessions).where(sessions.c.session_id == session_id).values(last_heartbeat=time.time())
+            )
+        return result.rowcount > 0
+
+    async def finish_session(self, session_id: str, reason: str) -> None:
+        async with self._engine.begin() as conn:
+            await conn.execute(
+                update(sessions)
+                .where(sessions.c.session_id == session_id, sessions.c.finished_reason.is_(None))
+                .values(finished_reason=reason)
+            )
+
+    async def require_session(self, session_id: str) -> None:
+        async with self._engine.connect() as conn:
+            found = await conn.scalar(select(sessions.c.session_id).where(sessions.c.session_id == session_id))
+        if found is None:
+            raise NotFound(f"session {session_id!r} does not exist; create a new ServiceClient", field="session_id")
+
+    async def add_training_run(self, run: TrainingRun) -> None:
+        try:
+            async with self._engine.begin() as conn:
+                await conn.execute(insert(training_runs).values(
+                    model_id=run.model_id, session_id=run.session_id, base_model=run.base_model,
+                    lora_rank=run.lora_rank, role=run.role, lora_config=run.lora_config,
+                    user_metadata=run.user_metadata, created_at=run.created_at, last_seq_id=0, unloaded=0,
+                ))
+        except IntegrityError as exc:
+            raise UserError(f"model {run.model_id!r} already exists (model_seq_id reused)", field="model_seq_id") from exc
+
+    async def get_training_run(self, model_id: str) -> TrainingRun:
+        async with self._engine.connect() as conn:
+            row = (await conn.execute(select(training_runs).where(training_runs.c.model_id == model_id))).first()
+        if row is None:
+            raise NotFound(f"model {model_id!r} does not exist", field="model_id")
+        return TrainingRun(
+            model_id=row.model_id, session_id=row.session_id, base_model=row.base_model, lora_rank=row.lora_rank,
+            role=row.role, lora_config=row.lora_config, user_metadata=row.user_metadata or {},
+            created_at=row.created_at, unloaded=bool(row.unloaded),
+        )
+
+    async def mark_unloaded(self, model_id: str) -> None:
+        async with self._engine.begin() as conn:
+            await conn.execute(update(training_runs).where(training_runs.c.model_id == model_id).values(unloaded=1))

@@ -1,0 +1,70 @@
+"""Checks of a decoded forward/forward_backward request against the loss, the model and the limits.
+
+Each failure is a UserError (or LimitExceeded) naming the offending field, raised before any work is queued.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from app.config import LimitsConfig
+from app.errors import LimitExceeded, UserError
+from app.training.batch import ForwardBackwardInput, PackedBatch
+from app.training.losses import get_loss, resolve_config
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    vocab_size: int
+    max_context_length: int
+
+
+def validate_forward_backward(inp: ForwardBackwardInput, limits: LimitsConfig, model: ModelLimits) -> dict[str, float]:
+    """Validate the request; returns the loss config with defaults filled in."""
+    spec = get_loss(inp.loss_fn)
+    config = resolve_config(inp.loss_fn, inp.loss_fn_config)
+    batch = inp.batch
+    if batch.num_datums > limits.max_datums_per_request:
+        raise LimitExceeded(f"{batch.num_datums} datums exceed limits.max_datums_per_request="
+                            f"{limits.max_datums_per_request}", field="data")
+    max_tokens = min(limits.max_tokens_per_datum, model.max_context_length)
+    too_long = np.flatnonzero(batch.lengths > max_tokens)
+    if too_long.size:
+        i = int(too_long[0])
+        raise LimitExceeded(f"data[{i}].model_input has {int(batch.lengths[i])} tokens; the limit is {max_tokens}",
+                            field=f"data[{i}].model_input")
+    empty = np.flatnonzero(batch.lengths == 0)
+    if empty.size:
+        raise UserError(f"data[{int(empty[0])}].model_input is empty", field=f"data[{int(empty[0])}].model_input")
+    present = set(batch.loss_inputs)
+    missing = sorted(spec.required_inputs - present)
+    if missing:
+        raise UserError(f"loss_fn {inp.loss_fn!r} needs loss_fn_inputs {missing}", field=f"loss_fn_inputs.{missing[0]}")
+    unused = sorted(present - spec.required_inputs - spec.optional_inputs)
+    if unused:
+        raise UserError(f"loss_fn_inputs {unused} are not used by {inp.loss_fn!r}", field=f"loss_fn_inputs.{unused[0]}")
+    targets = batch.loss_inputs["target_tokens"]
+    if targets.ndim == 2 and not spec.allows_2d_targets:
+        raise UserError(f"loss_fn {inp.loss_fn!r} takes 1-D target_tokens", field="loss_fn_inputs.target_tokens")
+    for name, arr in batch.loss_inputs.items():
+        if name != "target_tokens" and arr.shape[1:] != targets.shape[1:]:
+            raise UserError(f"loss_fn_inputs.{name} has shape {arr.shape[1:]} per token but target_tokens has "
+                            f"{targets.shape[1:]}", field=f"loss_fn_inputs.{name}")
+        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+            raise UserError(f"loss_fn_inputs.{name} holds NaN or infinite values", field=f"loss_fn_inputs.{name}")
+    _check_vocab(batch, model.vocab_size)
+    return config
+
+
+def _check_vocab(batch: PackedBatch, vocab_size: int) -> None:
+    for label, arr in (("model_input", batch.tokens), ("loss_fn_inputs.target_tokens", batch.loss_inputs["target_tokens"])):
+        rows = arr.reshape(len(arr), -1)
+        bad_rows = np.flatnonzero(((rows < 0) | (rows >= vocab_size)).any(axis=1))
+        if bad_rows.size:
+            row = int(bad_rows[0])
+            datum = int(np.searchsorted(batch.offsets, row, side="right") - 1)
+            bad = rows[row][(rows[row] < 0) | (rows[row] >= vocab_size)][0]
+            raise UserError(f"data[{datum}].{label} holds token id {int(bad)} outside the vocabulary [0, {vocab_size})",
+                            field=f"data[{datum}].{label}")

@@ -1,0 +1,40 @@
+"""`train_loop_per_worker` of the TorchTrainer: load the base once, then serve mailbox messages forever."""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+
+import ray
+import ray.train
+import torch
+
+from app.training.engine import TrainingEngine, load_base_model
+from app.workers.commands import execute
+from app.workers.mailbox import STOP
+
+logger = logging.getLogger("tinker_serve.worker")
+
+
+def command_loop(config: dict) -> None:
+    """Runs on every rank. `config`: mailbox (actor handle), base_path (absolute), threads, use_gpu."""
+    ctx = ray.train.get_context()
+    rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
+    torch.set_num_threads(config["threads"])
+    device = str(ray.train.torch.get_device()) if config["use_gpu"] else "cpu"
+    engine = TrainingEngine(load_base_model(config["base_path"], device=device), rank=rank,
+                            world_size=world_size, device=device)
+    mailbox = config["mailbox"]
+    identity = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    ray.get(mailbox.register.remote(rank, identity))
+    logger.info("rank %d/%d ready on %s (%s)", rank, world_size, device, identity)
+    while True:
+        message = ray.get(mailbox.next.remote(rank, 30.0))
+        if message is None:
+            continue
+        msg_id, commands = message
+        if commands == STOP:
+            return
+        results = [execute(engine, cmd) for cmd in commands]
+        mailbox.reply.remote(msg_id, rank, results)

@@ -1,0 +1,69 @@
+"""Typed commands sent to every rank, and how one rank executes them against its TrainingEngine."""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Union
+
+import ray
+
+from app.errors import ServerError, TinkerServeError
+from app.training.batch import PackedBatch
+from app.training.engine import TrainingEngine
+from app.training.lora import AdapterSpec
+from app.training.optim import AdamParams
+
+
+class CommandKind(str, Enum):
+    CREATE_MODEL = "create_model"
+    REMOVE_MODEL = "remove_model"
+    FORWARD_BACKWARD = "forward_backward"
+    OPTIM_STEP = "optim_step"
+    PING = "ping"
+
+
+@dataclass(frozen=True)
+class ForwardBackwardArgs:
+    loss_fn: str
+    loss_config: dict[str, float]
+    forward_only: bool
+    batch: Union[PackedBatch, "ray.ObjectRef"]  # an ObjectRef when sent through the mailbox
+
+
+@dataclass(frozen=True)
+class Command:
+    kind: CommandKind
+    model_id: str = ""
+    spec: AdapterSpec | None = None
+    fwdbwd: ForwardBackwardArgs | None = None
+    adam: AdamParams | None = None
+
+
+@dataclass(frozen=True)
+class CommandError:
+    """A command that raised on a rank; `error` is the failed-future body."""
+
+    error: dict[str, str]
+
+
+def execute(engine: TrainingEngine, cmd: Command) -> Any:
+    """Run one command on this rank; errors come back as CommandError instead of killing the loop."""
+    try:
+        if cmd.kind is CommandKind.FORWARD_BACKWARD:
+            args = cmd.fwdbwd
+            batch = args.batch if isinstance(args.batch, PackedBatch) else ray.get(args.batch)
+            return engine.forward_backward(cmd.model_id, args.loss_fn, args.loss_config, batch, args.forward_only)
+        if cmd.kind is CommandKind.OPTIM_STEP:
+            return engine.optim_step(cmd.model_id, cmd.adam)
+        if cmd.kind is CommandKind.CREATE_MODEL:
+            return engine.create_model(cmd.model_id, cmd.spec)
+        if cmd.kind is CommandKind.REMOVE_MODEL:
+            return engine.remove_model(cmd.model_id)
+        return "pong"
+    except TinkerServeError as exc:
+        return CommandError(exc.to_body())
+    except Exception as exc:  # noqa: BLE001 - report, keep serving
+        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        return CommandError(ServerError(f"{cmd.kind.value} failed on a worker: {detail}").to_body())

@@ -1,0 +1,140 @@
+"""The narrow worker-group interface and its Ray Train TorchTrainer implementation.
+
+Safeguards from the prototype memo: every call has a timeout; a rank that re-registers (group
+restart) fails in-flight messages at once; storage paths are absolute; a finished or failed `fit()`
+makes `check_health` raise so Serve replaces the replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import time
+import uuid
+from abc import ABC, abstractmethod
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from app.config import BaseModelConfig
+from app.errors import ServerError
+from app.workers.command_loop import command_loop
+from app.workers.commands import Command, CommandKind
+from app.workers.mailbox import Mailbox
+
+logger = logging.getLogger("tinker_serve.trainer")
+
+
+class WorkerGroup(ABC):
+    @abstractmethod
+    async def start(self) -> None: ...
+
+    @abstractmethod
+    async def call(self, commands: list[Command]) -> list[list[Any]]:
+        """Run `commands` on every rank in order; returns replies[rank][command]."""
+
+    @abstractmethod
+    def check_health(self) -> None: ...
+
+    @abstractmethod
+    async def stop(self) -> None: ...
+
+    async def rebuild(self) -> None:
+        await self.stop()
+        await self.start()
+
+    @property
+    @abstractmethod
+    def world_size(self) -> int: ...
+
+
+class TorchTrainerGroup(WorkerGroup):
+    def __init__(self, base: BaseModelConfig, storage_dir: str, *, command_timeout_s: float,
+                 startup_timeout_s: float = 600.0, max_failures: int = 2) -> None:
+        self._base = base
+        self._storage_dir = str(Path(storage_dir).resolve())
+        self._command_timeout_s = command_timeout_s
+        self._startup_timeout_s = startup_timeout_s
+        self._max_failures = max_failures
+        self._msg_ids = itertools.count(1)
+        self._mailbox = None
+        self._fit_thread: threading.Thread | None = None
+        self._fit_error: BaseException | None = None
+
+    @property
+    def world_size(self) -> int:
+        return self._base.num_workers
+
+    async def start(self) -> None:
+        from ray.train import FailureConfig, RunConfig, ScalingConfig
+        from ray.train.torch import TorchConfig, TorchTrainer
+
+        started = time.monotonic()
+        self._fit_error = None
+        self._mailbox = ray.remote(num_cpus=0, max_concurrency=10_000)(Mailbox).remote(self.world_size)
+        trainer = TorchTrainer(
+            command_loop,
+            train_loop_config={"mailbox": self._mailbox, "base_path": self._base.path,
+                               "threads": self._base.torch_threads_per_worker, "use_gpu": self._base.use_gpu},
+            scaling_config=ScalingConfig(num_workers=self.world_size, use_gpu=self._base.use_gpu,
+                                         resources_per_worker={"CPU": self._base.cpus_per_worker}),
+            torch_config=TorchConfig(backend="nccl" if self._base.use_gpu else "gloo"),
+            run_config=RunConfig(name=f"trainer-{uuid.uuid4().hex[:8]}", storage_path=self._storage_dir,
+                                 failure_config=FailureConfig(max_failures=self._max_failures)),
+        )
+        self._fit_thread = threading.Thread(target=self._run_fit, args=(trainer,), daemon=True, name="torchtrainer-fit")
+        self._fit_thread.start()
+        while True:
+            self.check_health()
+            status = await self._mailbox.status.remote()
+            if status["registered"] == self.world_size:
+                break
+            if time.monotonic() - started > self._startup_timeout_s:
+                raise ServerError(f"worker group for {self._base.name} did not start within {self._startup_timeout_s:.0f} s; "
+                                  "check the Ray dashboard/logs for worker errors and free CPUs/GPUs")
+            await asyncio.sleep(0.5)
+        await self.call([Command(CommandKind.PING)])
+        logger.info("worker group for %s ready: %d ranks in %.1f s", self._base.name, self.world_size,
+                    time.monotonic() - started)
+
+    def _run_fit(self, trainer: Any) -> None:
+        try:
+            trainer.fit()
+            self._fit_error = ServerError("the worker group's train loop ended")
+        except BaseException as exc:  # noqa: BLE001 - surfaced through check_health
+            logger.exception("worker group for %s failed", self._base.name)
+            self._fit_error = exc
+
+    def check_health(self) -> None:
+        if self._fit_error is not None:
+            raise ServerError(f"worker group for {self._base.name} is down: {self._fit_error!r}")
+
+    async def call(self, commands: list[Command]) -> list[list[Any]]:
+        self.check_health()
+        shipped = [self._ship(cmd) for cmd in commands]
+        ref = self._mailbox.call.remote(next(self._msg_ids), shipped)
+        try:
+            return await asyncio.wait_for(ref, self._command_timeout_s)
+        except asyncio.TimeoutError as exc:
+            raise ServerError(f"worker group for {self._base.name} did not answer within "
+                              f"{self._command_timeout_s:.0f} s (limits.command_timeout_seconds)") from exc
+
+    @staticmethod
+    def _ship(cmd: Command) -> Command:
+        """Put batches into the object store once; every rank reads its shard from there."""
+        if cmd.fwdbwd is None:
+            return cmd
+        return replace(cmd, fwdbwd=replace(cmd.fwdbwd, batch=ray.put(cmd.fwdbwd.batch)))
+
+    async def stop(self) -> None:
+        if self._mailbox is None:
+            return
+        await self._mailbox.stop.remote()
+        if self._fit_thread is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._fit_thread.join, 60)
+        ray.kill(self._mailbox)
+        self._mailbox = None

@@ -1,0 +1,69 @@
+"""An async actor that hands each message to every rank and collects their replies.
+
+Ranks register with a per-process identity. When a rank re-registers with a new identity (the group
+restarted), every pending message fails with GroupRestarted instead of hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from app.errors import GroupRestarted
+
+STOP = "__stop__"
+
+
+class Mailbox:
+    def __init__(self, world_size: int) -> None:
+        self._world_size = world_size
+        self._identities: dict[int, str] = {}
+        self._queues: dict[int, asyncio.Queue] = {r: asyncio.Queue() for r in range(world_size)}
+        self._pending: dict[int, tuple[asyncio.Future, dict[int, Any]]] = {}
+        self._restarts = 0
+
+    async def register(self, rank: int, identity: str) -> None:
+        previous = self._identities.get(rank)
+        self._identities[rank] = identity
+        if previous is not None and previous != identity:
+            self._restarts += 1
+            self._identities = {rank: identity}
+            for fut, _ in self._pending.values():
+                if not fut.done():
+                    fut.set_exception(GroupRestarted(
+                        "a training worker restarted while this request ran; models on this trainer were lost. "
+                        "Recreate the model or load a checkpoint, then retry"))
+            self._pending.clear()
+            self._queues = {r: asyncio.Queue() for r in range(self._world_size)}
+
+    async def status(self) -> dict[str, int]:
+        return {"registered": len(self._identities), "world_size": self._world_size, "restarts": self._restarts}
+
+    async def call(self, msg_id: int, commands: Any) -> list[Any]:
+        """Send `commands` to every rank; returns the replies ordered by rank."""
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[msg_id] = (fut, {})
+        for queue in self._queues.values():
+            queue.put_nowait((msg_id, commands))
+        return await fut
+
+    async def next(self, rank: int, timeout_s: float) -> tuple[int, Any] | None:
+        try:
+            return await asyncio.wait_for(self._queues[rank].get(), timeout_s)
+        except asyncio.TimeoutError:
+            return None
+
+    async def reply(self, msg_id: int, rank: int, result: Any) -> None:
+        entry = self._pending.get(msg_id)
+        if entry is None:
+            return  # the message was failed by a restart
+        fut, replies = entry
+        replies[rank] = result
+        if len(replies) == self._world_size:
+            del self._pending[msg_id]
+            if not fut.done():
+                fut.set_result([replies[r] for r in range(self._world_size)])
+
+    async def stop(self) -> None:
+        for queue in self._queues.values():
+            queue.put_nowait((-1, STOP))
