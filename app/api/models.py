@@ -1,0 +1,82 @@
+"""Training models: create, describe, unload, and the training-run view REST clients read."""
+
+from __future__ import annotations
+
+import random
+import time
+from datetime import datetime, timezone
+
+from fastapi import APIRouter
+
+from app.api.deps import ServicesDep
+from app.errors import LimitExceeded, NotFound, UserError
+from app.protocol.wire import CreateModelRequest, GetInfoRequest, UnloadModelRequest
+from app.store.metadata import TrainingRun, model_id_for
+from app.training.lora import AdapterSpec
+
+router = APIRouter(prefix="/api/v1")
+
+
+@router.post("/create_model")
+async def create_model(body: CreateModelRequest, services: ServicesDep) -> dict:
+    base = services.config.base_model(body.base_model)
+    if base is None:
+        served = [m.name for m in services.config.base_models]
+        raise UserError(f"base_model {body.base_model!r} is not served here; available: {served}", field="base_model")
+    lora = body.lora_config
+    if lora.rank > services.config.limits.max_lora_rank:
+        raise LimitExceeded(f"lora_config.rank {lora.rank} exceeds limits.max_lora_rank="
+                            f"{services.config.limits.max_lora_rank}", field="lora_config.rank")
+    if not (lora.train_attn or lora.train_mlp or lora.train_unembed):
+        raise UserError("at least one of train_attn, train_mlp, train_unembed must be true", field="lora_config")
+    if body.optimizer_config and body.optimizer_config.get("type", "adamw") != "adamw":
+        raise UserError("only optimizer_config.type 'adamw' is supported", field="optimizer_config.type")
+    await services.metadata.require_session(body.session_id)
+    model_id = model_id_for(body.session_id, body.model_seq_id)
+    request_id, created = await services.futures.create("create_model", model_id, 0)
+    if created:
+        seed = lora.seed if lora.seed is not None else random.SystemRandom().randrange(2**31)
+        spec = AdapterSpec(rank=lora.rank, seed=seed, train_attn=lora.train_attn, train_mlp=lora.train_mlp,
+                           train_unembed=lora.train_unembed)
+        await services.metadata.add_training_run(TrainingRun(
+            model_id=model_id, session_id=body.session_id, base_model=base.name, lora_rank=lora.rank,
+            role=body.model_role, lora_config={**lora.model_dump(), "seed": seed},
+            user_metadata=body.user_metadata or {}, created_at=time.time(), unloaded=False))
+        services.trainers.create_model(base.name, request_id, model_id, spec)
+    return {"request_id": request_id, "model_id": model_id}
+
+
+@router.post("/get_info")
+async def get_info(body: GetInfoRequest, services: ServicesDep) -> dict:
+    run = await services.training_run(body.model_id)
+    base = services.config.base_model(run.base_model)
+    tokenizer_id = base.path if base else run.base_model
+    return {
+        "model_id": run.model_id,
+        "model_data": {"arch": "qwen2", "model_name": run.base_model, "tokenizer_id": tokenizer_id},
+        "is_lora": True, "lora_rank": run.lora_rank, "model_name": run.base_model,
+        "optimizer_config": {"type": "adamw"}, "type": "get_info",
+    }
+
+
+@router.post("/unload_model")
+async def unload_model(body: UnloadModelRequest, services: ServicesDep) -> dict:
+    run = await services.training_run(body.model_id)
+    request_id, _ = await services.futures.create("unload_model", body.model_id, None)
+    await services.metadata.mark_unloaded(run.model_id)
+    services.trainers.unload_model(run.base_model, request_id, run.model_id)
+    return {"request_id": request_id, "model_id": run.model_id}
+
+
+@router.get("/training_runs/{run_id}")
+async def training_run(run_id: str, services: ServicesDep) -> dict:
+    try:
+        run = await services.training_run(run_id)
+    except NotFound as exc:
+        raise NotFound(f"training run {run_id!r} does not exist", field="run_id") from exc
+    return {
+        "training_run_id": run.model_id, "base_model": run.base_model, "model_owner": run.session_id,
+        "is_lora": True, "lora_rank": run.lora_rank, "corrupted": False,
+        "last_request_time": datetime.fromtimestamp(run.created_at, timezone.utc).isoformat(),
+        "user_metadata": {k: str(v) for k, v in run.user_metadata.items()},
+    }

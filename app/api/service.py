@@ -1,0 +1,59 @@
+"""Bootstrap and session endpoints: client config, capabilities, sessions, heartbeats, telemetry."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Body
+from fastapi.responses import JSONResponse
+
+from app.api.deps import ServicesDep
+from app.protocol.wire import CreateSessionRequest, FinishSessionRequest, SessionHeartbeatRequest
+
+router = APIRouter(prefix="/api/v1")
+
+
+@router.post("/client/config")
+async def client_config(services: ServicesDep) -> dict:
+    return {"use_pyqwest_transport": False, "fwdbwd_max_chunk_len": services.config.limits.fwdbwd_max_chunk_len,
+            "proto_compress_fwdbwd": False}
+
+
+@router.post("/client/dynamic_config")
+async def dynamic_config() -> dict:
+    return {}
+
+
+@router.get("/healthz")
+async def healthz() -> dict:
+    return {"status": "ok"}
+
+
+@router.get("/get_server_capabilities")
+async def capabilities(services: ServicesDep) -> dict:
+    models = [{"model_name": m.name, "max_context_length": m.max_context_length, "trainable": True,
+               "sampleable": False} for m in services.config.base_models]
+    return {"supported_models": models}
+
+
+@router.post("/create_session")
+async def create_session(body: CreateSessionRequest, services: ServicesDep) -> dict:
+    session_id = await services.metadata.create_session(body.sdk_version, body.tags, body.user_metadata or {})
+    return {"session_id": session_id, "type": "create_session"}
+
+
+@router.post("/session_heartbeat")
+async def heartbeat(body: SessionHeartbeatRequest, services: ServicesDep) -> JSONResponse:
+    if not await services.metadata.heartbeat(body.session_id):
+        return JSONResponse({"error": f"session {body.session_id!r} does not exist", "category": "user"}, 410)
+    return JSONResponse({"type": "session_heartbeat"})
+
+
+@router.post("/sessions/{session_id}/finish")
+async def finish_session(session_id: str, services: ServicesDep, body: FinishSessionRequest = Body(None)) -> dict:
+    reason = ((body.reason or {}).get("type") if body else None) or "success"
+    await services.metadata.finish_session(session_id, str(reason))
+    return {}
+
+
+@router.post("/telemetry")
+async def telemetry() -> dict:
+    return {"status": "accepted"}

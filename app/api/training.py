@@ -1,0 +1,79 @@
+"""Sequenced training operations: forward / forward_backward (protobuf, or JSON) and optim_step.
+
+Every request that carries a seq_id gets a future, even when it is invalid: its future fails with a
+user error and the trainer is told to skip that seq_id, so the model's order never stalls on a gap.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from fastapi import APIRouter, Request
+from pydantic import ValidationError
+
+from app.api.deps import Services, ServicesDep
+from app.api.errors import validation_message
+from app.errors import TinkerServeError, UserError
+from app.protocol import wire
+from app.protocol.codec import decode_forward_backward, peek_sequence
+from app.trainer_service import ForwardBackwardOp, OptimStepOp, SkipOp, TrainingOp
+from app.training.optim import AdamParams
+from app.training.validation import validate_forward_backward
+from app.workers.commands import ForwardBackwardArgs
+
+router = APIRouter(prefix="/api/v1")
+
+
+async def _sequenced(services: Services, kind: str, model_id: str, seq_id: int,
+                     build_op: Callable[[str, str], TrainingOp]) -> dict:
+    """Create (or find, for a retry) the future of (model_id, seq_id) and queue its operation."""
+    run = await services.training_run(model_id)
+    request_id, created = await services.futures.create(kind, model_id, seq_id)
+    if created:
+        try:
+            op = build_op(request_id, run.base_model)
+        except TinkerServeError as exc:
+            await services.futures.fail(request_id, exc.to_body())
+            op = SkipOp(request_id)
+        services.trainers.submit(run.base_model, model_id, seq_id, op)
+    return {"request_id": request_id, "model_id": model_id}
+
+
+@router.post("/forward_backward")
+async def forward_backward(request: Request, services: ServicesDep) -> dict:
+    body = await request.body()
+    ctype, encoding = request.headers.get("content-type", ""), request.headers.get("content-encoding")
+    max_bytes = services.config.limits.max_request_bytes
+    try:
+        decoded = decode_forward_backward(body, ctype, encoding, max_body_bytes=max_bytes)
+    except UserError as exc:
+        sequence = peek_sequence(body, ctype, encoding, max_body_bytes=max_bytes)
+        if sequence is None:
+            raise
+
+        def reject(_: str, __: str) -> TrainingOp:
+            raise exc
+
+        return await _sequenced(services, "forward_backward", *sequence, reject)
+
+    def build(request_id: str, base_model: str) -> TrainingOp:
+        config = validate_forward_backward(decoded, services.config.limits, services.model_limits[base_model])
+        args = ForwardBackwardArgs(decoded.loss_fn, config, decoded.forward_only, decoded.batch)
+        return ForwardBackwardOp(request_id, args)
+
+    return await _sequenced(services, "forward_backward", decoded.model_id, decoded.seq_id, build)
+
+
+@router.post("/optim_step")
+async def optim_step(body: wire.OptimStepRequest, services: ServicesDep) -> dict:
+    def build(request_id: str, _: str) -> TrainingOp:
+        if body.adam_params is None:
+            raise UserError("only Adam is supported: send adam_params (optimizer_params is not)", field="adam_params")
+        try:
+            params = wire.AdamParams.model_validate(body.adam_params)
+        except ValidationError as exc:
+            message, field = validation_message(exc.errors())
+            raise UserError(f"adam_params.{message}", field=f"adam_params.{field}") from exc
+        return OptimStepOp(request_id, AdamParams(**params.model_dump()))
+
+    return await _sequenced(services, "optim_step", body.model_id, body.seq_id, build)

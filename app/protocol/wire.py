@@ -1,0 +1,83 @@
+"""JSON request bodies of the Tinker endpoints, named after `tinker.types`.
+
+Request models ignore unknown fields and treat absent and null alike, so newer SDKs keep working.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "AdamParams", "CreateModelRequest", "CreateSessionRequest", "FinishSessionRequest", "GetInfoRequest",
+    "LoraConfig", "OptimStepRequest", "RetrieveFutureRequest", "SessionHeartbeatRequest", "UnloadModelRequest",
+]
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore", protected_namespaces=())
+
+
+class CreateSessionRequest(_Lenient):
+    tags: list[str] = Field(default_factory=list)
+    user_metadata: dict[str, Any] | None = None
+    sdk_version: str | None = None
+    project_id: str | None = None
+    display_name: str | None = None
+
+
+class SessionHeartbeatRequest(_Lenient):
+    session_id: str
+
+
+class FinishSessionRequest(_Lenient):
+    reason: dict[str, Any] | None = None
+    detail: str | None = None
+
+
+class LoraConfig(_Lenient):
+    rank: int = Field(32, ge=1)
+    seed: int | None = None
+    train_unembed: bool = True
+    train_mlp: bool = True
+    train_attn: bool = True
+
+
+class CreateModelRequest(_Lenient):
+    session_id: str
+    model_seq_id: int = Field(ge=0)
+    base_model: str
+    lora_config: LoraConfig = Field(default_factory=LoraConfig)
+    optimizer_config: dict[str, Any] | None = None
+    user_metadata: dict[str, Any] | None = None
+    model_role: Literal["policy"] = "policy"  # "critic" arrives with the RL work
+
+
+class GetInfoRequest(_Lenient):
+    model_id: str
+
+
+class UnloadModelRequest(_Lenient):
+    model_id: str
+
+
+class AdamParams(_Lenient):
+    learning_rate: float = Field(1e-4, ge=0)
+    beta1: float = Field(0.9, ge=0, lt=1)
+    beta2: float = Field(0.95, ge=0, lt=1)
+    eps: float = Field(1e-12, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip_norm: float = Field(0.0, ge=0)
+
+
+class OptimStepRequest(_Lenient):
+    model_id: str
+    seq_id: int = Field(ge=1)
+    adam_params: dict[str, Any] | None = None  # validated as AdamParams once the seq_id is known
+    optimizer_params: dict[str, Any] | None = None
+
+
+class RetrieveFutureRequest(_Lenient):
+    request_id: str
+    allow_metadata_only: bool = False

@@ -1,0 +1,138 @@
+"""The trainer behind one base model: ordered per-model queues feeding one worker group.
+
+It owns execution end to end: it runs operations in seq_id order, merges the ranks' outputs and
+writes each future's outcome to the store, so results survive an ingress restart.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Union
+
+from app.config import BaseModelConfig, LimitsConfig
+from app.errors import GroupRestarted, LimitExceeded, ServerError, TinkerServeError, UserError
+from app.protocol.codec import encode_forward_backward_output
+from app.scheduling import SeqScheduler
+from app.store.futures import JSON_CONTENT_TYPE, PROTO_CONTENT_TYPE, FutureStore
+from app.training.lora import AdapterSpec
+from app.training.optim import AdamParams
+from app.training.sharding import merge_shards
+from app.workers.commands import Command, CommandError, CommandKind, ForwardBackwardArgs
+from app.workers.group import WorkerGroup
+
+logger = logging.getLogger("tinker_serve.trainer")
+
+
+@dataclass(frozen=True)
+class ForwardBackwardOp:
+    request_id: str
+    args: ForwardBackwardArgs
+
+
+@dataclass(frozen=True)
+class OptimStepOp:
+    request_id: str
+    adam: AdamParams
+
+
+@dataclass(frozen=True)
+class SkipOp:
+    """A seq_id whose request was rejected at the ingress (its future already failed); it only advances order."""
+
+    request_id: str
+
+
+TrainingOp = Union[ForwardBackwardOp, OptimStepOp, SkipOp]
+
+
+def _json(payload: dict) -> bytes:
+    return json.dumps(payload).encode()
+
+
+class TrainerService:
+    def __init__(self, base: BaseModelConfig, limits: LimitsConfig, group: WorkerGroup, futures: FutureStore) -> None:
+        self.base = base
+        self._limits = limits
+        self._group = group
+        self._futures = futures
+        self._scheduler: SeqScheduler[TrainingOp] = SeqScheduler(self._run_batch)
+        self._models: set[str] = set()
+
+    async def start(self) -> None:
+        await self._group.start()
+
+    def check_health(self) -> None:
+        self._group.check_health()
+
+    async def create_model(self, request_id: str, model_id: str, spec: AdapterSpec) -> None:
+        try:
+            if model_id not in self._models and len(self._models) >= self._limits.max_models_per_base:
+                raise LimitExceeded(f"{self.base.name} already holds limits.max_models_per_base="
+                                    f"{self._limits.max_models_per_base} models; unload one first", field="base_model")
+            self._check(await self._group.call([Command(CommandKind.CREATE_MODEL, model_id, spec=spec)]), 0)
+        except TinkerServeError as exc:
+            await self._futures.fail(request_id, exc.to_body())
+            return
+        self._models.add(model_id)
+        self._scheduler.open(model_id, next_seq=1)
+        await self._futures.complete(request_id, _json({"model_id": model_id, "type": "create_model"}), JSON_CONTENT_TYPE)
+
+    async def unload_model(self, request_id: str, model_id: str) -> None:
+        self._scheduler.close(model_id, ServerError(f"model {model_id!r} was unloaded"))
+        self._models.discard(model_id)
+        await self._group.call([Command(CommandKind.REMOVE_MODEL, model_id)])
+        await self._futures.complete(request_id, _json({"model_id": model_id, "type": "unload_model"}), JSON_CONTENT_TYPE)
+
+    async def submit(self, model_id: str, seq_id: int, op: TrainingOp) -> None:
+        """Queue `op`; returns once its future is written (success or failure)."""
+        try:
+            await self._scheduler.submit(model_id, seq_id, op)
+        except TinkerServeError as exc:
+            await self._futures.fail_if_pending(op.request_id, exc.to_body())
+
+    async def _run_batch(self, model_id: str, ops: list[TrainingOp]) -> list[None]:
+        work = [op for op in ops if not isinstance(op, SkipOp)]
+        commands = [self._command(model_id, op) for op in work]
+        try:
+            replies = await self._group.call(commands) if commands else []
+        except GroupRestarted as exc:
+            self._lose_all_models(exc)
+            raise
+        for i, op in enumerate(work):
+            try:
+                await self._write_outcome(op, [rank_replies[i] for rank_replies in replies])
+            except TinkerServeError as exc:
+                await self._futures.fail(op.request_id, exc.to_body())
+        return [None] * len(ops)
+
+    @staticmethod
+    def _command(model_id: str, op: TrainingOp) -> Command:
+        if isinstance(op, ForwardBackwardOp):
+            return Command(CommandKind.FORWARD_BACKWARD, model_id, fwdbwd=op.args)
+        return Command(CommandKind.OPTIM_STEP, model_id, adam=op.adam)
+
+    async def _write_outcome(self, op: TrainingOp, per_rank: list) -> None:
+        for reply in per_rank:
+            if isinstance(reply, CommandError):
+                await self._futures.fail(op.request_id, reply.error)
+                return
+        if isinstance(op, ForwardBackwardOp):
+            result = merge_shards(op.args.batch.offsets, per_rank)
+            await self._futures.complete(op.request_id, encode_forward_backward_output(result), PROTO_CONTENT_TYPE)
+        else:
+            await self._futures.complete(op.request_id, _json({"metrics": per_rank[0]}), JSON_CONTENT_TYPE)
+
+    @staticmethod
+    def _check(per_rank: list[list], index: int) -> None:
+        for rank_replies in per_rank:
+            if isinstance(rank_replies[index], CommandError):
+                err = rank_replies[index].error
+                raise (ServerError if err.get("category") == "server" else UserError)(err["error"], field=err.get("field"))
+
+    def _lose_all_models(self, reason: Exception) -> None:
+        logger.error("worker group restarted; %d models lost: %s", len(self._models), reason)
+        for model_id in list(self._models):
+            self._scheduler.close(model_id, reason)
+        self._models.clear()

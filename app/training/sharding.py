@@ -1,0 +1,25 @@
+"""Merging the ranks' shard outputs back into one request-ordered ForwardBackwardResult."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from app.training.batch import ForwardBackwardResult
+from app.training.engine import ShardOutput
+
+
+def merge_shards(batch_offsets: np.ndarray, shards: list[ShardOutput]) -> ForwardBackwardResult:
+    """Place every rank's per-datum outputs at the datum's position in the request."""
+    total = int(batch_offsets[-1])
+    names = next((s.outputs.keys() for s in shards if s.outputs), ())
+    merged: dict[str, np.ndarray] = {}
+    for name in names:
+        sample = next(s.outputs[name] for s in shards if s.outputs)
+        out = np.empty((total, *sample.shape[1:]), dtype=sample.dtype)
+        for shard in shards:
+            for j, datum in enumerate(shard.datum_indices):
+                dst = slice(int(batch_offsets[datum]), int(batch_offsets[datum + 1]))
+                out[dst] = shard.outputs[name][int(shard.offsets[j]) : int(shard.offsets[j + 1])]
+        merged[name] = out
+    loss = float(sum(s.loss_sum for s in shards))
+    return ForwardBackwardResult(offsets=batch_offsets, outputs=merged, metrics={"loss:sum": loss})

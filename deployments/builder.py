@@ -1,0 +1,42 @@
+"""Builds the bound Serve application from config: `serve run serve_config.yaml` imports `build_app`."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from ray import serve
+from ray.serve import Application
+from transformers import AutoConfig
+
+from app.config import ServerConfig
+from app.models.embedded import build_embedded_model
+from deployments.ingress import Ingress, api
+from deployments.trainer import Trainer
+
+logger = logging.getLogger("tinker_serve.builder")
+
+
+def _model_limits(config: ServerConfig) -> dict[str, dict[str, int]]:
+    """Vocabulary size and context length of each base model, read from its config (building embedded ones)."""
+    limits = {}
+    for base in config.base_models:
+        if base.embedded_preset:
+            build_embedded_model(base.embedded_preset, Path(base.path))
+        hf = AutoConfig.from_pretrained(base.path)
+        limits[base.name] = {"vocab_size": hf.vocab_size,
+                             "max_context_length": min(base.max_context_length, hf.max_position_embeddings)}
+    return limits
+
+
+def build_app(args: dict[str, Any]) -> Application:
+    """Validate the whole config first (every error at once), then bind one Trainer per base model."""
+    config = ServerConfig.model_validate(args).resolved()
+    raw = config.model_dump()
+    trainers = {
+        base.name: serve.deployment(Trainer).options(**Trainer.deployment_options(config, base.name)).bind(raw, base.name)
+        for base in config.base_models
+    }
+    ingress = serve.deployment(serve.ingress(api)(Ingress)).options(**Ingress.deployment_options(config))
+    return ingress.bind(raw, trainers, _model_limits(config))

@@ -1,0 +1,51 @@
+"""Trainer deployment: one per base model, wrapping a TrainerService and its TorchTrainer worker group."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.config import ServerConfig
+from app.store.db import create_tables, make_engine
+from app.store.futures import FutureStore
+from app.trainer_service import TrainerService, TrainingOp
+from app.training.lora import AdapterSpec
+from app.workers.group import TorchTrainerGroup
+
+
+class Trainer:
+    @classmethod
+    def deployment_options(cls, config: ServerConfig, base_name: str) -> dict[str, Any]:
+        return {
+            "name": f"Trainer:{base_name}",
+            "num_replicas": 1,
+            "ray_actor_options": {"num_cpus": 0},
+            "max_ongoing_requests": 100_000,  # submits wait in per-model queues, never in Serve
+            "health_check_period_s": 10,
+            "health_check_timeout_s": 30,
+            "graceful_shutdown_timeout_s": 60,
+        }
+
+    async def __init__(self, config: dict, base_name: str) -> None:
+        cfg = ServerConfig.model_validate(config)
+        base = cfg.base_model(base_name)
+        engine = make_engine(cfg.db_url)
+        await create_tables(engine)
+        group = TorchTrainerGroup(base, f"{cfg.state_dir}/ray_train",
+                                  command_timeout_s=cfg.limits.command_timeout_seconds)
+        self._service = TrainerService(base, cfg.limits, group, FutureStore(engine))
+        await self._service.start()
+
+    async def create_model(self, request_id: str, model_id: str, spec: AdapterSpec) -> None:
+        await self._service.create_model(request_id, model_id, spec)
+
+    async def submit(self, model_id: str, seq_id: int, op: TrainingOp) -> None:
+        await self._service.submit(model_id, seq_id, op)
+
+    async def unload_model(self, request_id: str, model_id: str) -> None:
+        await self._service.unload_model(request_id, model_id)
+
+    async def ping(self) -> bool:
+        return True
+
+    def check_health(self) -> None:
+        self._service.check_health()

@@ -1,0 +1,72 @@
+"""One Ray instance and one Serve app (real Trainer with TorchTrainer workers) for the whole session."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import ray
+import tinker
+from ray import serve
+
+from app.models.embedded import build_embedded_model
+from app.training.engine import load_base_model
+from deployments.builder import build_app
+from tests.conftest import ROOT, TINY_MODEL
+
+BASE_MODEL = "tinker-serve/tiny"
+CHUNK_LEN = 4  # the server tells clients to send at most 4 datums per forward_backward request
+MAX_TOKENS = 64
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_config(state_dir: Path) -> dict:
+    return {
+        "state_dir": str(state_dir),
+        "auth": {"mode": "any_tml_key_on_loopback"},
+        "base_models": [{"name": BASE_MODEL, "path": str(TINY_MODEL), "embedded_preset": "tiny",
+                         "num_workers": 2, "cpus_per_worker": 1}],
+        "limits": {"fwdbwd_max_chunk_len": CHUNK_LEN, "max_tokens_per_datum": MAX_TOKENS, "max_lora_rank": 64},
+    }
+
+
+@pytest.fixture(scope="session")
+def base_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    build_embedded_model("tiny", TINY_MODEL)
+    ray_tmp = Path("/tmp") / f"tsray-{int(time.time())}"  # short: Ray's socket paths have a length limit
+    ray.init(num_cpus=8, include_dashboard=False, _temp_dir=str(ray_tmp),
+             runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled"}})
+    port = _free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    started = time.monotonic()
+    serve.run(build_app(server_config(tmp_path_factory.mktemp("state"))), name="tinker", route_prefix="/")
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while httpx.get(f"{url}/ready", timeout=10).status_code != 200:
+        assert time.monotonic() < deadline, "the Serve app never became ready"
+        time.sleep(1)
+    print(f"\nServe app ready in {time.monotonic() - started:.1f} s at {url}")
+    yield url
+    serve.shutdown()
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def service_client(base_url: str) -> tinker.ServiceClient:
+    client = tinker.ServiceClient(base_url=base_url, api_key="tml-integration-tests")
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def reference_base():
+    """The same base model loaded in this process: the single-worker, no-Ray reference."""
+    return load_base_model(str(TINY_MODEL))
