@@ -1,0 +1,226 @@
+"""Build the default model fully offline: a byte-level BPE tokenizer and a randomly initialised Qwen2.
+
+Everything is generated from fixed word lists and a seeded RNG, so a build gives identical files on
+every machine. Run as ``python -m app.models.embedded --preset tiny --out models/tiny``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # heavy imports stay lazy so `import app.models` is cheap
+    from transformers import PreTrainedTokenizerFast
+
+FORMAT_VERSION = 1
+MARKER_FILE = "tinker_serve_model.json"
+REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+TOKENIZER_VOCAB_SIZE = 2048
+PAD_TOKEN, IM_START, EOS_TOKEN = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Qwen2 shape of one embedded model (head_dim = hidden_size / num_attention_heads)."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    max_position_embeddings: int = 2048
+
+
+PRESETS: dict[str, Preset] = {
+    "tiny": Preset(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                   intermediate_size=256),
+    "small": Preset(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
+                    intermediate_size=1536),
+}
+
+_NOUNS = """cat dog bird fish horse farmer teacher student doctor child friend mother father sister brother
+king queen robot writer painter baker driver pilot sailor player city town village river lake sea mountain
+hill forest garden park road street bridge house school library kitchen window door table chair book letter
+paper story song picture map box bag ball cup bottle plate bread apple orange water tea coffee milk cheese
+soup cake dinner morning evening night day week month year winter summer sun moon star cloud rain snow wind
+fire stone tree flower field island world market shop office computer phone machine number answer question
+problem idea word sentence language music game team family animal boat ship train plane car""".split()
+_ADJECTIVES = """red green blue black white small big long short tall old new young warm cold bright dark
+quiet loud happy sad quick slow easy hard simple kind clever brave gentle busy clean heavy light soft sweet
+fresh early late rich wide deep curious friendly lucky tired hungry""".split()
+_VERBS = """walk talk play work open close paint clean climb cook count follow help jump learn listen look
+love move need plan pull push reach start visit want wash watch wait answer carry finish travel return
+explain remember discover collect""".split()
+_PLACES = ["in the park", "at home", "near the lake", "on the hill", "after school", "every morning",
+           "in the city", "under the tree", "before dinner", "at night", "by the sea", "with great care"]
+_SYLLABLES = "ka ri to me lo sa an bel dor fin gar hel jon kel mar nor pel quin ros tal ven wil zor".split()
+_CHAT_LINES = ["system: You are a helpful assistant.", "user: Please answer the question.",
+               "assistant: Sure, here is the answer.", "user: Thank you!", "assistant: You are welcome."]
+
+
+def _suffix(word: str, suffix: str) -> str:
+    """Attach s/ed/ing/er/est with the common English spelling rules (good enough for the lists above)."""
+    if suffix == "s":
+        if word.endswith(("sh", "ch", "s", "x")):
+            return word + "es"
+        return word[:-1] + "ies" if word.endswith("y") and word[-2] not in "aeiou" else word + "s"
+    if word.endswith("y") and word[-2] not in "aeiou" and suffix != "ing":
+        word = word[:-1] + "i"
+    return (word[:-1] if word.endswith("e") else word) + suffix
+
+
+def training_corpus(seed: int = 0) -> list[str]:
+    """Deterministic tokenizer text: arithmetic Q/A, simple English sentences, made-up names, ChatML roles."""
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(3000):
+        a, b, op = rng.randint(0, 999), rng.randint(0, 999), rng.choice("+-*")
+        c = a + b if op == "+" else a - b if op == "-" else a * b
+        lines.append(f"What is {a} {op} {b}? The answer is {c}.")
+    verbs = _VERBS + [_suffix(v, sfx) for v in _VERBS for sfx in ("s", "ed", "ing")]
+    adjectives = _ADJECTIVES * 2 + [_suffix(a, sfx) for a in _ADJECTIVES for sfx in ("er", "est")]
+    for _ in range(3000):
+        subject = f"{rng.choice(['the', 'a', 'my', 'our'])} {rng.choice(adjectives)} {rng.choice(_NOUNS)}"
+        obj = f"{rng.choice(['the', 'some', 'two', 'many'])} {rng.choice(adjectives)} {_suffix(rng.choice(_NOUNS), 's')}"
+        sentence = f"{subject} {rng.choice(verbs)} {obj} {rng.choice(_PLACES)}{rng.choice('.!?')}"
+        lines.append(sentence[0].upper() + sentence[1:])
+    for _ in range(1500):
+        name = "".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(2, 4))).capitalize()
+        lines.append(f"{name} {rng.choice(verbs)} the {rng.choice(_NOUNS)}.")
+    lines.extend(_CHAT_LINES * 20)
+    return lines
+
+
+def build_tokenizer(seed: int = 0) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE (vocab 2048) on `training_corpus` and wrap it for transformers."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
+    # Same pipeline Qwen2Tokenizer rebuilds on load (AutoTokenizer and vLLM pick that class for
+    # model_type "qwen2"), so tokenizer.json, PreTrainedTokenizerFast and AutoTokenizer agree on ids.
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=TOKENIZER_VOCAB_SIZE, special_tokens=[PAD_TOKEN, IM_START, EOS_TOKEN],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(training_corpus(seed), trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN, model_max_length=2048,
+                                   additional_special_tokens=[IM_START], chat_template=CHAT_TEMPLATE)
+
+
+def _marker(preset: str, seed: int) -> dict[str, object]:
+    return {"format_version": FORMAT_VERSION, "preset": preset, "seed": seed}
+
+
+def is_complete(out_dir: Path, preset: str, seed: int = 0) -> bool:
+    """True when `out_dir` holds a finished build whose marker matches preset, seed and format."""
+    try:
+        marker = json.loads((out_dir / MARKER_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    matches = all(marker.get(k) == v for k, v in _marker(preset, seed).items())
+    return matches and all((out_dir / name).is_file() for name in REQUIRED_FILES)
+
+
+def _fix_permissions(path: Path) -> None:
+    """mkdtemp makes 0700 dirs (and some writers 0600 files): give the tree the usual umask modes."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for item in [path, *path.rglob("*")]:
+        item.chmod((0o777 if item.is_dir() else 0o666) & ~umask)
+
+
+def _write_model(preset: str, seed: int, out: Path) -> dict[str, object]:
+    """Write tokenizer, config and random weights into `out`; return the marker contents."""
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = build_tokenizer(seed)
+    tokenizer.save_pretrained(out)
+    eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+    config = Qwen2Config(vocab_size=len(tokenizer), tie_word_embeddings=True, dtype="float32",
+                         bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id, **asdict(PRESETS[preset]))
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config).to(torch.float32).eval()
+    model.generation_config = GenerationConfig(bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id)
+    model.save_pretrained(out, safe_serialization=True)
+    marker = _marker(preset, seed) | {
+        "vocab_size": len(tokenizer), "num_parameters": sum(p.numel() for p in model.parameters()),
+        "eos_token_id": eos_id, "pad_token_id": pad_id, "im_start_token_id": tokenizer.convert_tokens_to_ids(IM_START),
+    }
+    (out / MARKER_FILE).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
+    return marker
+
+
+def build_embedded_model(preset: str, out_dir: Path, seed: int = 0) -> Path:
+    """Build `preset` into `out_dir` atomically; a no-op when a matching build is already there.
+
+    A directory that exists but carries no marker of ours is never overwritten (FileExistsError).
+    """
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+    out_dir = Path(out_dir).resolve()
+    if is_complete(out_dir, preset, seed):
+        return out_dir
+    if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / MARKER_FILE).exists():
+        raise FileExistsError(f"{out_dir} exists and is not an embedded-model build; refusing to replace it")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.build-", dir=out_dir.parent))
+    try:
+        _write_model(preset, seed, tmp)
+        _fix_permissions(tmp)
+        if out_dir.exists():  # an empty dir or an older/mismatched build of ours: move it aside first
+            if is_complete(out_dir, preset, seed):  # a concurrent builder finished first
+                return out_dir
+            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
+            os.replace(out_dir, old / "model")
+            shutil.rmtree(old, ignore_errors=True)
+        try:
+            os.replace(tmp, out_dir)
+        except OSError:
+            if not is_complete(out_dir, preset, seed):  # lost a race to a different request
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def main(argv: list[str] | None = None) -> None:
+    """CLI entry point: build one preset and print what happened."""
+    parser = argparse.ArgumentParser(description="Build the offline embedded model (tokenizer + random weights).")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    already = is_complete(args.out.resolve(), args.preset, args.seed)
+    start = time.perf_counter()
+    path = build_embedded_model(args.preset, args.out, args.seed)
+    elapsed = time.perf_counter() - start
+    marker = json.loads((path / MARKER_FILE).read_text())
+    verb = "already present" if already else "built"
+    print(f"{verb}: preset={args.preset} seed={args.seed} at {path} in {elapsed:.2f}s "
+          f"(params={marker['num_parameters']:,}, vocab={marker['vocab_size']}, "
+          f"eos={marker['eos_token_id']}, pad={marker['pad_token_id']}, im_start={marker['im_start_token_id']})")
+
+
+if __name__ == "__main__":
+    main()
