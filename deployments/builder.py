@@ -12,7 +12,7 @@ from transformers import AutoConfig
 
 from app.config import ServerConfig
 from app.models.embedded import build_embedded_model
-from deployments.ingress import Ingress, api
+from deployments.ingress import Ingress
 from deployments.trainer import Trainer
 
 logger = logging.getLogger("tinker_serve.builder")
@@ -38,5 +38,5 @@ def build_app(args: dict[str, Any]) -> Application:
         base.name: serve.deployment(Trainer).options(**Trainer.deployment_options(config, base.name)).bind(raw, base.name)
         for base in config.base_models
     }
-    ingress = serve.deployment(serve.ingress(api)(Ingress)).options(**Ingress.deployment_options(config))
+    ingress = serve.deployment(serve.ingress()(Ingress)).options(**Ingress.deployment_options(config))
     return ingress.bind(raw, trainers, _model_limits(config))

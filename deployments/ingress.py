@@ -21,7 +21,6 @@ from app.training.lora import AdapterSpec
 from app.training.validation import ModelLimits
 
 logger = logging.getLogger("tinker_serve.ingress")
-api = create_api()
 
 
 class ServeTrainerDispatcher(TrainerDispatcher):
@@ -76,9 +75,15 @@ class Ingress:
         engine = make_engine(cfg.db_url)
         await create_tables(engine)
         futures = FutureStore(engine)
-        api.state.services = Services(
+        self._services = Services(
             config=cfg, futures=futures, metadata=MetadataStore(engine),
             trainers=ServeTrainerDispatcher(trainers, futures),
             model_limits={name: ModelLimits(**limits) for name, limits in model_limits.items()},
             api_keys=cfg.auth.load_keys(),
         )
+
+    def __serve_build_asgi_app__(self) -> Any:
+        """Serve calls this after the constructor: the API, bound to this replica's collaborators."""
+        api = create_api()
+        api.state.services = self._services
+        return api
