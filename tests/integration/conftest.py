@@ -63,7 +63,7 @@ def base_url(tmp_path_factory: pytest.TempPathFactory) -> str:
 def service_client(base_url: str) -> tinker.ServiceClient:
     client = tinker.ServiceClient(base_url=base_url, api_key="tml-integration-tests")
     yield client
-    client.close()
+    client.close("success").result()
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,67 @@
+"""Datums and reference computations shared by the integration tests."""
+
+from __future__ import annotations
+
+import numpy as np
+import tinker
+import torch
+from tinker import types
+
+from app.training.batch import PackedBatch
+from app.training.engine import TrainingEngine
+from app.training.lora import AdapterSpec
+from app.training.optim import AdamParams
+
+SENTENCES = [
+    "What is 12 + 7? The answer is 19.",
+    "What is 3 + 4? The answer is 7.",
+    "The cat sat on the mat near the door.",
+    "What is 20 + 22? The answer is 42.",
+    "A small dog ran to the park today.",
+    "What is 9 + 9? The answer is 18.",
+    "Birds sing in the morning light.",
+    "What is 5 + 6? The answer is 11.",
+]
+
+
+def sft_datums(tokenizer, count: int = 4) -> list[types.Datum]:
+    """Next-token datums; weights 0 on the first two targets (a 'prompt'), 1 after."""
+    datums = []
+    for text in SENTENCES[:count]:
+        ids = tokenizer.encode(text)
+        weights = [0.0, 0.0] + [1.0] * (len(ids) - 3)
+        datums.append(types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
+                                  loss_fn_inputs={"target_tokens": ids[1:], "weights": weights}))
+    return datums
+
+
+def packed(datums: list[types.Datum]) -> PackedBatch:
+    """The same datums as the server packs them, for the in-process reference engine."""
+    tokens = [np.array(d.model_input.to_ints(), dtype=np.int64) for d in datums]
+    offsets = np.concatenate([[0], np.cumsum([len(t) for t in tokens])]).astype(np.int64)
+    inputs = {
+        "target_tokens": np.concatenate([np.asarray(d.loss_fn_inputs["target_tokens"].data, np.int64) for d in datums]),
+        "weights": np.concatenate([np.asarray(d.loss_fn_inputs["weights"].data, np.float32) for d in datums]),
+    }
+    return PackedBatch(np.concatenate(tokens), offsets, inputs)
+
+
+def logprobs_of(result: types.ForwardBackwardOutput) -> list[np.ndarray]:
+    return [np.asarray(out["logprobs"].to_numpy()) for out in result.loss_fn_outputs]
+
+
+def reference_run(base: torch.nn.Module, seed: int, rank: int, batch: PackedBatch, steps: int, lr: float) -> np.ndarray:
+    """Train `steps` steps in this process (one worker, no Ray), then return the forward logprobs."""
+    engine = TrainingEngine(base)
+    engine.create_model("ref", AdapterSpec(rank=rank, seed=seed))
+    try:
+        for _ in range(steps):
+            engine.forward_backward("ref", "cross_entropy", {}, batch, forward_only=False)
+            engine.optim_step("ref", AdamParams(learning_rate=lr))
+        return engine.forward_backward("ref", "cross_entropy", {}, batch, forward_only=True).outputs["logprobs"]
+    finally:
+        engine.remove_model("ref")
+
+
+def new_client(service_client: tinker.ServiceClient, seed: int, rank: int = 8) -> tinker.TrainingClient:
+    return service_client.create_lora_training_client(base_model="tinker-serve/tiny", rank=rank, seed=seed).result()
