@@ -176,3 +176,23 @@ def test_results_survive_new_engine(db: Path) -> None:
         Pending(pending),
     ]
 
+
+def test_every_local_waiter_wakes_at_once(db: Path) -> None:
+    """A waiter that gives up first must not take the wake-up away from one still waiting."""
+
+    async def body(store: FutureStore) -> tuple[object, object, float]:
+        rid, _ = await store.create("forward", "m", 1)
+        patient = asyncio.create_task(store.wait(rid, timeout_s=5.0))
+        await asyncio.sleep(0.05)
+        impatient = await store.wait(rid, timeout_s=0.05)  # starts and ends while `patient` waits
+        start = time.monotonic()
+        await store.complete(rid, b"both", JSON_CONTENT_TYPE)
+        outcome = await patient
+        elapsed = time.monotonic() - start
+        assert store._local_events == {} and store._local_waiters == {}  # nothing left behind
+        return impatient, outcome, elapsed
+
+    impatient, outcome, elapsed = run_with_store(db, body, poll_interval_s=10.0)
+    assert isinstance(impatient, Pending)
+    assert isinstance(outcome, Completed) and outcome.payload == b"both"
+    assert elapsed < 0.5
