@@ -54,6 +54,7 @@ class FutureStore:
         self._engine = engine
         self._poll_interval_s = poll_interval_s
         self._local_events: dict[str, asyncio.Event] = {}
+        self._local_waiters: dict[str, int] = {}  # the event is dropped when its last waiter leaves
 
     async def create(self, kind: str, model_id: str | None = None, seq_id: int | None = None) -> tuple[str, bool]:
         """A new pending future; for a repeated (model_id, seq_id) the existing id and False."""
@@ -120,6 +121,7 @@ class FutureStore:
         """Long-poll: the outcome once finished, or Pending after `timeout_s`."""
         deadline = time.monotonic() + timeout_s
         event = self._local_events.setdefault(request_id, asyncio.Event())
+        self._local_waiters[request_id] = self._local_waiters.get(request_id, 0) + 1
         try:
             while True:
                 outcome = await self.get(request_id)
@@ -131,4 +133,7 @@ class FutureStore:
                 except asyncio.TimeoutError:
                     pass
         finally:
-            self._local_events.pop(request_id, None)
+            self._local_waiters[request_id] -= 1
+            if not self._local_waiters[request_id]:
+                del self._local_waiters[request_id]
+                self._local_events.pop(request_id, None)

@@ -1,0 +1,110 @@
+"""ServerConfig validation: model list, strictness, auth keys, path resolution, the shipped serve_config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from app.config import API_KEYS_ENV, AuthConfig, LimitsConfig, ServerConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+LOOPBACK = {"mode": "any_tml_key_on_loopback"}
+TINY = {"name": "tiny", "path": "models/tiny", "embedded_preset": "tiny"}
+
+
+@pytest.fixture(autouse=True)
+def _no_env_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(API_KEYS_ENV, raising=False)
+
+
+def test_minimal_config_defaults() -> None:
+    cfg = ServerConfig(base_models=[TINY], auth=LOOPBACK)
+    assert cfg.base_model("tiny").num_workers == 2
+    assert cfg.base_model("other") is None
+    assert cfg.limits == LimitsConfig()
+    assert cfg.db_url == f"sqlite+aiosqlite:///{Path('state').resolve() / 'tinker_serve.db'}"
+    assert ServerConfig(base_models=[TINY], auth=LOOPBACK, database_url="postgresql+asyncpg://h/db").db_url == \
+        "postgresql+asyncpg://h/db"
+
+
+def test_empty_base_models_rejected() -> None:
+    with pytest.raises(ValidationError, match="at least one model"):
+        ServerConfig(base_models=[], auth=LOOPBACK)
+
+
+def test_duplicate_names_rejected() -> None:
+    with pytest.raises(ValidationError, match="unique"):
+        ServerConfig(base_models=[TINY, {**TINY, "path": "elsewhere"}], auth=LOOPBACK)
+
+
+@pytest.mark.parametrize("args", [
+    {"base_models": [TINY], "auth": LOOPBACK, "stat_dir": "typo"},
+    {"base_models": [{**TINY, "gpus": 1}], "auth": LOOPBACK},
+    {"base_models": [TINY], "auth": {**LOOPBACK, "keys": ["k"]}},
+    {"base_models": [TINY], "auth": LOOPBACK, "limits": {"max_datums": 3}},
+])
+def test_unknown_keys_rejected(args: dict) -> None:
+    with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
+        ServerConfig(**args)
+
+
+@pytest.mark.parametrize("limits", [{"max_datums_per_request": 0}, {"long_poll_seconds": 41}])
+def test_limit_bounds(limits: dict) -> None:
+    with pytest.raises(ValidationError):
+        ServerConfig(base_models=[TINY], auth=LOOPBACK, limits=limits)
+
+
+def test_api_keys_mode_needs_keys() -> None:
+    with pytest.raises(ValidationError, match=API_KEYS_ENV):
+        ServerConfig(base_models=[TINY])  # api_keys is the default mode
+
+
+def test_api_keys_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(API_KEYS_ENV, " key-one, ,key-two ")
+    cfg = ServerConfig(base_models=[TINY], auth={"mode": "api_keys"})
+    assert cfg.auth.load_keys() == frozenset({"key-one", "key-two"})
+
+
+def test_api_keys_from_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    keys = tmp_path / "keys.txt"
+    keys.write_text("# comment\nfile-key\n\n  spaced-key  \n")
+    monkeypatch.setenv(API_KEYS_ENV, "env-key")
+    auth = AuthConfig(mode="api_keys", api_keys_file=str(keys))
+    assert auth.load_keys() == frozenset({"env-key", "file-key", "spaced-key"})
+    assert ServerConfig(base_models=[TINY], auth=auth).auth.mode == "api_keys"
+
+
+def test_resolved_makes_local_paths_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "local-model").mkdir()
+    cfg = ServerConfig(state_dir="st", auth=LOOPBACK, base_models=[
+        TINY, {"name": "local", "path": "local-model"}, {"name": "hub", "path": "Qwen/Qwen3-8B"},
+        {"name": "dotted", "path": "./not-yet"},
+    ]).resolved()
+    assert cfg.state_dir == str(tmp_path / "st")
+    assert [m.path for m in cfg.base_models] == [
+        str(tmp_path / "models" / "tiny"),  # embedded: absolute even before it is built
+        str(tmp_path / "local-model"),
+        "Qwen/Qwen3-8B",  # a hub id stays as it is
+        str(tmp_path / "not-yet"),
+    ]
+    assert cfg.db_url == f"sqlite+aiosqlite:///{tmp_path / 'st' / 'tinker_serve.db'}"
+
+
+def test_config_is_frozen() -> None:
+    cfg = ServerConfig(base_models=[TINY], auth=LOOPBACK)
+    with pytest.raises(ValidationError):
+        cfg.state_dir = "x"
+
+
+def test_shipped_serve_config_validates() -> None:
+    doc = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    app = doc["applications"][0]
+    assert app["import_path"] == "deployments.builder:build_app"
+    cfg = ServerConfig.model_validate(app["args"])
+    assert cfg.auth.mode == "any_tml_key_on_loopback"
+    assert [m.name for m in cfg.base_models] == ["tinker-serve/tiny"]
+    assert cfg.base_models[0].embedded_preset == "tiny"

@@ -1,0 +1,198 @@
+"""FutureStore over a real SQLite file: states, idempotent create, long-poll wake-ups, durability."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Awaitable, Callable, TypeVar
+
+import pytest
+
+from app.store.db import create_tables, make_engine
+from app.store.futures import (
+    JSON_CONTENT_TYPE,
+    PROTO_CONTENT_TYPE,
+    Completed,
+    Failed,
+    FutureStore,
+    Pending,
+    Unknown,
+)
+
+T = TypeVar("T")
+
+
+def run_with_store(db: Path, body: Callable[[FutureStore], Awaitable[T]], **kw: float) -> T:
+    async def main() -> T:
+        engine = make_engine("sqlite+aiosqlite:///" + str(db))
+        await create_tables(engine)
+        try:
+            return await body(FutureStore(engine, **kw))
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(main())
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "f.db"
+
+
+def test_create_is_pending(db: Path) -> None:
+    async def body(store: FutureStore) -> None:
+        rid, created = await store.create("forward_backward", "s:train:0", 1)
+        assert created
+        assert len(rid) == 32
+        assert await store.get(rid) == Pending(rid)
+
+    run_with_store(db, body)
+
+
+def test_same_model_seq_returns_same_id(db: Path) -> None:
+    async def body(store: FutureStore) -> None:
+        rid, created = await store.create("forward_backward", "s:train:0", 7)
+        again, created_again = await store.create("forward_backward", "s:train:0", 7)
+        other, other_created = await store.create("forward_backward", "s:train:1", 7)
+        no_seq_a, _ = await store.create("create_model")
+        no_seq_b, _ = await store.create("create_model")
+        assert (again, created, created_again) == (rid, True, False)
+        assert other != rid and other_created
+        assert no_seq_a != no_seq_b
+
+    run_with_store(db, body)
+
+
+def test_complete_and_fail(db: Path) -> None:
+    async def body(store: FutureStore) -> None:
+        a, _ = await store.create("optim_step", "m", 1)
+        b, _ = await store.create("optim_step", "m", 2)
+        await store.complete(a, b"\x08\x01", PROTO_CONTENT_TYPE)
+        await store.fail(b, {"error": "boom", "category": "server"})
+        assert await store.get(a) == Completed(a, b"\x08\x01", PROTO_CONTENT_TYPE)
+        assert await store.get(b) == Failed(b, {"error": "boom", "category": "server"})
+        assert await store.get("does-not-exist") == Unknown("does-not-exist")
+
+    run_with_store(db, body)
+
+
+def test_finished_future_is_not_changed_later(db: Path) -> None:
+    async def body(store: FutureStore) -> None:
+        rid, _ = await store.create("optim_step", "m", 1)
+        await store.complete(rid, b"{}", JSON_CONTENT_TYPE)
+        await store.fail(rid, {"error": "late", "category": "server"})
+        await store.fail_if_pending(rid, {"error": "later", "category": "server"})
+        assert await store.get(rid) == Completed(rid, b"{}", JSON_CONTENT_TYPE)
+
+        failed, _ = await store.create("optim_step", "m", 2)
+        await store.fail(failed, {"error": "first"})
+        await store.complete(failed, b"x", JSON_CONTENT_TYPE)
+        assert await store.get(failed) == Failed(failed, {"error": "first"})
+
+    run_with_store(db, body)
+
+
+def test_wait_wakes_on_local_completion(db: Path) -> None:
+    async def body(store: FutureStore) -> tuple[object, float]:
+        rid, _ = await store.create("forward", "m", 1)
+
+        async def finish_soon() -> None:
+            await asyncio.sleep(0.05)
+            await store.complete(rid, b"done", JSON_CONTENT_TYPE)
+
+        start = time.monotonic()
+        _, outcome = await asyncio.gather(finish_soon(), store.wait(rid, timeout_s=5.0))
+        return outcome, time.monotonic() - start
+
+    # A long poll interval proves the wake-up came from the local event, not from polling.
+    outcome, elapsed = run_with_store(db, body, poll_interval_s=10.0)
+    assert isinstance(outcome, Completed) and outcome.payload == b"done"
+    assert elapsed < 0.5
+
+
+def test_wait_times_out_pending(db: Path) -> None:
+    async def body(store: FutureStore) -> tuple[object, float]:
+        rid, _ = await store.create("forward", "m", 1)
+        start = time.monotonic()
+        outcome = await store.wait(rid, timeout_s=0.3)
+        return outcome, time.monotonic() - start
+
+    outcome, elapsed = run_with_store(db, body, poll_interval_s=0.05)
+    assert isinstance(outcome, Pending)
+    assert 0.3 <= elapsed < 2.0
+
+
+def test_wait_unknown_returns_at_once(db: Path) -> None:
+    async def body(store: FutureStore) -> object:
+        return await store.wait("missing", timeout_s=5.0)
+
+    start = time.monotonic()
+    assert run_with_store(db, body) == Unknown("missing")
+    assert time.monotonic() - start < 2.0
+
+
+def test_other_process_sees_completion_by_polling(db: Path) -> None:
+    async def body(first: FutureStore) -> tuple[object, float]:
+        second_engine = make_engine("sqlite+aiosqlite:///" + str(db))
+        second = FutureStore(second_engine, poll_interval_s=0.05)  # "another replica", its own events
+        try:
+            rid, _ = await first.create("forward", "m", 1)
+
+            async def finish_soon() -> None:
+                await asyncio.sleep(0.1)
+                await first.complete(rid, b"remote", JSON_CONTENT_TYPE)
+
+            start = time.monotonic()
+            _, outcome = await asyncio.gather(finish_soon(), second.wait(rid, timeout_s=5.0))
+            return outcome, time.monotonic() - start
+        finally:
+            await second_engine.dispose()
+
+    outcome, elapsed = run_with_store(db, body)
+    assert isinstance(outcome, Completed) and outcome.payload == b"remote"
+    assert elapsed < 1.0
+
+
+def test_results_survive_new_engine(db: Path) -> None:
+    async def write(store: FutureStore) -> tuple[str, str, str]:
+        done, _ = await store.create("optim_step", "m", 1)
+        bad, _ = await store.create("optim_step", "m", 2)
+        pending, _ = await store.create("optim_step", "m", 3)
+        await store.complete(done, b"\x00\xffpayload", PROTO_CONTENT_TYPE)
+        await store.fail(bad, {"error": "x", "category": "user", "field": "seq_id"})
+        return done, bad, pending
+
+    done, bad, pending = run_with_store(db, write)
+
+    async def read(store: FutureStore) -> list[object]:
+        again, created = await store.create("optim_step", "m", 1)
+        assert (again, created) == (done, False)
+        return [await store.get(r) for r in (done, bad, pending)]
+
+    assert run_with_store(db, read) == [
+        Completed(done, b"\x00\xffpayload", PROTO_CONTENT_TYPE),
+        Failed(bad, {"error": "x", "category": "user", "field": "seq_id"}),
+        Pending(pending),
+    ]
+
+
+def test_every_local_waiter_wakes_at_once(db: Path) -> None:
+    """A waiter that gives up first must not take the wake-up away from one still waiting."""
+
+    async def body(store: FutureStore) -> tuple[object, object, float]:
+        rid, _ = await store.create("forward", "m", 1)
+        patient = asyncio.create_task(store.wait(rid, timeout_s=5.0))
+        await asyncio.sleep(0.05)
+        impatient = await store.wait(rid, timeout_s=0.05)  # starts and ends while `patient` waits
+        start = time.monotonic()
+        await store.complete(rid, b"both", JSON_CONTENT_TYPE)
+        outcome = await patient
+        elapsed = time.monotonic() - start
+        assert store._local_events == {} and store._local_waiters == {}  # nothing left behind
+        return impatient, outcome, elapsed
+
+    impatient, outcome, elapsed = run_with_store(db, body, poll_interval_s=10.0)
+    assert isinstance(impatient, Pending)
+    assert isinstance(outcome, Completed) and outcome.payload == b"both"
+    assert elapsed < 0.5

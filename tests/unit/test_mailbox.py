@@ -1,0 +1,94 @@
+"""Mailbox as a plain asyncio object: fan-out to every rank, rank-ordered replies, restarts, timeouts."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from app.errors import GroupRestarted
+from app.workers.mailbox import STOP, Mailbox
+
+
+async def _registered(world_size: int) -> Mailbox:
+    box = Mailbox(world_size)
+    for rank in range(world_size):
+        await box.register(rank, f"proc-{rank}")
+    return box
+
+
+def test_call_fans_out_and_orders_replies_by_rank() -> None:
+    async def main() -> None:
+        box = await _registered(3)
+        call = asyncio.create_task(box.call(11, {"cmd": "ping"}))
+        received = [await box.next(rank, timeout_s=1.0) for rank in range(3)]
+        assert received == [(11, {"cmd": "ping"})] * 3
+        for rank in (2, 0, 1):  # replies arrive out of rank order
+            assert not call.done()
+            await box.reply(11, rank, f"reply-{rank}")
+        assert await asyncio.wait_for(call, 1.0) == ["reply-0", "reply-1", "reply-2"]
+        assert await box.status() == {"registered": 3, "world_size": 3, "restarts": 0}
+
+    asyncio.run(main())
+
+
+def test_messages_stay_in_order_per_rank() -> None:
+    async def main() -> None:
+        box = await _registered(2)
+        calls = [asyncio.create_task(box.call(i, f"m{i}")) for i in (1, 2)]
+        await asyncio.sleep(0)
+        for rank in range(2):
+            assert [await box.next(rank, 1.0) for _ in range(2)] == [(1, "m1"), (2, "m2")]
+        for msg_id in (2, 1):
+            for rank in range(2):
+                await box.reply(msg_id, rank, (msg_id, rank))
+        assert await asyncio.gather(*calls) == [[(1, 0), (1, 1)], [(2, 0), (2, 1)]]
+
+    asyncio.run(main())
+
+
+def test_reregistering_with_new_identity_fails_pending_calls() -> None:
+    async def main() -> None:
+        box = await _registered(2)
+        call = asyncio.create_task(box.call(5, "work"))
+        assert await box.next(0, 1.0) == (5, "work")
+        await box.reply(5, 0, "rank0-done")
+        await box.register(1, "proc-1")  # same identity: not a restart
+        assert not call.done()
+        await box.register(1, "proc-1-restarted")
+        with pytest.raises(GroupRestarted) as info:
+            await asyncio.wait_for(call, 1.0)
+        assert info.value.category == "server" and info.value.status_code == 500
+        assert await box.status() == {"registered": 1, "world_size": 2, "restarts": 1}
+        # The old message is gone from the fresh queues, and a late reply is ignored.
+        assert await box.next(1, timeout_s=0.05) is None
+        await box.reply(5, 1, "late")
+        # The restarted group serves new calls.
+        await box.register(0, "proc-0-restarted")
+        again = asyncio.create_task(box.call(6, "again"))
+        for rank in range(2):
+            assert await box.next(rank, 1.0) == (6, "again")
+            await box.reply(6, rank, rank)
+        assert await again == [0, 1]
+
+    asyncio.run(main())
+
+
+def test_next_times_out_with_none() -> None:
+    async def main() -> float:
+        box = await _registered(1)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        assert await box.next(0, timeout_s=0.1) is None
+        return loop.time() - start
+
+    assert 0.09 <= asyncio.run(main()) < 1.0
+
+
+def test_stop_reaches_every_rank() -> None:
+    async def main() -> None:
+        box = await _registered(2)
+        await box.stop()
+        assert [await box.next(r, 1.0) for r in range(2)] == [(-1, STOP), (-1, STOP)]
+
+    asyncio.run(main())

@@ -1,0 +1,122 @@
+"""MetadataStore over a real SQLite file: sessions and training runs."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Awaitable, Callable, TypeVar
+
+import pytest
+from sqlalchemy import select
+
+from app.errors import NotFound, UserError
+from app.store.db import create_tables, make_engine, sessions
+from app.store.metadata import MetadataStore, TrainingRun, model_id_for
+
+T = TypeVar("T")
+
+
+def run_with_store(db: Path, body: Callable[[MetadataStore, object], Awaitable[T]]) -> T:
+    async def main() -> T:
+        engine = make_engine("sqlite+aiosqlite:///" + str(db))
+        await create_tables(engine)
+        try:
+            return await body(MetadataStore(engine), engine)
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(main())
+
+
+def _run(model_id: str, session_id: str = "sess") -> TrainingRun:
+    return TrainingRun(model_id=model_id, session_id=session_id, base_model="tinker-serve/tiny", lora_rank=8,
+                       role="training", lora_config={"rank": 8, "seed": 3, "train_mlp": False},
+                       user_metadata={"k": "v"}, created_at=123.5, unloaded=False)
+
+
+async def _session_row(engine, session_id: str):  # noqa: ANN001, ANN202
+    async with engine.connect() as conn:
+        return (await conn.execute(select(sessions).where(sessions.c.session_id == session_id))).first()
+
+
+def test_model_id_format() -> None:
+    assert model_id_for("abc123", 0) == "abc123:train:0"
+    assert model_id_for("s", 42) == "s:train:42"
+
+
+def test_session_lifecycle(tmp_path: Path) -> None:
+    async def body(store: MetadataStore, engine) -> None:  # noqa: ANN001
+        before = time.time()
+        sid = await store.create_session("0.9.0", ["a", "b"], {"user": "me"})
+        assert len(sid) == 16
+        row = await _session_row(engine, sid)
+        assert (row.sdk_version, row.tags, row.user_metadata, row.finished_reason) == ("0.9.0", ["a", "b"],
+                                                                                       {"user": "me"}, None)
+        assert row.created_at >= before
+        await store.require_session(sid)
+
+        await asyncio.sleep(0.01)
+        assert await store.heartbeat(sid) is True
+        assert (await _session_row(engine, sid)).last_heartbeat > row.last_heartbeat
+        assert await store.heartbeat("no-such-session") is False
+
+        await store.finish_session(sid, "client_closed")
+        await store.finish_session(sid, "expired")  # the first reason sticks
+        assert (await _session_row(engine, sid)).finished_reason == "client_closed"
+
+    run_with_store(tmp_path / "m.db", body)
+
+
+def test_require_unknown_session(tmp_path: Path) -> None:
+    async def body(store: MetadataStore, _engine) -> None:  # noqa: ANN001
+        with pytest.raises(NotFound) as info:
+            await store.require_session("missing")
+        assert info.value.field == "session_id"
+        assert info.value.status_code == 404
+
+    run_with_store(tmp_path / "m.db", body)
+
+
+def test_training_run_round_trip(tmp_path: Path) -> None:
+    async def body(store: MetadataStore, _engine) -> TrainingRun:  # noqa: ANN001
+        await store.add_training_run(_run("sess:train:0"))
+        await store.add_training_run(_run("sess:train:1"))
+        await store.mark_unloaded("sess:train:1")
+        assert (await store.get_training_run("sess:train:1")).unloaded is True
+        return await store.get_training_run("sess:train:0")
+
+    assert run_with_store(tmp_path / "m.db", body) == _run("sess:train:0")
+
+
+def test_duplicate_model_id(tmp_path: Path) -> None:
+    async def body(store: MetadataStore, _engine) -> None:  # noqa: ANN001
+        await store.add_training_run(_run("sess:train:0"))
+        with pytest.raises(UserError) as info:
+            await store.add_training_run(_run("sess:train:0"))
+        assert info.value.field == "model_seq_id"
+        assert "sess:train:0" in info.value.message
+
+    run_with_store(tmp_path / "m.db", body)
+
+
+def test_unknown_training_run(tmp_path: Path) -> None:
+    async def body(store: MetadataStore, _engine) -> None:  # noqa: ANN001
+        with pytest.raises(NotFound) as info:
+            await store.get_training_run("sess:train:9")
+        assert info.value.field == "model_id"
+
+    run_with_store(tmp_path / "m.db", body)
+
+
+def test_runs_survive_new_engine(tmp_path: Path) -> None:
+    db = tmp_path / "m.db"
+
+    async def write(store: MetadataStore, _engine) -> None:  # noqa: ANN001
+        await store.add_training_run(_run("sess:train:5"))
+
+    async def read(store: MetadataStore, _engine) -> TrainingRun:  # noqa: ANN001
+        return await store.get_training_run("sess:train:5")
+
+    run_with_store(db, write)
+    assert run_with_store(db, read) == _run("sess:train:5")

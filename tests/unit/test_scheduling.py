@@ -1,0 +1,188 @@
+"""SeqScheduler: strict seq_id order, batching of ready ops, no waiting for arrival, failure handling."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from app.errors import UserError
+from app.scheduling import SeqScheduler
+
+
+class Recorder:
+    """A run_batch that records each batch; it can hold the first batch until released, or raise."""
+
+    def __init__(self, *, hold_first: bool = False, fail_on: set[str] | None = None) -> None:
+        self.batches: list[list[str]] = []
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+        if not hold_first:
+            self.release.set()
+        self.fail_on = fail_on or set()
+
+    async def __call__(self, model_id: str, ops: list[str]) -> list[Any]:
+        self.batches.append(list(ops))
+        self.started.set()
+        if len(self.batches) == 1:
+            await self.release.wait()
+        if self.fail_on & set(ops):
+            raise RuntimeError(f"batch {ops} failed")
+        return [f"{model_id}/{op}" for op in ops]
+
+
+async def _settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def test_out_of_order_submits_run_in_seq_order() -> None:
+    async def main() -> None:
+        rec = Recorder()
+        sched = SeqScheduler(rec)
+        sched.open("m")
+        t3 = asyncio.create_task(sched.submit("m", 3, "op3"))
+        t2 = asyncio.create_task(sched.submit("m", 2, "op2"))
+        await _settle()
+        assert rec.batches == []  # seq 1 has not arrived; nothing runs, nothing deadlocks
+        t1 = asyncio.create_task(sched.submit("m", 1, "op1"))
+        assert await asyncio.wait_for(asyncio.gather(t1, t2, t3), 2) == ["m/op1", "m/op2", "m/op3"]
+        assert [op for batch in rec.batches for op in batch] == ["op1", "op2", "op3"]
+        assert rec.batches == [["op1", "op2", "op3"]]  # all three were waiting when 1 arrived
+
+    asyncio.run(main())
+
+
+def test_ready_ops_leave_in_one_batch() -> None:
+    async def main() -> None:
+        rec = Recorder(hold_first=True)
+        sched = SeqScheduler(rec)
+        sched.open("m")
+        t1 = asyncio.create_task(sched.submit("m", 1, "a"))
+        await asyncio.wait_for(rec.started.wait(), 2)  # batch [a] is running and held
+        t2 = asyncio.create_task(sched.submit("m", 2, "b"))
+        t3 = asyncio.create_task(sched.submit("m", 3, "c"))
+        await _settle()
+        rec.release.set()
+        assert await asyncio.wait_for(asyncio.gather(t1, t2, t3), 2) == ["m/a", "m/b", "m/c"]
+        assert rec.batches == [["a"], ["b", "c"]]
+
+    asyncio.run(main())
+
+
+def test_open_with_next_seq_and_resubmit_rejected() -> None:
+    async def main() -> None:
+        rec = Recorder()
+        sched = SeqScheduler(rec)
+        sched.open("m", next_seq=5)
+        assert sched.is_open("m")
+        assert await sched.submit("m", 5, "x") == "m/x"
+        for seq in (5, 4):  # executed, and before the first accepted seq_id
+            with pytest.raises(UserError) as info:
+                await sched.submit("m", seq, "again")
+            assert info.value.field == "seq_id"
+        waiting = asyncio.create_task(sched.submit("m", 7, "y"))
+        await _settle()
+        with pytest.raises(UserError) as info:  # a duplicate of a queued op
+            await sched.submit("m", 7, "dup")
+        assert info.value.field == "seq_id"
+        sched.close("m", RuntimeError("bye"))
+        with pytest.raises(RuntimeError):
+            await waiting
+
+    asyncio.run(main())
+
+
+def test_unknown_model() -> None:
+    async def main() -> None:
+        sched = SeqScheduler(Recorder())
+        with pytest.raises(UserError) as info:
+            await sched.submit("nope", 1, "x")
+        assert info.value.field == "model_id"
+
+    asyncio.run(main())
+
+
+def test_close_fails_queued_ops() -> None:
+    async def main() -> None:
+        rec = Recorder()
+        sched = SeqScheduler(rec)
+        sched.open("m")
+        queued = [asyncio.create_task(sched.submit("m", s, f"op{s}")) for s in (2, 3)]
+        await _settle()
+        reason = RuntimeError("model unloaded")
+        sched.close("m", reason)
+        for task in queued:
+            with pytest.raises(RuntimeError) as info:
+                await task
+            assert info.value is reason
+        assert rec.batches == []
+        assert not sched.is_open("m")
+        with pytest.raises(UserError):
+            await sched.submit("m", 1, "x")
+
+    asyncio.run(main())
+
+
+def test_failing_batch_fails_its_ops_and_later_batches_run() -> None:
+    async def main() -> None:
+        rec = Recorder(hold_first=True, fail_on={"b"})
+        sched = SeqScheduler(rec)
+        sched.open("m")
+        t1 = asyncio.create_task(sched.submit("m", 1, "a"))
+        await asyncio.wait_for(rec.started.wait(), 2)
+        t2 = asyncio.create_task(sched.submit("m", 2, "b"))
+        t3 = asyncio.create_task(sched.submit("m", 3, "c"))
+        await _settle()
+        rec.release.set()
+        assert await t1 == "m/a"
+        for task in (t2, t3):  # b and c left together; both learn why
+            with pytest.raises(RuntimeError, match="failed"):
+                await task
+        assert await asyncio.wait_for(sched.submit("m", 4, "d"), 2) == "m/d"
+        assert rec.batches == [["a"], ["b", "c"], ["d"]]
+
+    asyncio.run(main())
+
+
+def test_per_op_exception_results() -> None:
+    async def main() -> None:
+        async def run_batch(_model: str, ops: list[int]) -> list[Any]:
+            return [ValueError(op) if op % 2 else op * 10 for op in ops]
+
+        sched = SeqScheduler(run_batch)
+        sched.open("m")
+        results = await asyncio.gather(*(sched.submit("m", s, s) for s in (1, 2)), return_exceptions=True)
+        assert isinstance(results[0], ValueError) and results[1] == 20
+
+    asyncio.run(main())
+
+
+def test_max_batch_respected() -> None:
+    async def main() -> None:
+        rec = Recorder()
+        sched = SeqScheduler(rec, max_batch=2)
+        sched.open("m")
+        tasks = [asyncio.create_task(sched.submit("m", s, f"op{s}")) for s in (5, 4, 3, 2)]
+        await _settle()
+        tasks.append(asyncio.create_task(sched.submit("m", 1, "op1")))
+        await asyncio.wait_for(asyncio.gather(*tasks), 2)
+        assert rec.batches == [["op1", "op2"], ["op3", "op4"], ["op5"]]
+
+    asyncio.run(main())
+
+
+def test_models_are_independent() -> None:
+    async def main() -> None:
+        rec = Recorder()
+        sched = SeqScheduler(rec)
+        sched.open("a")
+        sched.open("b")
+        blocked = asyncio.create_task(sched.submit("a", 2, "a2"))
+        assert await asyncio.wait_for(sched.submit("b", 1, "b1"), 2) == "b/b1"
+        assert not blocked.done()
+        assert await asyncio.wait_for(sched.submit("a", 1, "a1"), 2) == "a/a1"
+        assert await blocked == "a/a2"
+
+    asyncio.run(main())
