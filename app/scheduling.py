@@ -30,6 +30,7 @@ class SeqScheduler(Generic[Op]):
         self._run_batch = run_batch
         self._max_batch = max_batch
         self._queues: dict[str, _ModelQueue[Op]] = {}
+        self._drains: set[asyncio.Task] = set()  # strong references: the loop keeps only weak ones
 
     def open(self, model_id: str, next_seq: int = 1) -> None:
         self._queues.setdefault(model_id, _ModelQueue(next_seq))
@@ -54,7 +55,9 @@ class SeqScheduler(Generic[Op]):
         queue.waiting[seq_id] = (op, fut)
         if not queue.draining:
             queue.draining = True
-            asyncio.create_task(self._drain(model_id, queue))
+            task = asyncio.create_task(self._drain(model_id, queue))
+            self._drains.add(task)
+            task.add_done_callback(self._drains.discard)
         return await fut
 
     async def _drain(self, model_id: str, queue: _ModelQueue[Op]) -> None:
@@ -66,6 +69,8 @@ class SeqScheduler(Generic[Op]):
                     queue.next_seq += 1
                 try:
                     results = await self._run_batch(model_id, [op for op, _ in run])
+                    if len(results) != len(run):
+                        raise RuntimeError(f"run_batch returned {len(results)} results for {len(run)} operations")
                 except Exception as exc:  # noqa: BLE001 - every op of the batch learns why
                     results = [exc] * len(run)
                 for (_, fut), result in zip(run, results):
