@@ -1,8 +1,10 @@
-"""Per-model ordering: operations run strictly in seq_id order, and consecutive ready operations of a
-model leave together in one batch.
+"""Per-model ordering: operations are dispatched strictly in seq_id order; the seq_ids that are ready
+together leave together in one batch.
 
 A submit never waits for earlier seq_ids to arrive (the SDK sends the chunks of one forward_backward
-concurrently and out of order); it only waits for its own result.
+concurrently and out of order); it only waits for its own result. Dispatch is pipelined: a run is sent
+as soon as it is ready, without waiting for earlier runs to finish, because the worker group executes
+messages in the order they were sent (this hides the command round trip behind the previous command).
 """
 
 from __future__ import annotations
@@ -15,28 +17,29 @@ from app.errors import UserError
 
 Op = TypeVar("Op")
 
+# dispatch(model_id, ops) must send `ops` before it returns, and give back an awaitable of one result
+# (or exception) per op.
+Dispatch = Callable[[str, list[Op]], Awaitable[list[Any]]]
+
 
 @dataclass
 class _ModelQueue(Generic[Op]):
     next_seq: int
     waiting: dict[int, tuple[Op, asyncio.Future]] = field(default_factory=dict)
-    draining: bool = False
 
 
 class SeqScheduler(Generic[Op]):
-    """`run_batch(model_id, ops)` executes ops in order and returns one result per op."""
-
-    def __init__(self, run_batch: Callable[[str, list[Op]], Awaitable[list[Any]]], *, max_batch: int = 64) -> None:
-        self._run_batch = run_batch
+    def __init__(self, dispatch: Dispatch, *, max_batch: int = 64) -> None:
+        self._dispatch = dispatch
         self._max_batch = max_batch
         self._queues: dict[str, _ModelQueue[Op]] = {}
-        self._drains: set[asyncio.Task] = set()  # strong references: the loop keeps only weak ones
+        self._in_flight: set[asyncio.Task] = set()  # strong references: the loop keeps only weak ones
 
     def open(self, model_id: str, next_seq: int = 1) -> None:
         self._queues.setdefault(model_id, _ModelQueue(next_seq))
 
     def close(self, model_id: str, reason: Exception) -> None:
-        """Forget a model; its queued operations fail with `reason`."""
+        """Forget a model; its operations still waiting for their turn fail with `reason`."""
         queue = self._queues.pop(model_id, None)
         for _, fut in (queue.waiting.values() if queue else []):
             if not fut.done():
@@ -53,32 +56,39 @@ class SeqScheduler(Generic[Op]):
             raise UserError(f"seq_id {seq_id} of model {model_id!r} was already submitted", field="seq_id")
         fut = asyncio.get_running_loop().create_future()
         queue.waiting[seq_id] = (op, fut)
-        if not queue.draining:
-            queue.draining = True
-            task = asyncio.create_task(self._drain(model_id, queue))
-            self._drains.add(task)
-            task.add_done_callback(self._drains.discard)
+        self._dispatch_ready(model_id, queue)
         return await fut
 
-    async def _drain(self, model_id: str, queue: _ModelQueue[Op]) -> None:
+    def _dispatch_ready(self, model_id: str, queue: _ModelQueue[Op]) -> None:
+        while queue.next_seq in queue.waiting:
+            run: list[tuple[Op, asyncio.Future]] = []
+            while queue.next_seq in queue.waiting and len(run) < self._max_batch:
+                run.append(queue.waiting.pop(queue.next_seq))
+                queue.next_seq += 1
+            try:
+                pending = self._dispatch(model_id, [op for op, _ in run])
+            except Exception as exc:  # noqa: BLE001 - every op of the run learns why
+                self._resolve(run, [exc] * len(run))
+                continue
+            task = asyncio.ensure_future(self._settle(pending, run))
+            self._in_flight.add(task)
+            task.add_done_callback(self._in_flight.discard)
+
+    async def _settle(self, pending: Awaitable[list[Any]], run: list[tuple[Op, asyncio.Future]]) -> None:
         try:
-            while queue.next_seq in queue.waiting:
-                run: list[tuple[Op, asyncio.Future]] = []
-                while queue.next_seq in queue.waiting and len(run) < self._max_batch:
-                    run.append(queue.waiting.pop(queue.next_seq))
-                    queue.next_seq += 1
-                try:
-                    results = await self._run_batch(model_id, [op for op, _ in run])
-                    if len(results) != len(run):
-                        raise RuntimeError(f"run_batch returned {len(results)} results for {len(run)} operations")
-                except Exception as exc:  # noqa: BLE001 - every op of the batch learns why
-                    results = [exc] * len(run)
-                for (_, fut), result in zip(run, results):
-                    if fut.done():
-                        continue
-                    if isinstance(result, Exception):
-                        fut.set_exception(result)
-                    else:
-                        fut.set_result(result)
-        finally:
-            queue.draining = False
+            results = await pending
+            if len(results) != len(run):
+                raise RuntimeError(f"dispatch returned {len(results)} results for {len(run)} operations")
+        except Exception as exc:  # noqa: BLE001 - every op of the run learns why
+            results = [exc] * len(run)
+        self._resolve(run, results)
+
+    @staticmethod
+    def _resolve(run: list[tuple[Op, asyncio.Future]], results: list[Any]) -> None:
+        for (_, fut), result in zip(run, results):
+            if fut.done():
+                continue
+            if isinstance(result, Exception):
+                fut.set_exception(result)
+            else:
+                fut.set_result(result)

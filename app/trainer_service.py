@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
-from typing import Union
+from typing import Awaitable, Union
 
 from app.config import BaseModelConfig, LimitsConfig
 from app.errors import GroupRestarted, LimitExceeded, ServerError, TinkerServeError, UserError
@@ -57,7 +57,7 @@ class TrainerService:
         self._limits = limits
         self._group = group
         self._futures = futures
-        self._scheduler: SeqScheduler[TrainingOp] = SeqScheduler(self._run_batch)
+        self._scheduler: SeqScheduler[TrainingOp] = SeqScheduler(self._dispatch)
         self._models: set[str] = set()
 
     async def start(self) -> None:
@@ -92,11 +92,16 @@ class TrainerService:
         except TinkerServeError as exc:
             await self._futures.fail_if_pending(op.request_id, exc.to_body())
 
-    async def _run_batch(self, model_id: str, ops: list[TrainingOp]) -> list[None]:
+    def _dispatch(self, model_id: str, ops: list[TrainingOp]) -> Awaitable[list[None]]:
+        """Send the run to the workers now (order matters); the returned awaitable writes its futures."""
         work = [op for op in ops if not isinstance(op, SkipOp)]
-        commands = [self._command(model_id, op) for op in work]
+        pending = self._group.send([self._command(model_id, op) for op in work]) if work else None
+        return self._write_outcomes(ops, work, pending)
+
+    async def _write_outcomes(self, ops: list[TrainingOp], work: list[TrainingOp],
+                              pending: Awaitable[list[list]] | None) -> list[None]:
         try:
-            replies = await self._group.call(commands) if commands else []
+            replies = await pending if pending is not None else []
         except GroupRestarted as exc:
             self._lose_all_models(exc)
             raise

@@ -123,10 +123,7 @@ class TrainingEngine:
         name = self._activate(model_id)
         params = self.pool.parameters(name)
         if self.world_size > 1:
-            for p in params:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+            _all_reduce_sum_grads(params)
         norm = apply_step(self._optimizers[model_id], params, hp)
         return {"grad_norm:mean": norm}
 
@@ -135,3 +132,17 @@ class TrainingEngine:
         name = self._names[model_id]
         return {n: p.detach().clone() for n, p in self.pool.model.named_parameters() if f".{name}." in n}
 
+
+
+def _all_reduce_sum_grads(params: list[torch.nn.Parameter]) -> None:
+    """Sum every rank's gradients of `params` with one collective over a flat buffer."""
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    grads = [p.grad for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()

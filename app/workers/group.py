@@ -16,7 +16,7 @@ import uuid
 from abc import ABC, abstractmethod
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable
 
 import ray
 
@@ -34,8 +34,13 @@ class WorkerGroup(ABC):
     async def start(self) -> None: ...
 
     @abstractmethod
+    def send(self, commands: list[Command]) -> Awaitable[list[list[Any]]]:
+        """Send `commands` to every rank now; await the result for replies[rank][command].
+
+        Messages run on the ranks in the order they were sent."""
+
     async def call(self, commands: list[Command]) -> list[list[Any]]:
-        """Run `commands` on every rank in order; returns replies[rank][command]."""
+        return await self.send(commands)
 
     @abstractmethod
     def check_health(self) -> None: ...
@@ -113,10 +118,12 @@ class TorchTrainerGroup(WorkerGroup):
         if self._fit_error is not None:
             raise ServerError(f"worker group for {self._base.name} is down: {self._fit_error!r}")
 
-    async def call(self, commands: list[Command]) -> list[list[Any]]:
+    def send(self, commands: list[Command]) -> Awaitable[list[list[Any]]]:
         self.check_health()
         shipped = [self._ship(cmd) for cmd in commands]
-        ref = self._mailbox.call.remote(next(self._msg_ids), shipped)
+        return self._replies(self._mailbox.call.remote(next(self._msg_ids), shipped))
+
+    async def _replies(self, ref: ray.ObjectRef) -> list[list[Any]]:
         try:
             return await asyncio.wait_for(ref, self._command_timeout_s)
         except asyncio.TimeoutError as exc:

@@ -1,4 +1,4 @@
-"""SeqScheduler: strict seq_id order, batching of ready ops, no waiting for arrival, failure handling."""
+"""SeqScheduler: strict seq_id order, batching of ready ops, pipelined dispatch, failure handling."""
 
 from __future__ import annotations
 
@@ -54,7 +54,9 @@ def test_out_of_order_submits_run_in_seq_order() -> None:
     asyncio.run(main())
 
 
-def test_ready_ops_leave_in_one_batch() -> None:
+def test_later_ops_are_dispatched_while_earlier_ones_run() -> None:
+    """Pipelining: b and c are sent, in order, while a is still running; results still come back per op."""
+
     async def main() -> None:
         rec = Recorder(hold_first=True)
         sched = SeqScheduler(rec)
@@ -64,9 +66,9 @@ def test_ready_ops_leave_in_one_batch() -> None:
         t2 = asyncio.create_task(sched.submit("m", 2, "b"))
         t3 = asyncio.create_task(sched.submit("m", 3, "c"))
         await _settle()
+        assert rec.batches == [["a"], ["b"], ["c"]] and not t1.done()
         rec.release.set()
         assert await asyncio.wait_for(asyncio.gather(t1, t2, t3), 2) == ["m/a", "m/b", "m/c"]
-        assert rec.batches == [["a"], ["b", "c"]]
 
     asyncio.run(main())
 
@@ -130,18 +132,17 @@ def test_failing_batch_fails_its_ops_and_later_batches_run() -> None:
         rec = Recorder(hold_first=True, fail_on={"b"})
         sched = SeqScheduler(rec)
         sched.open("m")
-        t1 = asyncio.create_task(sched.submit("m", 1, "a"))
-        await asyncio.wait_for(rec.started.wait(), 2)
-        t2 = asyncio.create_task(sched.submit("m", 2, "b"))
         t3 = asyncio.create_task(sched.submit("m", 3, "c"))
+        t2 = asyncio.create_task(sched.submit("m", 2, "b"))
         await _settle()
+        t1 = asyncio.create_task(sched.submit("m", 1, "a"))  # a, b, c leave together
+        await asyncio.wait_for(rec.started.wait(), 2)
         rec.release.set()
-        assert await t1 == "m/a"
-        for task in (t2, t3):  # b and c left together; both learn why
+        for task in (t1, t2, t3):  # the whole batch failed; every op learns why
             with pytest.raises(RuntimeError, match="failed"):
                 await task
         assert await asyncio.wait_for(sched.submit("m", 4, "d"), 2) == "m/d"
-        assert rec.batches == [["a"], ["b", "c"], ["d"]]
+        assert rec.batches == [["a", "b", "c"], ["d"]]
 
     asyncio.run(main())
 
