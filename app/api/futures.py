@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from app.api.deps import ServicesDep
 from app.protocol.wire import RetrieveFutureRequest
-from app.store.futures import Completed, Failed, Pending
+from app.protocol.codec import forward_backward_json_from_proto
+from app.store.futures import PROTO_CONTENT_TYPE, Completed, Failed, Pending
 
 router = APIRouter(prefix="/api/v1")
 
 
 @router.post("/retrieve_future")
-async def retrieve_future(body: RetrieveFutureRequest, services: ServicesDep) -> Response:
+async def retrieve_future(body: RetrieveFutureRequest, request: Request, services: ServicesDep) -> Response:
     outcome = await services.futures.wait(body.request_id, services.config.limits.long_poll_seconds)
     if isinstance(outcome, Pending):
         return JSONResponse({"type": "try_again", "request_id": body.request_id, "queue_state": outcome.queue_state})
     if isinstance(outcome, Completed):
+        if outcome.content_type == PROTO_CONTENT_TYPE and PROTO_CONTENT_TYPE not in request.headers.get("accept", ""):
+            return JSONResponse(forward_backward_json_from_proto(outcome.payload))  # SDKs before protobuf results
         return Response(outcome.payload, media_type=outcome.content_type)
     if isinstance(outcome, Failed):
         return JSONResponse(outcome.error)

@@ -21,7 +21,8 @@ from tinker.proto import tinker_public_pb2 as pb
 from app.errors import LimitExceeded, ServerError, UserError
 from app.training.batch import ForwardBackwardInput, ForwardBackwardResult, PackedBatch
 
-__all__ = ["decode_forward_backward", "peek_sequence", "encode_forward_backward_output", "forward_backward_output_to_json"]
+__all__ = ["decode_forward_backward", "peek_sequence", "encode_forward_backward_output", "forward_backward_output_to_json",
+           "forward_backward_json_from_proto"]
 
 # Wire dtype of each proto DType; INT32 and BFLOAT16 (raw uint16) are widened after reading.
 _PROTO_DTYPES: dict[int, np.dtype] = {
@@ -355,3 +356,21 @@ def forward_backward_output_to_json(result: ForwardBackwardResult) -> dict[str, 
     ]
     metrics = {k: float(v) for k, v in result.metrics.items()}
     return {"loss_fn_output_type": result.loss_fn_output_type, "loss_fn_outputs": outputs, "metrics": metrics}
+
+
+def forward_backward_json_from_proto(payload: bytes) -> dict[str, Any]:
+    """The JSON view of a stored ForwardBackwardOutput (written by encode_forward_backward_output), for
+    SDKs that poll without ``Accept: application/x-protobuf``."""
+    msg = pb.ForwardBackwardOutput.FromString(payload)
+    outputs: dict[str, np.ndarray] = {}
+    offsets = np.zeros(1, dtype=np.int64)
+    for record in msg.loss_fn_outputs:
+        for name, bt in record.fields.items():
+            dtype = np.dtype("<i8") if bt.dtype == pb.DTYPE_INT64 else np.dtype("<f4")
+            trailing = tuple(int(t) for t in bt.trailing_shape)
+            row_bytes = int(np.prod(trailing, dtype=np.int64)) * dtype.itemsize
+            outputs[name] = np.frombuffer(bt.data, dtype=dtype).reshape(-1, *trailing)
+            offsets = np.frombuffer(bt.offsets, dtype="<i8") // row_bytes
+    result = ForwardBackwardResult(offsets=offsets, outputs=outputs, metrics=dict(msg.metrics),
+                                   loss_fn_output_type=msg.loss_fn_output_type)
+    return forward_backward_output_to_json(result)

@@ -369,3 +369,18 @@ def test_truncated_or_padded_zstd_rejected():
         with pytest.raises(UserError) as ei:
             decode(bad, enc="zstd")
         assert ei.value.field == "body"
+
+
+def test_stored_proto_output_renders_as_json_for_older_sdks() -> None:
+    from app.protocol.codec import forward_backward_json_from_proto
+
+    offsets = np.array([0, 2, 5], dtype=np.int64)
+    result = ForwardBackwardResult(
+        offsets=offsets,
+        outputs={"logprobs": np.arange(5, dtype=np.float32) - 5, "topk": np.arange(10, dtype=np.float32).reshape(5, 2)},
+        metrics={"loss:sum": 3.5},
+    )
+    rendered = forward_backward_json_from_proto(encode_forward_backward_output(result))
+    assert rendered == forward_backward_output_to_json(result)
+    assert rendered["loss_fn_outputs"][1]["topk"]["shape"] == [3, 2]
+    assert rendered["loss_fn_outputs"][0]["logprobs"]["data"] == [-5.0, -4.0]
