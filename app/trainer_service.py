@@ -16,6 +16,7 @@ from app.errors import GroupRestarted, LimitExceeded, ServerError, TinkerServeEr
 from app.protocol.codec import encode_forward_backward_output
 from app.scheduling import SeqScheduler
 from app.store.futures import JSON_CONTENT_TYPE, PROTO_CONTENT_TYPE, FutureStore
+from app.store.metadata import MetadataStore
 from app.training.lora import AdapterSpec
 from app.training.optim import AdamParams
 from app.training.sharding import merge_shards
@@ -52,8 +53,10 @@ def _json(payload: dict) -> bytes:
 
 
 class TrainerService:
-    def __init__(self, base: BaseModelConfig, limits: LimitsConfig, group: WorkerGroup, futures: FutureStore) -> None:
+    def __init__(self, base: BaseModelConfig, limits: LimitsConfig, group: WorkerGroup, futures: FutureStore,
+                 metadata: MetadataStore) -> None:
         self.base = base
+        self._metadata = metadata
         self._limits = limits
         self._group = group
         self._futures = futures
@@ -61,6 +64,12 @@ class TrainerService:
         self._models: set[str] = set()
 
     async def start(self) -> None:
+        """Start the workers; futures left pending by a previous trainer of this base can never finish: fail them."""
+        lost = ServerError(f"the trainer for {self.base.name} restarted and its models' in-memory state was lost; "
+                           "create the model again (or load a checkpoint) and resend")
+        orphans = await self._futures.fail_pending_of(await self._metadata.model_ids_on(self.base.name), lost.to_body())
+        if orphans:
+            logger.warning("failed %d futures left pending by a previous trainer of %s", orphans, self.base.name)
         await self._group.start()
 
     def check_health(self) -> None:

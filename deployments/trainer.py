@@ -7,6 +7,7 @@ from typing import Any
 from app.config import ServerConfig
 from app.store.db import create_tables, make_engine
 from app.store.futures import FutureStore
+from app.store.metadata import MetadataStore
 from app.trainer_service import TrainerService, TrainingOp
 from app.training.lora import AdapterSpec
 from app.workers.group import TorchTrainerGroup
@@ -32,7 +33,7 @@ class Trainer:
         await create_tables(engine)
         group = TorchTrainerGroup(base, f"{cfg.state_dir}/ray_train",
                                   command_timeout_s=cfg.limits.command_timeout_seconds)
-        self._service = TrainerService(base, cfg.limits, group, FutureStore(engine))
+        self._service = TrainerService(base, cfg.limits, group, FutureStore(engine), MetadataStore(engine))
         await self._service.start()
 
     async def create_model(self, request_id: str, model_id: str, spec: AdapterSpec) -> None:

@@ -94,6 +94,18 @@ class FutureStore:
             )
         self.notify(request_id)
 
+    async def fail_pending_of(self, model_ids: list[str], error: dict) -> int:
+        """Fail every pending future of these models (their trainer restarted); returns how many."""
+        if not model_ids:
+            return 0
+        async with self._engine.begin() as conn:
+            result = await conn.execute(
+                update(futures)
+                .where(futures.c.model_id.in_(model_ids), futures.c.state == "pending")
+                .values(state="failed", error=error, completed_at=time.time())
+            )
+        return result.rowcount
+
     def notify(self, request_id: str) -> None:
         """Wake local waiters of a future finished by this or another process."""
         event = self._local_events.get(request_id)

@@ -90,6 +90,11 @@ class MetadataStore:
             created_at=row.created_at, unloaded=bool(row.unloaded),
         )
 
+    async def model_ids_on(self, base_model: str) -> list[str]:
+        async with self._engine.connect() as conn:
+            rows = await conn.execute(select(training_runs.c.model_id).where(training_runs.c.base_model == base_model))
+        return [row.model_id for row in rows]
+
     async def mark_unloaded(self, model_id: str) -> None:
         async with self._engine.begin() as conn:
             await conn.execute(update(training_runs).where(training_runs.c.model_id == model_id).values(unloaded=1))

@@ -63,5 +63,12 @@ def reference_run(base: torch.nn.Module, seed: int, rank: int, batch: PackedBatc
         engine.remove_model("ref")
 
 
+def train_steps(tc: tinker.TrainingClient, data: list[types.Datum], steps: int, lr: float = 1e-2) -> None:
+    """`steps` sequential forward_backward + optim_step, each awaited before the next."""
+    for _ in range(steps):
+        tc.forward_backward(data, "cross_entropy").result()
+        tc.optim_step(types.AdamParams(learning_rate=lr)).result()
+
+
 def new_client(service_client: tinker.ServiceClient, seed: int, rank: int = 8) -> tinker.TrainingClient:
     return service_client.create_lora_training_client(base_model="tinker-serve/tiny", rank=rank, seed=seed).result()

@@ -7,7 +7,7 @@ import pytest
 from tinker import types
 
 from tests.integration.conftest import BASE_MODEL, CHUNK_LEN
-from tests.integration.helpers import logprobs_of, new_client, packed, reference_run, sft_datums
+from tests.integration.helpers import logprobs_of, new_client, packed, reference_run, sft_datums, train_steps
 
 ADAM = types.AdamParams(learning_rate=1e-2)
 
@@ -35,9 +35,7 @@ def test_pipelined_equals_sequential(service_client):
     pending = [(piped.forward_backward(data, "cross_entropy"), piped.optim_step(ADAM)) for _ in range(3)]
     for fb, opt in pending:
         fb.result(), opt.result()
-    for _ in range(3):
-        seq.forward_backward(data, "cross_entropy").result()
-        seq.optim_step(ADAM).result()
+    train_steps(seq, data, 3)
     after_piped = logprobs_of(piped.forward(data, "cross_entropy").result())
     after_seq = logprobs_of(seq.forward(data, "cross_entropy").result())
     for a, b in zip(after_piped, after_seq):
@@ -50,9 +48,7 @@ def test_chunked_two_worker_training_equals_one_chunk_on_one_worker(service_clie
     tc = new_client(service_client, seed=11)
     data = sft_datums(tc.get_tokenizer(), count=8)
     assert len(data) > CHUNK_LEN
-    for _ in range(2):
-        tc.forward_backward(data, "cross_entropy").result()
-        tc.optim_step(ADAM).result()
+    train_steps(tc, data, 2)
     served = np.concatenate(logprobs_of(tc.forward(data, "cross_entropy").result()))
     reference = reference_run(reference_base, seed=11, rank=8, batch=packed(data), steps=2, lr=1e-2)
     np.testing.assert_allclose(served, reference, rtol=0, atol=1e-4)
@@ -62,9 +58,7 @@ def test_two_models_on_one_base_train_independently(service_client):
     trained, idle = new_client(service_client, seed=3), new_client(service_client, seed=3)
     data = sft_datums(trained.get_tokenizer())
     before = logprobs_of(idle.forward(data, "cross_entropy").result())
-    for _ in range(3):
-        trained.forward_backward(data, "cross_entropy").result()
-        trained.optim_step(ADAM).result()
+    train_steps(trained, data, 3)
     after_trained = logprobs_of(trained.forward(data, "cross_entropy").result())
     after_idle = logprobs_of(idle.forward(data, "cross_entropy").result())
     for b, a in zip(before, after_idle):

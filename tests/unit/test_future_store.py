@@ -93,17 +93,22 @@ def test_finished_future_is_not_changed_later(db: Path) -> None:
     run_with_store(db, body)
 
 
+async def _complete_while_waiting(writer: FutureStore, waiter: FutureStore, payload: bytes, delay_s: float) -> tuple[object, float]:
+    """`writer` completes a new future after `delay_s` while `waiter` long-polls it: (outcome, seconds waited)."""
+    rid, _ = await writer.create("forward", "m", 1)
+
+    async def finish_soon() -> None:
+        await asyncio.sleep(delay_s)
+        await writer.complete(rid, payload, JSON_CONTENT_TYPE)
+
+    start = time.monotonic()
+    _, outcome = await asyncio.gather(finish_soon(), waiter.wait(rid, timeout_s=5.0))
+    return outcome, time.monotonic() - start
+
+
 def test_wait_wakes_on_local_completion(db: Path) -> None:
     async def body(store: FutureStore) -> tuple[object, float]:
-        rid, _ = await store.create("forward", "m", 1)
-
-        async def finish_soon() -> None:
-            await asyncio.sleep(0.05)
-            await store.complete(rid, b"done", JSON_CONTENT_TYPE)
-
-        start = time.monotonic()
-        _, outcome = await asyncio.gather(finish_soon(), store.wait(rid, timeout_s=5.0))
-        return outcome, time.monotonic() - start
+        return await _complete_while_waiting(store, store, b"done", 0.05)
 
     # A long poll interval proves the wake-up came from the local event, not from polling.
     outcome, elapsed = run_with_store(db, body, poll_interval_s=10.0)
@@ -137,15 +142,7 @@ def test_other_process_sees_completion_by_polling(db: Path) -> None:
         second_engine = make_engine("sqlite+aiosqlite:///" + str(db))
         second = FutureStore(second_engine, poll_interval_s=0.05)  # "another replica", its own events
         try:
-            rid, _ = await first.create("forward", "m", 1)
-
-            async def finish_soon() -> None:
-                await asyncio.sleep(0.1)
-                await first.complete(rid, b"remote", JSON_CONTENT_TYPE)
-
-            start = time.monotonic()
-            _, outcome = await asyncio.gather(finish_soon(), second.wait(rid, timeout_s=5.0))
-            return outcome, time.monotonic() - start
+            return await _complete_while_waiting(first, second, b"remote", 0.1)
         finally:
             await second_engine.dispose()
 
@@ -196,3 +193,18 @@ def test_every_local_waiter_wakes_at_once(db: Path) -> None:
     assert isinstance(impatient, Pending)
     assert isinstance(outcome, Completed) and outcome.payload == b"both"
     assert elapsed < 0.5
+
+
+def test_fail_pending_of_fails_only_pending_futures_of_those_models(db: Path) -> None:
+    async def body(store: FutureStore) -> None:
+        done, _ = await store.create("optim_step", "a", 1)
+        await store.complete(done, b"{}", JSON_CONTENT_TYPE)
+        stuck, _ = await store.create("forward_backward", "a", 2)
+        other, _ = await store.create("forward_backward", "b", 1)
+        assert await store.fail_pending_of(["a"], {"error": "restarted", "category": "server"}) == 1
+        assert await store.get(stuck) == Failed(stuck, {"error": "restarted", "category": "server"})
+        assert isinstance(await store.get(done), Completed)
+        assert isinstance(await store.get(other), Pending)
+        assert await store.fail_pending_of([], {"error": "x"}) == 0
+
+    run_with_store(db, body)
