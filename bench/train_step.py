@@ -3,7 +3,7 @@ same computation in a plain in-process PyTorch/PEFT loop measured in the same ru
 
     python bench/train_step.py [--preset small] [--shapes 16x256,8x64] [--steps 6]
 
-Prints seconds per step for both and the ratio (goal: <= 1.10 at small, 16 x 256).
+Prints the median seconds per step of each and their ratio (goal: <= 1.10 at small, 16 x 256).
 """
 
 from __future__ import annotations
@@ -40,24 +40,22 @@ def random_batch(n: int, length: int, vocab: int, seed: int = 0) -> tuple[np.nda
     return tokens[:, :-1], tokens[:, 1:], np.ones((n, length), dtype=np.float32)
 
 
-def baseline_seconds(path: Path, batch: tuple, steps: int, threads: int) -> float:
+def baseline_step(path: Path, batch: tuple, threads: int):
     """A plain PEFT + AdamW loop in this process: the same forward, summed CE loss, backward and step."""
     torch.set_num_threads(threads)
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
                            LoraConfig(r=RANK, lora_alpha=32, target_modules=TARGETS))
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR, betas=(0.9, 0.95), eps=1e-12)
     inputs, targets, weights = (torch.from_numpy(a) for a in batch)
-    times = []
-    for i in range(steps + 2):
-        started = time.perf_counter()
+
+    def step() -> None:
         logits = model(input_ids=inputs).logits.float()
         lp = torch.log_softmax(logits, -1).gather(-1, targets[..., None]).squeeze(-1)
         (-(weights * lp).sum()).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if i >= 2:
-            times.append(time.perf_counter() - started)
-    return statistics.median(times)
+
+    return step
 
 
 def start_server(path: Path, name: str, workers: int) -> str:
@@ -81,7 +79,8 @@ def start_server(path: Path, name: str, workers: int) -> str:
     return url
 
 
-def server_seconds(client, name: str, batch: tuple, steps: int) -> float:
+def server_step(client, name: str, batch: tuple):
+    """forward_backward + optim_step through the SDK, pipelined as the cookbook does, both awaited."""
     from tinker import types
 
     tc = client.create_lora_training_client(base_model=name, rank=RANK, seed=0).result()
@@ -89,15 +88,19 @@ def server_seconds(client, name: str, batch: tuple, steps: int) -> float:
     data = [types.Datum(model_input=types.ModelInput.from_ints(inputs[i].tolist()),
                         loss_fn_inputs={"target_tokens": targets[i].tolist(), "weights": weights[i].tolist()})
             for i in range(len(inputs))]
-    times = []
-    for i in range(steps + 2):
-        started = time.perf_counter()
+
+    def step() -> None:
         fb = tc.forward_backward(data, "cross_entropy")
         opt = tc.optim_step(types.AdamParams(learning_rate=LR))
         fb.result(), opt.result()
-        if i >= 2:
-            times.append(time.perf_counter() - started)
-    return statistics.median(times)
+
+    return step
+
+
+def timed(step) -> float:
+    started = time.perf_counter()
+    step()
+    return time.perf_counter() - started
 
 
 def main() -> None:
@@ -113,17 +116,20 @@ def main() -> None:
     vocab = AutoModelForCausalLM.from_pretrained(path).config.vocab_size
     name = f"tinker-serve/{args.preset}"
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
-    batches = {shape: random_batch(*shape, vocab) for shape in shapes}
-    base = {shape: baseline_seconds(path, batches[shape], args.steps, threads=args.workers) for shape in shapes}
     url = start_server(path, name, args.workers)
     client = tinker.ServiceClient(base_url=url, api_key="tml-bench")
-    served = {shape: server_seconds(client, name, batches[shape], args.steps) for shape in shapes}
-    print(f"\npreset={args.preset} LoRA rank {RANK} on all linear layers + lm_head; median of {args.steps} steps "
-          f"after 2 warm-up; server: {args.workers} data-parallel TorchTrainer workers x 1 thread; baseline: "
-          f"one process x {args.workers} threads")
-    print(f"{'shape':>10} {'baseline s/step':>16} {'server s/step':>14} {'ratio':>7}")
+    print(f"\npreset={args.preset} LoRA rank {RANK} on all linear layers + lm_head; server: {args.workers} "
+          f"data-parallel TorchTrainer workers x 1 thread; baseline: one process x {args.workers} threads; "
+          f"steps alternate baseline/server ({args.steps} each after 2 warm-up) so machine noise hits both")
+    print(f"{'shape':>10} {'baseline s/step':>16} {'server s/step':>14} {'ratio':>7}", flush=True)
     for shape in shapes:
-        print(f"{shape[0]:>4}x{shape[1]:<5} {base[shape]:16.3f} {served[shape]:14.3f} {served[shape] / base[shape]:7.2f}")
+        batch = random_batch(*shape, vocab)
+        base, served = baseline_step(path, batch, threads=args.workers), server_step(client, name, batch)
+        for _ in range(2):
+            base(), served()
+        pairs = [(timed(base), timed(served)) for _ in range(args.steps)]
+        b, s_ = statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
+        print(f"{shape[0]:>4}x{shape[1]:<5} {b:16.3f} {s_:14.3f} {s_ / b:7.2f}", flush=True)
     client.close("success").result()
 
 

@@ -69,7 +69,7 @@ def test_healthz_open_through_the_app_and_other_routes_are_not() -> None:
 
     api = create_api()
     config = ServerConfig(base_models=[{"name": "tiny", "path": "models/tiny"}], auth={"mode": LOOPBACK})
-    # Only config and api_keys are reached by the auth middleware and these two routes.
+    # Only config and api_keys are reached by the auth dependency and these two routes.
     api.state.services = Services(config=config, futures=None, metadata=None, trainers=None,  # type: ignore[arg-type]
                                   model_limits={}, api_keys=frozenset())
     remote = TestClient(api, client=("10.1.2.3", 40000))
