@@ -75,6 +75,10 @@ class TrainerService:
     def check_health(self) -> None:
         self._group.check_health()
 
+    async def worker_pids(self) -> list[int]:
+        """The process id of each rank, in rank order."""
+        return [rank_replies[0] for rank_replies in await self._group.call([Command(CommandKind.PING)])]
+
     async def create_model(self, request_id: str, model_id: str, spec: AdapterSpec) -> None:
         try:
             if model_id not in self._models and len(self._models) >= self._limits.max_models_per_base:

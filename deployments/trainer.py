@@ -48,5 +48,8 @@ class Trainer:
     async def ping(self) -> bool:
         return True
 
+    async def worker_pids(self) -> list[int]:
+        return await self._service.worker_pids()
+
     def check_health(self) -> None:
         self._service.check_health()

@@ -72,7 +72,8 @@ class TrainingEngine:
     def _activate(self, model_id: str) -> str:
         name = self._names.get(model_id)
         if name is None:
-            raise NotFound(f"model {model_id!r} is not loaded on this trainer", field="model_id")
+            raise NotFound(f"model {model_id!r} is not loaded on this trainer (a worker restart loses models held "
+                           "in memory): create it again or load a checkpoint", field="model_id")
         self.pool.activate(name)
         return name
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import traceback
 from dataclasses import dataclass
 from enum import Enum
@@ -61,7 +62,7 @@ def execute(engine: TrainingEngine, cmd: Command) -> Any:
             return engine.create_model(cmd.model_id, cmd.spec)
         if cmd.kind is CommandKind.REMOVE_MODEL:
             return engine.remove_model(cmd.model_id)
-        return "pong"
+        return os.getpid()  # PING: which process serves this rank (diagnostics, failure tests)
     except TinkerServeError as exc:
         return CommandError(exc.to_body())
     except Exception as exc:  # noqa: BLE001 - report, keep serving

@@ -40,8 +40,10 @@ def test_zstd_protobuf_request(setup):
         model_id=tc.model_id, seq_id=2, forward_backward_input=types.ForwardBackwardInput(
             data=[types.Datum(model_input=types.ModelInput.from_ints(TOKENS),
                               loss_fn_inputs={"target_tokens": TARGETS, "weights": [1.0] * 4})],
-            loss_fn="cross_entropy"), forward_only=True)
-    body = zstandard.ZstdCompressor().compress(forward_backward_request_to_proto(request).SerializeToString())
+            loss_fn="cross_entropy"))
+    message = forward_backward_request_to_proto(request)
+    message.forward_only = True  # as the SDK's forward() does after the conversion
+    body = zstandard.ZstdCompressor().compress(message.SerializeToString())
     submitted = http.post("/api/v1/forward_backward", content=body,
                           headers={"Content-Type": "application/x-protobuf", "Content-Encoding": "zstd"})
     assert submitted.status_code == 200, submitted.text
