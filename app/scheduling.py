@@ -51,7 +51,8 @@ class SeqScheduler(Generic[Op]):
     async def submit(self, model_id: str, seq_id: int, op: Op) -> Any:
         queue = self._queues.get(model_id)
         if queue is None:
-            raise UserError(f"model {model_id!r} is not loaded on this trainer", field="model_id")
+            raise UserError(f"model {model_id!r} is not loaded on this trainer (unloaded, or lost when the trainer "
+                            "restarted): create it again or load a checkpoint", field="model_id")
         if seq_id < queue.next_seq or seq_id in queue.waiting:
             raise UserError(f"seq_id {seq_id} of model {model_id!r} was already submitted", field="seq_id")
         fut = asyncio.get_running_loop().create_future()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +13,6 @@ from app.config import ServerConfig
 from app.models.embedded import build_embedded_model
 from deployments.ingress import Ingress
 from deployments.trainer import Trainer
-
-logger = logging.getLogger("tinker_serve.builder")
 
 
 def _model_limits(config: ServerConfig) -> dict[str, dict[str, int]]:
