@@ -30,6 +30,7 @@ class LimitsConfig(_Strict):
     fwdbwd_max_chunk_len: int = Field(1024, ge=1)  # advertised to clients in client/config
     long_poll_seconds: float = Field(20.0, gt=0, le=40)  # the SDK's poll timeout is 45 s
     command_timeout_seconds: float = Field(900.0, gt=0)  # one worker message, start-up excluded
+    seq_gap_timeout_seconds: float = Field(330.0, gt=0)  # then a seq_id that never arrived is skipped
 
 
 class BaseModelConfig(_Strict):

@@ -10,12 +10,14 @@ messages in the order they were sent (this hides the command round trip behind t
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Generic, TypeVar
 
 from app.errors import UserError
 
 Op = TypeVar("Op")
+logger = logging.getLogger("tinker_serve.scheduling")
 
 # dispatch(model_id, ops) must send `ops` before it returns, and give back an awaitable of one result
 # (or exception) per op.
@@ -26,12 +28,17 @@ Dispatch = Callable[[str, list[Op]], Awaitable[list[Any]]]
 class _ModelQueue(Generic[Op]):
     next_seq: int
     waiting: dict[int, tuple[Op, asyncio.Future]] = field(default_factory=dict)
+    gap_watch: tuple[int, asyncio.TimerHandle] | None = None  # (the missing seq_id, its timer)
 
 
 class SeqScheduler(Generic[Op]):
-    def __init__(self, dispatch: Dispatch, *, max_batch: int = 64) -> None:
+    def __init__(self, dispatch: Dispatch, *, max_batch: int = 64, gap_timeout_s: float = 330.0) -> None:
+        """`gap_timeout_s`: how long operations wait for a missing earlier seq_id before it is skipped
+        (a submit rejected before its seq_id could be read never arrives; the SDK retries a submit for
+        up to 300 s, so the default waits longer than that)."""
         self._dispatch = dispatch
         self._max_batch = max_batch
+        self._gap_timeout_s = gap_timeout_s
         self._queues: dict[str, _ModelQueue[Op]] = {}
         self._in_flight: set[asyncio.Task] = set()  # strong references: the loop keeps only weak ones
 
@@ -41,6 +48,8 @@ class SeqScheduler(Generic[Op]):
     def close(self, model_id: str, reason: Exception) -> None:
         """Forget a model; its operations still waiting for their turn fail with `reason`."""
         queue = self._queues.pop(model_id, None)
+        if queue is not None and queue.gap_watch is not None:
+            queue.gap_watch[1].cancel()
         for _, fut in (queue.waiting.values() if queue else []):
             if not fut.done():
                 fut.set_exception(reason)
@@ -54,7 +63,8 @@ class SeqScheduler(Generic[Op]):
             raise UserError(f"model {model_id!r} is not loaded on this trainer (unloaded, or lost when the trainer "
                             "restarted): create it again or load a checkpoint", field="model_id")
         if seq_id < queue.next_seq or seq_id in queue.waiting:
-            raise UserError(f"seq_id {seq_id} of model {model_id!r} was already submitted", field="seq_id")
+            raise UserError(f"seq_id {seq_id} of model {model_id!r} was already submitted, or arrived after "
+                            "later operations had waited limits.seq_gap_timeout_seconds for it", field="seq_id")
         fut = asyncio.get_running_loop().create_future()
         queue.waiting[seq_id] = (op, fut)
         self._dispatch_ready(model_id, queue)
@@ -74,6 +84,27 @@ class SeqScheduler(Generic[Op]):
             task = asyncio.ensure_future(self._settle(pending, run))
             self._in_flight.add(task)
             task.add_done_callback(self._in_flight.discard)
+        self._watch_gap(model_id, queue)
+
+    def _watch_gap(self, model_id: str, queue: _ModelQueue[Op]) -> None:
+        """Operations wait behind a missing seq_id: one timer per missing seq_id skips it if it never fills."""
+        if queue.gap_watch is not None and (not queue.waiting or queue.gap_watch[0] != queue.next_seq):
+            queue.gap_watch[1].cancel()
+            queue.gap_watch = None
+        if queue.waiting and queue.gap_watch is None:
+            expected = queue.next_seq
+            timer = asyncio.get_running_loop().call_later(self._gap_timeout_s, self._skip_gap, model_id, queue, expected)
+            queue.gap_watch = (expected, timer)
+
+    def _skip_gap(self, model_id: str, queue: _ModelQueue[Op], expected: int) -> None:
+        queue.gap_watch = None
+        if self._queues.get(model_id) is not queue or queue.next_seq != expected or not queue.waiting:
+            return
+        first = min(queue.waiting)
+        logger.warning("model %s: seq_id %d..%d never arrived within %.0f s; running the %d operations "
+                       "waiting behind them", model_id, expected, first - 1, self._gap_timeout_s, len(queue.waiting))
+        queue.next_seq = first
+        self._dispatch_ready(model_id, queue)
 
     async def _settle(self, pending: Awaitable[list[Any]], run: list[tuple[Op, asyncio.Future]]) -> None:
         try:

@@ -60,7 +60,8 @@ class TrainerService:
         self._limits = limits
         self._group = group
         self._futures = futures
-        self._scheduler: SeqScheduler[TrainingOp] = SeqScheduler(self._dispatch)
+        self._scheduler: SeqScheduler[TrainingOp] = SeqScheduler(
+            self._dispatch, gap_timeout_s=limits.seq_gap_timeout_seconds)
         self._models: set[str] = set()
 
     async def start(self) -> None:

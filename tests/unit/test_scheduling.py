@@ -187,3 +187,51 @@ def test_models_are_independent() -> None:
         assert await blocked == "a/a2"
 
     asyncio.run(main())
+
+
+def test_a_seq_id_that_never_arrives_is_skipped_after_the_gap_timeout() -> None:
+    async def main() -> None:
+        rec = Recorder()
+        sched = SeqScheduler(rec, gap_timeout_s=0.2)
+        sched.open("m")
+        t3 = asyncio.create_task(sched.submit("m", 3, "op3"))  # seq 1 and 2 were rejected before being read
+        await asyncio.sleep(0.05)
+        assert rec.batches == [] and not t3.done()
+        assert await asyncio.wait_for(t3, 2) == "m/op3"
+        assert rec.batches == [["op3"]]
+        with pytest.raises(UserError, match="seq_gap_timeout_seconds"):  # a straggler is refused, not run late
+            await sched.submit("m", 1, "op1")
+
+    asyncio.run(main())
+
+
+def test_a_gap_filled_in_time_is_not_skipped() -> None:
+    async def main() -> None:
+        rec = Recorder()
+        sched = SeqScheduler(rec, gap_timeout_s=0.3)
+        sched.open("m")
+        t2 = asyncio.create_task(sched.submit("m", 2, "op2"))
+        await asyncio.sleep(0.1)
+        t1 = asyncio.create_task(sched.submit("m", 1, "op1"))
+        assert await asyncio.wait_for(asyncio.gather(t1, t2), 2) == ["m/op1", "m/op2"]
+        await asyncio.sleep(0.4)  # the cancelled timer must not fire and skip anything
+        t3 = asyncio.create_task(sched.submit("m", 4, "op4"))
+        await asyncio.sleep(0.1)
+        assert not t3.done() and rec.batches == [["op1", "op2"]]
+        t3.cancel()
+
+    asyncio.run(main())
+
+
+def test_later_submits_do_not_postpone_the_gap_skip() -> None:
+    async def main() -> None:
+        rec = Recorder()
+        sched = SeqScheduler(rec, gap_timeout_s=0.3)
+        sched.open("m")
+        tasks = []
+        for seq in (2, 3, 4, 5):  # a pipelining client keeps submitting behind the missing seq 1
+            tasks.append(asyncio.create_task(sched.submit("m", seq, f"op{seq}")))
+            await asyncio.sleep(0.1)
+        assert await asyncio.wait_for(asyncio.gather(*tasks), 1) == ["m/op2", "m/op3", "m/op4", "m/op5"]
+
+    asyncio.run(main())
