@@ -12,7 +12,7 @@ from app.api.deps import Services
 from app.api.dispatch import TrainerDispatcher
 from app.api.main import create_api
 from app.config import ServerConfig
-from app.errors import ServerError
+from app.errors import ServerError, UserError
 from app.store.db import create_tables, make_engine
 from app.store.futures import FutureStore
 from app.store.metadata import MetadataStore
@@ -32,13 +32,20 @@ class ServeTrainerDispatcher(TrainerDispatcher):
         self._tasks: set[asyncio.Task] = set()
 
     def create_model(self, base_model: str, request_id: str, model_id: str, spec: AdapterSpec) -> None:
-        self._track(request_id, self._handles[base_model].create_model.remote(request_id, model_id, spec))
+        self._track(request_id, self._handle(base_model).create_model.remote(request_id, model_id, spec))
 
     def submit(self, base_model: str, model_id: str, seq_id: int, op: TrainingOp) -> None:
-        self._track(op.request_id, self._handles[base_model].submit.remote(model_id, seq_id, op))
+        self._track(op.request_id, self._handle(base_model).submit.remote(model_id, seq_id, op))
 
     def unload_model(self, base_model: str, request_id: str, model_id: str) -> None:
-        self._track(request_id, self._handles[base_model].unload_model.remote(request_id, model_id))
+        self._track(request_id, self._handle(base_model).unload_model.remote(request_id, model_id))
+
+    def _handle(self, base_model: str) -> DeploymentHandle:
+        handle = self._handles.get(base_model)
+        if handle is None:  # a run recorded by an earlier configuration
+            raise UserError(f"this model's base model {base_model!r} is no longer served here; "
+                            f"served: {sorted(self._handles)}", field="model_id")
+        return handle
 
     async def ready(self) -> dict[str, bool]:
         async def ping(handle: DeploymentHandle) -> bool:
