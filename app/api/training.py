@@ -35,7 +35,11 @@ async def _sequenced(services: Services, kind: str, model_id: str, seq_id: int,
         except TinkerServeError as exc:
             await services.futures.fail(request_id, exc.to_body())
             op = SkipOp(request_id)
-        services.trainers.submit(run.base_model, model_id, seq_id, op)
+        try:
+            services.trainers.submit(run.base_model, model_id, seq_id, op)
+        except TinkerServeError as exc:  # no trainer to send it to: the future must not stay pending
+            await services.futures.fail_if_pending(request_id, exc.to_body())
+            raise
     return {"request_id": request_id, "model_id": model_id}
 
 
