@@ -39,13 +39,22 @@ class OptimStepOp:
 
 
 @dataclass(frozen=True)
+class SaveForSamplerOp:
+    """Write the adapter, as of every earlier seq_id, where samplers load it."""
+
+    request_id: str
+    directory: str
+    uri: str
+
+
+@dataclass(frozen=True)
 class SkipOp:
     """A seq_id whose request was rejected at the ingress (its future already failed); it only advances order."""
 
     request_id: str
 
 
-TrainingOp = Union[ForwardBackwardOp, OptimStepOp, SkipOp]
+TrainingOp = Union[ForwardBackwardOp, OptimStepOp, SaveForSamplerOp, SkipOp]
 
 
 def _json(payload: dict) -> bytes:
@@ -130,6 +139,8 @@ class TrainerService:
     def _command(model_id: str, op: TrainingOp) -> Command:
         if isinstance(op, ForwardBackwardOp):
             return Command(CommandKind.FORWARD_BACKWARD, model_id, fwdbwd=op.args)
+        if isinstance(op, SaveForSamplerOp):
+            return Command(CommandKind.SAVE_ADAPTER, model_id, directory=op.directory)
         return Command(CommandKind.OPTIM_STEP, model_id, adam=op.adam)
 
     async def _write_outcome(self, op: TrainingOp, per_rank: list) -> None:
@@ -140,6 +151,9 @@ class TrainerService:
         if isinstance(op, ForwardBackwardOp):
             result = merge_shards(op.args.batch.offsets, per_rank)
             await self._futures.complete(op.request_id, encode_forward_backward_output(result), PROTO_CONTENT_TYPE)
+        elif isinstance(op, SaveForSamplerOp):
+            await self._futures.complete(op.request_id, _json({"path": op.uri, "type": "save_weights_for_sampler"}),
+                                         JSON_CONTENT_TYPE)
         else:
             await self._futures.complete(op.request_id, _json({"metrics": per_rank[0]}), JSON_CONTENT_TYPE)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -23,6 +24,10 @@ class Services:
     model_limits: dict[str, ModelLimits]  # by base model name
     api_keys: frozenset[str]
     _runs: dict[str, TrainingRun] = field(default_factory=dict)
+
+    @property
+    def checkpoint_root(self) -> Path:
+        return Path(self.config.state_dir) / "checkpoints"
 
     async def training_run(self, model_id: str) -> TrainingRun:
         """The run behind a model id (cached; runs never change base model)."""

@@ -16,7 +16,8 @@ from app.api.errors import validation_message
 from app.errors import TinkerServeError, UserError
 from app.protocol import wire
 from app.protocol.codec import decode_forward_backward, peek_sequence
-from app.trainer_service import ForwardBackwardOp, OptimStepOp, SkipOp, TrainingOp
+from app.storage import checkpoint_path
+from app.trainer_service import ForwardBackwardOp, OptimStepOp, SaveForSamplerOp, SkipOp, TrainingOp
 from app.training.optim import AdamParams
 from app.training.validation import validate_forward_backward
 from app.workers.commands import ForwardBackwardArgs
@@ -81,3 +82,15 @@ async def optim_step(body: wire.OptimStepRequest, services: ServicesDep) -> dict
         return OptimStepOp(request_id, AdamParams(**params.model_dump()))
 
     return await _sequenced(services, "optim_step", body.model_id, body.seq_id, build)
+
+
+@router.post("/save_weights_for_sampler")
+async def save_weights_for_sampler(body: wire.SaveWeightsForSamplerRequest, services: ServicesDep) -> dict:
+    def build(request_id: str, _: str) -> TrainingOp:
+        if body.path is None:
+            raise UserError("ephemeral sampler weights (save_weights_and_get_sampling_client) need the sampler, "
+                            "which this server does not run yet; save with a name instead", field="path")
+        target = checkpoint_path(body.model_id, "sampler_weights", body.path)
+        return SaveForSamplerOp(request_id, str(target.directory(services.checkpoint_root)), target.uri)
+
+    return await _sequenced(services, "save_weights_for_sampler", body.model_id, body.seq_id, build)

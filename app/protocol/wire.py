@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "AdamParams", "CreateModelRequest", "CreateSessionRequest", "FinishSessionRequest", "GetInfoRequest",
-    "LoraConfig", "OptimStepRequest", "RetrieveFutureRequest", "SessionHeartbeatRequest", "UnloadModelRequest",
+    "LoraConfig", "OptimStepRequest", "RetrieveFutureRequest", "SaveWeightsForSamplerRequest", "SessionHeartbeatRequest", "UnloadModelRequest",
 ]
 
 
@@ -76,6 +76,14 @@ class OptimStepRequest(_Lenient):
     seq_id: int = Field(ge=1)
     adam_params: dict[str, Any] | None = None  # validated as AdamParams once the seq_id is known
     optimizer_params: dict[str, Any] | None = None
+
+
+class SaveWeightsForSamplerRequest(_Lenient):
+    model_id: str
+    seq_id: int = Field(ge=1)
+    path: str | None = None  # a name; absent for the ephemeral form (save_weights_and_get_sampling_client)
+    sampling_session_seq_id: int | None = None
+    ttl_seconds: int | None = None
 
 
 class RetrieveFutureRequest(_Lenient):

@@ -7,14 +7,17 @@ are sums, so SUM is exact).
 
 from __future__ import annotations
 
+import os
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
-from app.errors import NotFound
+from app.errors import NotFound, UserError
 from app.training.batch import PackedBatch
 from app.training.losses import get_loss
 from app.training.lora import AdapterPool, AdapterSpec
@@ -127,6 +130,23 @@ class TrainingEngine:
             _all_reduce_sum_grads(params)
         norm = apply_step(self._optimizers[model_id], params, hp)
         return {"grad_norm:mean": norm}
+
+    def save_adapter(self, model_id: str, directory: str) -> None:
+        """Write the model's adapter as a PEFT adapter directory (rank 0 only; ranks hold identical
+        weights). The directory appears complete or not at all."""
+        if self.rank != 0:
+            return
+        name = self._names.get(model_id)
+        if name is None:
+            self._activate(model_id)  # raises the NotFound with its explanation
+        target = Path(directory)
+        if target.exists():
+            raise UserError(f"checkpoint {target.name!r} already exists for this model; choose another name",
+                            field="path")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.") as tmp:
+            self.pool.model.save_pretrained(tmp, selected_adapters=[name])
+            os.rename(Path(tmp) / name, target)  # PEFT writes non-default adapters into a subfolder
 
     def adapter_state(self, model_id: str) -> dict[str, torch.Tensor]:
         """The adapter's parameters by name (for tests and snapshots)."""

@@ -22,6 +22,7 @@ class CommandKind(str, Enum):
     REMOVE_MODEL = "remove_model"
     FORWARD_BACKWARD = "forward_backward"
     OPTIM_STEP = "optim_step"
+    SAVE_ADAPTER = "save_adapter"
     PING = "ping"
 
 
@@ -40,6 +41,7 @@ class Command:
     spec: AdapterSpec | None = None
     fwdbwd: ForwardBackwardArgs | None = None
     adam: AdamParams | None = None
+    directory: str = ""  # SAVE_ADAPTER: absolute target directory
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,8 @@ def execute(engine: TrainingEngine, cmd: Command) -> Any:
             return engine.forward_backward(cmd.model_id, args.loss_fn, args.loss_config, batch, args.forward_only)
         if cmd.kind is CommandKind.OPTIM_STEP:
             return engine.optim_step(cmd.model_id, cmd.adam)
+        if cmd.kind is CommandKind.SAVE_ADAPTER:
+            return engine.save_adapter(cmd.model_id, cmd.directory)
         if cmd.kind is CommandKind.CREATE_MODEL:
             return engine.create_model(cmd.model_id, cmd.spec)
         if cmd.kind is CommandKind.REMOVE_MODEL:

@@ -39,7 +39,12 @@ def server_config(state_dir: Path) -> dict:
 
 
 @pytest.fixture(scope="session")
-def base_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("state")
+
+
+@pytest.fixture(scope="session")
+def base_url(state_dir: Path) -> str:
     build_embedded_model("tiny", TINY_MODEL)
     ray_tmp = Path("/tmp") / f"tsray-{int(time.time())}"  # short: Ray's socket paths have a length limit
     ray.init(num_cpus=8, include_dashboard=False, _temp_dir=str(ray_tmp),
@@ -47,7 +52,7 @@ def base_url(tmp_path_factory: pytest.TempPathFactory) -> str:
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     started = time.monotonic()
-    serve.run(build_app(server_config(tmp_path_factory.mktemp("state"))), name="tinker", route_prefix="/")
+    serve.run(build_app(server_config(state_dir)), name="tinker", route_prefix="/")
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while httpx.get(f"{url}/ready", timeout=10).status_code != 200:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from app.errors import NotFound
+from app.errors import NotFound, UserError
 from app.training.batch import PackedBatch
 from app.training.engine import TrainingEngine, load_base_model
 from app.training.lora import AdapterSpec
@@ -196,3 +196,25 @@ def test_remove_and_recreate(engine: TrainingEngine) -> None:
     assert not engine.has_model("gone")
     with pytest.raises(NotFound):
         forward(engine, "gone", make_batch([2]))
+
+
+def test_save_adapter_writes_a_loadable_peft_directory_on_rank_zero_only(tmp_path) -> None:
+    from peft import PeftModel
+
+    rank0 = TrainingEngine(load_base_model(str(TINY_MODEL)), rank=0, world_size=2)
+    rank1 = TrainingEngine(load_base_model(str(TINY_MODEL)), rank=1, world_size=2)
+    for engine in (rank0, rank1):
+        engine.create_model("m", AdapterSpec(rank=4, seed=3))
+    rank1.save_adapter("m", str(tmp_path / "r1"))
+    assert not (tmp_path / "r1").exists()
+    rank0.save_adapter("m", str(tmp_path / "s"))
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp leftovers
+    with pytest.raises(UserError):
+        rank0.save_adapter("m", str(tmp_path / "s"))
+    reloaded = PeftModel.from_pretrained(load_base_model(str(TINY_MODEL)), str(tmp_path / "s"))
+    saved = {n.replace(".default.", "."): p for n, p in reloaded.named_parameters() if "lora_" in n}
+    ours = {n.replace(".m0.", "."): p for n, p in rank0.pool.model.named_parameters() if ".m0." in n}
+    assert saved.keys() == ours.keys()
+    for name, param in ours.items():
+        assert torch.equal(saved[name], param)

@@ -1,0 +1,50 @@
+"""Checkpoint paths: `tinker://{model_id}/{kind}/{name}` <-> directories under the checkpoint root.
+
+The SDK splits tinker paths after `tinker://` on `/` into exactly three segments, so neither the run id
+nor the name may hold `/`; names are also kept to a safe character set.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.errors import UserError
+
+KINDS = ("weights", "sampler_weights", "external_weights")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+@dataclass(frozen=True)
+class CheckpointPath:
+    model_id: str
+    kind: str
+    name: str
+
+    @property
+    def uri(self) -> str:
+        return f"tinker://{self.model_id}/{self.kind}/{self.name}"
+
+    def directory(self, root: Path) -> Path:
+        return root / self.model_id / self.kind / self.name
+
+
+def checkpoint_path(model_id: str, kind: str, name: str, *, field: str = "path") -> CheckpointPath:
+    """A validated checkpoint path for a new save."""
+    if kind not in KINDS:
+        raise UserError(f"checkpoint kind {kind!r} is not one of {KINDS}", field=field)
+    if not _NAME.match(name) or name in (".", ".."):
+        raise UserError(f"checkpoint name {name!r} must be 1-128 of letters, digits, '.', '_' or '-' "
+                        "and start with a letter or digit", field=field)
+    return CheckpointPath(model_id, kind, name)
+
+
+def parse_tinker_path(uri: str, *, field: str = "path") -> CheckpointPath:
+    """Parse `tinker://{model_id}/{kind}/{name}`, with a user error naming `field` when malformed."""
+    if not uri.startswith("tinker://"):
+        raise UserError(f"{uri!r} is not a tinker:// path", field=field)
+    parts = uri[len("tinker://"):].split("/")
+    if len(parts) != 3 or not parts[0]:
+        raise UserError(f"{uri!r} must look like tinker://<model_id>/<kind>/<name>", field=field)
+    return checkpoint_path(parts[0], parts[1], parts[2], field=field)

@@ -1,0 +1,55 @@
+"""save_weights_for_sampler: the trainer writes a PEFT adapter directory, in seq_id order, that
+reproduces the trainer's own logprobs when loaded by plain PEFT (what samplers will load by path)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tinker
+import torch
+from peft import PeftModel
+
+from app.storage import parse_tinker_path
+from app.training.engine import load_base_model
+from tests.conftest import TINY_MODEL
+from tests.integration.helpers import logprobs_of, new_client, packed, sft_datums, train_steps
+
+
+def _peft_logprobs(adapter_dir, data) -> np.ndarray:
+    model = PeftModel.from_pretrained(load_base_model(str(TINY_MODEL)), str(adapter_dir)).eval()
+    batch = packed(data)
+    out = []
+    with torch.no_grad():
+        for i in range(batch.num_datums):
+            ids = torch.from_numpy(batch.tokens[batch.datum_slice(i)])[None]
+            lp = torch.log_softmax(model(input_ids=ids).logits[0].float(), -1)
+            targets = torch.from_numpy(batch.loss_inputs["target_tokens"][batch.datum_slice(i)])
+            out.append(lp.gather(1, targets[:, None]).squeeze(1).numpy())
+    return np.concatenate(out)
+
+
+def test_saved_sampler_weights_reproduce_trainer_logprobs(service_client, state_dir):
+    tc = new_client(service_client, seed=51)
+    data = sft_datums(tc.get_tokenizer())
+    train_steps(tc, data, 2)
+    saved = tc.save_weights_for_sampler("after-2-steps")  # queued behind the steps, before the 3rd
+    train_steps(tc, data, 1)
+    uri = saved.result().path
+    assert uri == f"tinker://{tc.model_id}/sampler_weights/after-2-steps"
+    directory = parse_tinker_path(uri).directory(state_dir / "checkpoints")
+    assert (directory / "adapter_config.json").exists() and (directory / "adapter_model.safetensors").exists()
+
+    fresh = new_client(service_client, seed=51)  # same seed, exactly 2 steps: what the save must hold
+    train_steps(fresh, data, 2)
+    expected = np.concatenate(logprobs_of(fresh.forward(data, "cross_entropy").result()))
+    np.testing.assert_allclose(_peft_logprobs(directory, data), expected, rtol=0, atol=1e-5)
+
+
+def test_bad_and_duplicate_names_fail_as_user_errors(service_client):
+    tc = new_client(service_client, seed=52)
+    tc.save_weights_for_sampler("twice").result()
+    for name, expected in (("twice", "already exists"), ("no/slash", "checkpoint name 'no/slash'")):
+        with pytest.raises(tinker.RequestFailedError) as info:
+            tc.save_weights_for_sampler(name).result()
+        assert info.value.category == tinker.types.RequestErrorCategory.User
+        assert expected in info.value.message
