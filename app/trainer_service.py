@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Awaitable, Union
 
 from app.config import BaseModelConfig, LimitsConfig
-from app.errors import GroupRestarted, LimitExceeded, ServerError, TinkerServeError, UserError
+from app.errors import GroupRestarted, LimitExceeded, ServerError, TinkerServeError
 from app.protocol.codec import encode_forward_backward_output
 from app.scheduling import SeqScheduler
 from app.store.futures import JSON_CONTENT_TYPE, PROTO_CONTENT_TYPE, FutureStore
@@ -61,6 +61,11 @@ def _json(payload: dict) -> bytes:
     return json.dumps(payload).encode()
 
 
+def _first_error(per_rank: list) -> dict | None:
+    """The failed-future body of the first rank whose reply is an error, if any."""
+    return next((reply.error for reply in per_rank if isinstance(reply, CommandError)), None)
+
+
 class TrainerService:
     def __init__(self, base: BaseModelConfig, limits: LimitsConfig, group: WorkerGroup, futures: FutureStore,
                  metadata: MetadataStore) -> None:
@@ -94,9 +99,13 @@ class TrainerService:
             if model_id not in self._models and len(self._models) >= self._limits.max_models_per_base:
                 raise LimitExceeded(f"{self.base.name} already holds limits.max_models_per_base="
                                     f"{self._limits.max_models_per_base} models; unload one first", field="base_model")
-            self._check(await self._group.call([Command(CommandKind.CREATE_MODEL, model_id, spec=spec)]), 0)
+            replies = await self._group.call([Command(CommandKind.CREATE_MODEL, model_id, spec=spec)])
         except TinkerServeError as exc:
             await self._futures.fail(request_id, exc.to_body())
+            return
+        error = _first_error([rank_replies[0] for rank_replies in replies])
+        if error is not None:
+            await self._futures.fail(request_id, error)
             return
         self._models.add(model_id)
         self._scheduler.open(model_id, next_seq=1)
@@ -144,10 +153,10 @@ class TrainerService:
         return Command(CommandKind.OPTIM_STEP, model_id, adam=op.adam)
 
     async def _write_outcome(self, op: TrainingOp, per_rank: list) -> None:
-        for reply in per_rank:
-            if isinstance(reply, CommandError):
-                await self._futures.fail(op.request_id, reply.error)
-                return
+        error = _first_error(per_rank)
+        if error is not None:
+            await self._futures.fail(op.request_id, error)
+            return
         if isinstance(op, ForwardBackwardOp):
             result = merge_shards(op.args.batch.offsets, per_rank)
             await self._futures.complete(op.request_id, encode_forward_backward_output(result), PROTO_CONTENT_TYPE)
@@ -156,13 +165,6 @@ class TrainerService:
                                          JSON_CONTENT_TYPE)
         else:
             await self._futures.complete(op.request_id, _json({"metrics": per_rank[0]}), JSON_CONTENT_TYPE)
-
-    @staticmethod
-    def _check(per_rank: list[list], index: int) -> None:
-        for rank_replies in per_rank:
-            if isinstance(rank_replies[index], CommandError):
-                err = rank_replies[index].error
-                raise (ServerError if err.get("category") == "server" else UserError)(err["error"], field=err.get("field"))
 
     def _lose_all_models(self, reason: Exception) -> None:
         logger.error("worker group restarted; %d models lost: %s", len(self._models), reason)

@@ -72,11 +72,15 @@ class TrainingEngine:
     def has_model(self, model_id: str) -> bool:
         return model_id in self._names
 
-    def _activate(self, model_id: str) -> str:
+    def _name(self, model_id: str) -> str:
         name = self._names.get(model_id)
         if name is None:
             raise NotFound(f"model {model_id!r} is not loaded on this trainer (a worker restart loses models held "
                            "in memory): create it again or load a checkpoint", field="model_id")
+        return name
+
+    def _activate(self, model_id: str) -> str:
+        name = self._name(model_id)
         self.pool.activate(name)
         return name
 
@@ -114,8 +118,9 @@ class TrainingEngine:
             s = shard.datum_slice(i)
             input_ids[i, : lengths[i]] = torch.from_numpy(shard.tokens[s])
             mask[i, : lengths[i]] = 1
-        logits = self.pool.model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device)).logits
-        valid = mask.to(self.device).bool()
+        mask = mask.to(self.device)
+        logits = self.pool.model(input_ids=input_ids.to(self.device), attention_mask=mask).logits
+        valid = mask.bool()
         flat_logits = logits[valid].float()  # [T, V], datums in order
         log_norm = torch.logsumexp(flat_logits, dim=-1)
         targets = torch.from_numpy(shard.loss_inputs["target_tokens"]).to(self.device).long()
@@ -136,9 +141,7 @@ class TrainingEngine:
         weights). The directory appears complete or not at all."""
         if self.rank != 0:
             return
-        name = self._names.get(model_id)
-        if name is None:
-            self._activate(model_id)  # raises the NotFound with its explanation
+        name = self._name(model_id)
         target = Path(directory)
         if target.exists():
             raise UserError(f"checkpoint {target.name!r} already exists for this model; choose another name",
