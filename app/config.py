@@ -31,6 +31,38 @@ class LimitsConfig(_Strict):
     long_poll_seconds: float = Field(20.0, gt=0, le=40)  # the SDK's poll timeout is 45 s
     command_timeout_seconds: float = Field(900.0, gt=0)  # one worker message, start-up excluded
     seq_gap_timeout_seconds: float = Field(330.0, gt=0)  # then a seq_id that never arrived is skipped
+    max_num_samples: int = Field(64, ge=1)  # asample num_samples
+    max_sample_tokens: int = Field(4096, ge=1)  # asample sampling_params.max_tokens
+    default_sample_tokens: int = Field(256, ge=1)  # when a request leaves max_tokens out
+    max_topk_logprobs: int = Field(20, ge=0)  # topk_prompt_logprobs and topk_sample_logprobs
+    max_pending_samples: int = Field(512, ge=1)  # per base model and ingress replica; beyond it asample gets 429
+    ephemeral_sampler_ttl_seconds: float = Field(3600.0, gt=0)  # unused this long, an ephemeral sampler expires
+
+
+class SamplerConfig(_Strict):
+    """The vLLM Sampler deployment of one base model: engine sizing and Serve autoscaling."""
+
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(1, ge=1)
+    target_ongoing_requests: float = Field(16, gt=0)  # per replica, what autoscaling aims for
+    max_ongoing_requests: int = Field(64, ge=1)  # per replica; more wait in Serve's queue
+    num_cpus: float = Field(1.0, ge=0)
+    num_gpus: float = Field(0.0, ge=0)
+    max_loras: int = Field(4, ge=1)  # adapters in one batch
+    max_cpu_loras: int = Field(8, ge=2)  # adapters kept loaded per replica (LRU beyond it)
+    max_num_seqs: int = Field(64, ge=1)
+    kv_cache_mib: int = Field(256, ge=16)  # CPU KV cache (GPU: gpu_memory_utilization)
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
+    tensor_parallel_size: int = Field(1, ge=1)
+    dtype: str = "auto"  # "float32" on CPUs without bf16
+    enforce_eager: bool = True  # CPU: compiling costs ~40 s of start-up for ~4%; GPU: set false for CUDA graphs
+    env: dict[str, str] = Field(default_factory=dict)  # e.g. VLLM_CPU_OMP_THREADS_BIND
+
+    @model_validator(mode="after")
+    def _check(self) -> SamplerConfig:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas {self.min_replicas} exceeds max_replicas {self.max_replicas}")
+        return self
 
 
 class BaseModelConfig(_Strict):
@@ -44,6 +76,7 @@ class BaseModelConfig(_Strict):
     use_gpu: bool = False
     torch_threads_per_worker: int = Field(1, ge=1)
     max_context_length: int = Field(2048, ge=2)
+    sampler: SamplerConfig = SamplerConfig()
 
 
 class AuthConfig(_Strict):

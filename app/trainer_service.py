@@ -40,11 +40,11 @@ class OptimStepOp:
 
 @dataclass(frozen=True)
 class SaveForSamplerOp:
-    """Write the adapter, as of every earlier seq_id, where samplers load it."""
+    """Write the adapter, as of every earlier seq_id, where samplers load it; then answer `result`."""
 
     request_id: str
     directory: str
-    uri: str
+    result: dict
 
 
 @dataclass(frozen=True)
@@ -161,8 +161,7 @@ class TrainerService:
             result = merge_shards(op.args.batch.offsets, per_rank)
             await self._futures.complete(op.request_id, encode_forward_backward_output(result), PROTO_CONTENT_TYPE)
         elif isinstance(op, SaveForSamplerOp):
-            await self._futures.complete(op.request_id, _json({"path": op.uri, "type": "save_weights_for_sampler"}),
-                                         JSON_CONTENT_TYPE)
+            await self._futures.complete(op.request_id, _json(op.result), JSON_CONTENT_TYPE)
         else:
             await self._futures.complete(op.request_id, _json({"metrics": per_rank[0]}), JSON_CONTENT_TYPE)
 

@@ -12,6 +12,7 @@ from transformers import AutoConfig
 from app.config import ServerConfig
 from app.models.embedded import build_embedded_model
 from deployments.ingress import Ingress
+from deployments.sampler import Sampler
 from deployments.trainer import Trainer
 
 
@@ -28,12 +29,18 @@ def _model_limits(config: ServerConfig) -> dict[str, dict[str, int]]:
 
 
 def build_app(args: dict[str, Any]) -> Application:
-    """Validate the whole config first (every error at once), then bind one Trainer per base model."""
+    """Validate the whole config first (every error at once), then bind a Trainer and a Sampler per base model."""
     config = ServerConfig.model_validate(args).resolved()
     raw = config.model_dump()
+    limits = _model_limits(config)
     trainers = {
         base.name: serve.deployment(Trainer).options(**Trainer.deployment_options(config, base.name)).bind(raw, base.name)
         for base in config.base_models
     }
+    samplers = {
+        base.name: serve.deployment(Sampler).options(**Sampler.deployment_options(config, base.name))
+        .bind(raw, base.name, limits[base.name]["max_context_length"])
+        for base in config.base_models
+    }
     ingress = serve.deployment(serve.ingress()(Ingress)).options(**Ingress.deployment_options(config))
-    return ingress.bind(raw, trainers, _model_limits(config))
+    return ingress.bind(raw, trainers, samplers, limits)

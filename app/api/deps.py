@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated
 
 from fastapi import Depends, Request
 
-from app.api.dispatch import TrainerDispatcher
+from app.api.dispatch import SamplerDispatcher, TrainerDispatcher
 from app.config import ServerConfig
+from app.errors import NotFound
 from app.store.futures import FutureStore
 from app.store.metadata import MetadataStore, TrainingRun
+from app.store.samplers import SamplerStore, SamplingSession
 from app.training.validation import ModelLimits
 
 
@@ -21,13 +24,20 @@ class Services:
     futures: FutureStore
     metadata: MetadataStore
     trainers: TrainerDispatcher
+    sampler_store: SamplerStore
+    samplers: SamplerDispatcher
     model_limits: dict[str, ModelLimits]  # by base model name
     api_keys: frozenset[str]
     _runs: dict[str, TrainingRun] = field(default_factory=dict)
+    _sampling_sessions: dict[str, SamplingSession] = field(default_factory=dict)
 
     @property
     def checkpoint_root(self) -> Path:
         return Path(self.config.state_dir) / "checkpoints"
+
+    @property
+    def ephemeral_root(self) -> Path:
+        return Path(self.config.state_dir) / "ephemeral_samplers"
 
     async def training_run(self, model_id: str) -> TrainingRun:
         """The run behind a model id (cached; runs never change base model)."""
@@ -36,6 +46,28 @@ class Services:
             run = await self.metadata.get_training_run(model_id)
             self._runs[model_id] = run
         return run
+
+    async def sampling_session(self, sampling_session_id: str) -> SamplingSession:
+        """A live sampling session; using an ephemeral one keeps it from expiring."""
+        session = self._sampling_sessions.get(sampling_session_id)
+        if session is None:
+            session = await self.sampler_store.get(sampling_session_id)
+        if session.ephemeral:
+            ttl, now = self.config.limits.ephemeral_sampler_ttl_seconds, time.time()
+            if now - session.last_used_at > ttl / 10:  # refresh rarely: another replica may have used it
+                session = await self.sampler_store.get(sampling_session_id)
+                if now - session.last_used_at > ttl:
+                    raise NotFound(f"sampling session {sampling_session_id!r} expired after {ttl:g} s unused; "
+                                   "call save_weights_and_get_sampling_client again", field="sampling_session_id")
+                await self.sampler_store.touch(sampling_session_id, now)
+                session = replace(session, last_used_at=now)
+        if len(self._sampling_sessions) > 10_000:  # RL makes one per step: keep the cache bounded
+            self._sampling_sessions.clear()
+        self._sampling_sessions[sampling_session_id] = session
+        return session
+
+    def forget_sampling_session(self, sampling_session_id: str) -> None:
+        self._sampling_sessions.pop(sampling_session_id, None)
 
 
 def get_services(request: Request) -> Services:

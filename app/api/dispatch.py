@@ -1,9 +1,10 @@
-"""What the API needs from the trainers, so routers stay free of Ray Serve."""
+"""What the API needs from the trainers and samplers, so routers stay free of Ray Serve."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+from app.sampling.params import SampleArgs
 from app.trainer_service import TrainingOp
 from app.training.lora import AdapterSpec
 
@@ -23,3 +24,18 @@ class TrainerDispatcher(ABC):
     @abstractmethod
     async def ready(self) -> dict[str, bool]:
         """Whether each trainer answers."""
+
+
+class SamplerDispatcher(ABC):
+    """Hands sampling work to a base model's samplers, preferring replicas that hold the adapter."""
+
+    @abstractmethod
+    def sample(self, base_model: str, request_id: str, adapter_dir: str | None, args: SampleArgs) -> None: ...
+
+    @abstractmethod
+    def pending(self, base_model: str) -> int:
+        """Samples this process has sent to the base model's samplers that have not finished."""
+
+    @abstractmethod
+    async def ready(self) -> dict[str, bool]:
+        """Whether each base model's samplers answer."""

@@ -8,9 +8,11 @@ from fastapi.responses import JSONResponse
 from app.api.deps import ServicesDep
 from app.protocol.wire import RetrieveFutureRequest
 from app.protocol.codec import forward_backward_json_from_proto
+from app.sampling.response import sample_json_from_proto
 from app.store.futures import PROTO_CONTENT_TYPE, Completed, Failed, Pending
 
 router = APIRouter(prefix="/api/v1")
+_JSON_VIEWS = {"forward_backward": forward_backward_json_from_proto, "sample": sample_json_from_proto}
 
 
 @router.post("/retrieve_future")
@@ -20,7 +22,7 @@ async def retrieve_future(body: RetrieveFutureRequest, request: Request, service
         return JSONResponse({"type": "try_again", "request_id": body.request_id, "queue_state": outcome.queue_state})
     if isinstance(outcome, Completed):
         if outcome.content_type == PROTO_CONTENT_TYPE and PROTO_CONTENT_TYPE not in request.headers.get("accept", ""):
-            return JSONResponse(forward_backward_json_from_proto(outcome.payload))  # SDKs before protobuf results
+            return JSONResponse(_JSON_VIEWS[outcome.kind](outcome.payload))  # SDKs before protobuf results
         return Response(outcome.payload, media_type=outcome.content_type)
     if isinstance(outcome, Failed):
         return JSONResponse(outcome.error)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from app.api import futures, models, service, training
+from app.api import futures, models, sampling, service, training
 from app.api.auth import check_api_key
 from app.api.errors import register_exception_handlers
 
@@ -20,13 +20,15 @@ def create_api() -> FastAPI:
     """Routes only; the owner sets `app.state.services` before serving."""
     api = FastAPI(title="tinker-serve", description="Tinker training API on Ray Serve",
                   dependencies=[Depends(authenticate)])
-    for router in (service.router, models.router, training.router, futures.router):
+    for router in (service.router, models.router, training.router, sampling.router, futures.router):
         api.include_router(router)
     register_exception_handlers(api)
 
     @api.get("/ready")
     async def ready(request: Request) -> JSONResponse:
-        trainers = await request.app.state.services.trainers.ready()
-        return JSONResponse({"trainers": trainers}, status_code=200 if all(trainers.values()) else 503)
+        services = request.app.state.services
+        trainers, samplers = await services.trainers.ready(), await services.samplers.ready()
+        ok = all(trainers.values()) and all(samplers.values())
+        return JSONResponse({"trainers": trainers, "samplers": samplers}, status_code=200 if ok else 503)
 
     return api

@@ -27,8 +27,9 @@ async def create_model(body: CreateModelRequest, services: ServicesDep) -> dict:
     if lora.rank > services.config.limits.max_lora_rank:
         raise LimitExceeded(f"lora_config.rank {lora.rank} exceeds limits.max_lora_rank="
                             f"{services.config.limits.max_lora_rank}", field="lora_config.rank")
-    if not (lora.train_attn or lora.train_mlp or lora.train_unembed):
-        raise UserError("at least one of train_attn, train_mlp, train_unembed must be true", field="lora_config")
+    if not (lora.train_attn or lora.train_mlp):
+        raise UserError("set train_attn or train_mlp: this server does not adapt the unembedding (vLLM samplers "
+                        "cannot serve lm_head LoRAs), so train_unembed alone trains nothing", field="lora_config")
     if body.optimizer_config and body.optimizer_config.get("type", "adamw") != "adamw":
         raise UserError("only optimizer_config.type 'adamw' is supported", field="optimizer_config.type")
     await services.metadata.require_session(body.session_id)
@@ -36,8 +37,7 @@ async def create_model(body: CreateModelRequest, services: ServicesDep) -> dict:
     request_id, created = await services.futures.create("create_model", model_id, 0)
     if created:
         seed = lora.seed if lora.seed is not None else random.SystemRandom().randrange(2**31)
-        spec = AdapterSpec(rank=lora.rank, seed=seed, train_attn=lora.train_attn, train_mlp=lora.train_mlp,
-                           train_unembed=lora.train_unembed)
+        spec = AdapterSpec(rank=lora.rank, seed=seed, train_attn=lora.train_attn, train_mlp=lora.train_mlp)
         await services.metadata.add_training_run(TrainingRun(
             model_id=model_id, session_id=body.session_id, base_model=base.name, lora_rank=lora.rank,
             role=body.model_role, lora_config={**lora.model_dump(), "seed": seed},

@@ -30,7 +30,7 @@ async def healthz() -> dict:
 @router.get("/get_server_capabilities")
 async def capabilities(services: ServicesDep) -> dict:
     models = [{"model_name": m.name, "max_context_length": m.max_context_length, "trainable": True,
-               "sampleable": False} for m in services.config.base_models]
+               "sampleable": True} for m in services.config.base_models]
     return {"supported_models": models}
 
 

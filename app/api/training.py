@@ -6,7 +6,9 @@ user error and the trainer is told to skip that seq_id, so the model's order nev
 
 from __future__ import annotations
 
-from typing import Callable
+import inspect
+import time
+from typing import Awaitable, Callable
 
 from fastapi import APIRouter, Request
 from pydantic import ValidationError
@@ -17,6 +19,7 @@ from app.errors import TinkerServeError, UserError
 from app.protocol import wire
 from app.protocol.codec import decode_forward_backward, peek_sequence
 from app.storage import checkpoint_path
+from app.store.samplers import SamplingSession, sampling_session_id_for
 from app.trainer_service import ForwardBackwardOp, OptimStepOp, SaveForSamplerOp, SkipOp, TrainingOp
 from app.training.optim import AdamParams
 from app.training.validation import validate_forward_backward
@@ -26,13 +29,15 @@ router = APIRouter(prefix="/api/v1")
 
 
 async def _sequenced(services: Services, kind: str, model_id: str, seq_id: int,
-                     build_op: Callable[[str, str], TrainingOp]) -> dict:
+                     build_op: Callable[[str, str], TrainingOp | Awaitable[TrainingOp]]) -> dict:
     """Create (or find, for a retry) the future of (model_id, seq_id) and queue its operation."""
     run = await services.training_run(model_id)
     request_id, created = await services.futures.create(kind, model_id, seq_id)
     if created:
         try:
             op = build_op(request_id, run.base_model)
+            if inspect.isawaitable(op):
+                op = await op
         except TinkerServeError as exc:
             await services.futures.fail(request_id, exc.to_body())
             op = SkipOp(request_id)
@@ -86,11 +91,21 @@ async def optim_step(body: wire.OptimStepRequest, services: ServicesDep) -> dict
 
 @router.post("/save_weights_for_sampler")
 async def save_weights_for_sampler(body: wire.SaveWeightsForSamplerRequest, services: ServicesDep) -> dict:
-    def build(request_id: str, _: str) -> TrainingOp:
-        if body.path is None:
-            raise UserError("ephemeral sampler weights (save_weights_and_get_sampling_client) need the sampler, "
-                            "which this server does not run yet; save with a name instead", field="path")
-        target = checkpoint_path(body.model_id, "sampler_weights", body.path)
-        return SaveForSamplerOp(request_id, str(target.directory(services.checkpoint_root)), target.uri)
+    run = await services.training_run(body.model_id)
+
+    async def build(request_id: str, base_model: str) -> TrainingOp:
+        if body.path is not None:
+            target = checkpoint_path(body.model_id, "sampler_weights", body.path)
+            return SaveForSamplerOp(request_id, str(target.directory(services.checkpoint_root)),
+                                    {"path": target.uri, "type": "save_weights_for_sampler"})
+        if body.sampling_session_seq_id is None:
+            raise UserError("send a path (a name) or a sampling_session_seq_id", field="sampling_session_seq_id")
+        sampler_id = sampling_session_id_for(run.session_id, body.sampling_session_seq_id)
+        directory = services.ephemeral_root / sampler_id
+        await services.sampler_store.create(SamplingSession(
+            sampling_session_id=sampler_id, session_id=run.session_id, base_model=base_model, model_path=None,
+            adapter_dir=str(directory), ephemeral=True, last_used_at=time.time()))
+        return SaveForSamplerOp(request_id, str(directory),
+                                {"sampling_session_id": sampler_id, "type": "save_weights_for_sampler"})
 
     return await _sequenced(services, "save_weights_for_sampler", body.model_id, body.seq_id, build)

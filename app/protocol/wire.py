@@ -10,8 +10,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
-    "AdamParams", "CreateModelRequest", "CreateSessionRequest", "FinishSessionRequest", "GetInfoRequest",
-    "LoraConfig", "OptimStepRequest", "RetrieveFutureRequest", "SaveWeightsForSamplerRequest", "SessionHeartbeatRequest", "UnloadModelRequest",
+    "AdamParams", "CreateModelRequest", "CreateSamplingSessionRequest", "CreateSessionRequest",
+    "FinishSessionRequest", "GetInfoRequest", "LoraConfig", "OptimStepRequest", "RetrieveFutureRequest",
+    "SampleRequest", "SamplingParams", "SaveWeightsForSamplerRequest", "SessionHeartbeatRequest",
+    "UnloadModelRequest",
 ]
 
 
@@ -89,3 +91,35 @@ class SaveWeightsForSamplerRequest(_Lenient):
 class RetrieveFutureRequest(_Lenient):
     request_id: str
     allow_metadata_only: bool = False
+
+
+class CreateSamplingSessionRequest(_Lenient):
+    session_id: str
+    sampling_session_seq_id: int = Field(ge=0)
+    base_model: str | None = None
+    model_path: str | None = None
+
+
+class SamplingParams(_Lenient):
+    """Ranges are checked with the server's limits in `app.sampling.params`, naming each field."""
+
+    max_tokens: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | list[int] | None = None  # None: stop at EOS; []: never stop early
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+
+
+class SampleRequest(_Lenient):
+    sampling_session_id: str
+    seq_id: int = Field(ge=0)
+    num_samples: int = 1
+    prompt: dict[str, Any]  # ModelInput JSON: {"chunks": [...]}
+    sampling_params: SamplingParams = Field(default_factory=SamplingParams)
+    prompt_logprobs: bool = False
+    topk_prompt_logprobs: int = 0
+    topk_sample_logprobs: int = 0
+    target_prompt_logprobs: dict[str, Any] | None = None
+    prompt_alt_tokens_k: int = 0
+    prompt_logprobs_last_n: int | None = None

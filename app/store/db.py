@@ -6,6 +6,7 @@ from pathlib import Path
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Column,
     Float,
     Index,
@@ -26,7 +27,7 @@ futures = Table(
     Column("request_id", String(64), primary_key=True),
     Column("kind", String(32), nullable=False),
     Column("model_id", String(200)),
-    Column("seq_id", Integer),
+    Column("seq_id", BigInteger),  # sampling seq_ids of cloned clients exceed 2**32
     Column("state", String(16), nullable=False),  # pending | completed | failed
     Column("content_type", String(64)),
     Column("payload", LargeBinary),
@@ -61,6 +62,19 @@ training_runs = Table(
     Column("created_at", Float, nullable=False),
     Column("last_seq_id", Integer, nullable=False, default=0),
     Column("unloaded", Integer, nullable=False, default=0),
+)
+
+sampling_sessions = Table(
+    "sampling_sessions",
+    metadata,
+    Column("sampling_session_id", String(200), primary_key=True),
+    Column("session_id", String(64), nullable=False),
+    Column("base_model", String(200), nullable=False),
+    Column("model_path", String(400)),  # tinker:// path; null for the base model
+    Column("adapter_dir", String(1000)),  # where samplers load the adapter; null for the base model
+    Column("ephemeral", Integer, nullable=False, default=0),
+    Column("created_at", Float, nullable=False),
+    Column("last_used_at", Float, nullable=False),
 )
 
 

@@ -33,6 +33,7 @@ class Completed:
     request_id: str
     payload: bytes
     content_type: str
+    kind: str = ""
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ class FutureStore:
         async with self._engine.connect() as conn:
             row = (
                 await conn.execute(
-                    select(futures.c.state, futures.c.payload, futures.c.content_type, futures.c.error).where(
+                    select(futures.c.state, futures.c.payload, futures.c.content_type, futures.c.error, futures.c.kind).where(
                         futures.c.request_id == request_id
                     )
                 )
@@ -124,7 +125,7 @@ class FutureStore:
         if row is None:
             return Unknown(request_id)
         if row.state == "completed":
-            return Completed(request_id, row.payload, row.content_type)
+            return Completed(request_id, row.payload, row.content_type, row.kind)
         if row.state == "failed":
             return Failed(request_id, row.error)
         return Pending(request_id)

@@ -9,7 +9,6 @@ from peft import LoraConfig, PeftModel, get_peft_model
 
 ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
-UNEMBED_MODULES = ("lm_head",)
 _PLACEHOLDER = "placeholder"  # keeps the PeftModel alive when no user adapter exists; never active
 
 
@@ -19,13 +18,13 @@ class AdapterSpec:
     seed: int
     train_attn: bool = True
     train_mlp: bool = True
-    train_unembed: bool = True
     alpha: float = 32.0
 
     def target_modules(self) -> list[str]:
+        """The adapted projections. The unembedding (lm_head) is never adapted: vLLM samplers refuse
+        lm_head LoRAs, and sampler logprobs must equal the trainer's."""
         modules = [*ATTN_MODULES] if self.train_attn else []
         modules += [*MLP_MODULES] if self.train_mlp else []
-        modules += [*UNEMBED_MODULES] if self.train_unembed else []
         return modules
 
     def peft_config(self) -> LoraConfig:

@@ -20,6 +20,8 @@ from tests.conftest import ROOT, TINY_MODEL
 BASE_MODEL = "tinker-serve/tiny"
 CHUNK_LEN = 4  # the server tells clients to send at most 4 datums per forward_backward request
 MAX_TOKENS = 64
+EPHEMERAL_TTL_S = 15.0  # short, so one test can watch an ephemeral sampler expire
+MAX_LORAS = 2  # fewer vLLM LoRA slots than adapters in use: the scheduler must rotate them
 
 
 def _free_port() -> int:
@@ -33,8 +35,10 @@ def server_config(state_dir: Path) -> dict:
         "state_dir": str(state_dir),
         "auth": {"mode": "any_tml_key_on_loopback"},
         "base_models": [{"name": BASE_MODEL, "path": str(TINY_MODEL), "embedded_preset": "tiny",
-                         "num_workers": 2, "cpus_per_worker": 1}],
-        "limits": {"fwdbwd_max_chunk_len": CHUNK_LEN, "max_tokens_per_datum": MAX_TOKENS, "max_lora_rank": 64},
+                         "num_workers": 2, "cpus_per_worker": 1,
+                         "sampler": {"kv_cache_mib": 64, "max_loras": MAX_LORAS, "max_cpu_loras": 6}}],
+        "limits": {"fwdbwd_max_chunk_len": CHUNK_LEN, "max_tokens_per_datum": MAX_TOKENS, "max_lora_rank": 64,
+                   "ephemeral_sampler_ttl_seconds": EPHEMERAL_TTL_S},
     }
 
 

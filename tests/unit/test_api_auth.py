@@ -71,7 +71,7 @@ def test_healthz_open_through_the_app_and_other_routes_are_not() -> None:
     config = ServerConfig(base_models=[{"name": "tiny", "path": "models/tiny"}], auth={"mode": LOOPBACK})
     # Only config and api_keys are reached by the auth dependency and these two routes.
     api.state.services = Services(config=config, futures=None, metadata=None, trainers=None,  # type: ignore[arg-type]
-                                  model_limits={}, api_keys=frozenset())
+                                  sampler_store=None, samplers=None, model_limits={}, api_keys=frozenset())
     remote = TestClient(api, client=("10.1.2.3", 40000))
     assert remote.get("/api/v1/healthz").json() == {"status": "ok"}
     denied = remote.post("/api/v1/client/config", json={})

@@ -99,7 +99,8 @@ def test_seeding(engine: TrainingEngine) -> None:
     engine.create_model("seed-c", AdapterSpec(rank=4, seed=8))
     a, b, c = (normalized_state(engine, m) for m in ("seed-a", "seed-b", "seed-c"))
     assert a.keys() == b.keys() == c.keys() and len(a) > 0
-    assert any("lm_head" in k for k in a) and any("down_proj" in k for k in a)
+    assert any("q_proj" in k for k in a) and any("down_proj" in k for k in a)
+    assert not any("lm_head" in k for k in a)  # vLLM samplers refuse lm_head LoRAs
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not all(torch.equal(a[k], c[k]) for k in a if "lora_A" in k)
     assert all(torch.count_nonzero(v) == 0 for k, v in a.items() if "lora_B" in k)
@@ -111,11 +112,11 @@ def test_training_reduces_loss_and_leaves_other_adapters_alone(engine: TrainingE
     batch = make_batch([6, 8], seed=2)
     b_before = forward(engine, "train-b", batch).outputs["logprobs"]
     losses = []
-    for _ in range(10):
+    for _ in range(15):
         losses.append(forward(engine, "train-a", batch, forward_only=False).loss_sum)
         engine.optim_step("train-a", AdamParams(learning_rate=1e-2))
     final = forward(engine, "train-a", batch).loss_sum
-    assert final < 0.7 * losses[0]
+    assert final < 0.8 * losses[0]  # random targets on a random model: slow, but clearly falling
     np.testing.assert_array_equal(forward(engine, "train-b", batch).outputs["logprobs"], b_before)
 
 

@@ -70,7 +70,7 @@ def test_complete_and_fail(db: Path) -> None:
         b, _ = await store.create("optim_step", "m", 2)
         await store.complete(a, b"\x08\x01", PROTO_CONTENT_TYPE)
         await store.fail(b, {"error": "boom", "category": "server"})
-        assert await store.get(a) == Completed(a, b"\x08\x01", PROTO_CONTENT_TYPE)
+        assert await store.get(a) == Completed(a, b"\x08\x01", PROTO_CONTENT_TYPE, "optim_step")
         assert await store.get(b) == Failed(b, {"error": "boom", "category": "server"})
         assert await store.get("does-not-exist") == Unknown("does-not-exist")
 
@@ -83,7 +83,7 @@ def test_finished_future_is_not_changed_later(db: Path) -> None:
         await store.complete(rid, b"{}", JSON_CONTENT_TYPE)
         await store.fail(rid, {"error": "late", "category": "server"})
         await store.fail_if_pending(rid, {"error": "later", "category": "server"})
-        assert await store.get(rid) == Completed(rid, b"{}", JSON_CONTENT_TYPE)
+        assert await store.get(rid) == Completed(rid, b"{}", JSON_CONTENT_TYPE, "optim_step")
 
         failed, _ = await store.create("optim_step", "m", 2)
         await store.fail(failed, {"error": "first"})
@@ -168,7 +168,7 @@ def test_results_survive_new_engine(db: Path) -> None:
         return [await store.get(r) for r in (done, bad, pending)]
 
     assert run_with_store(db, read) == [
-        Completed(done, b"\x00\xffpayload", PROTO_CONTENT_TYPE),
+        Completed(done, b"\x00\xffpayload", PROTO_CONTENT_TYPE, "optim_step"),
         Failed(bad, {"error": "x", "category": "user", "field": "seq_id"}),
         Pending(pending),
     ]

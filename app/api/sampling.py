@@ -1,0 +1,81 @@
+"""Sampling: sampling sessions (from a base model or saved sampler weights) and asample."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from app.api.deps import Services, ServicesDep
+from app.errors import NotFound, UserError
+from app.protocol.wire import CreateSamplingSessionRequest, SampleRequest
+from app.sampling.params import sample_args
+from app.storage import parse_tinker_path
+from app.store.samplers import SamplingSession, sampling_session_id_for
+
+router = APIRouter(prefix="/api/v1")
+
+
+async def _adapter_of(services: Services, model_path: str) -> tuple[str, str]:
+    """(base model, adapter directory) of saved sampler weights; a user error if there are none."""
+    path = parse_tinker_path(model_path, field="model_path")
+    if path.kind != "sampler_weights":
+        raise UserError(f"{model_path!r} is a {path.kind} checkpoint; sample from sampler_weights "
+                        "(save_weights_for_sampler)", field="model_path")
+    try:
+        run = await services.training_run(path.model_id)
+    except NotFound:
+        raise NotFound(f"model_path {model_path!r}: no training run {path.model_id!r}", field="model_path") from None
+    directory = path.directory(services.checkpoint_root)
+    if not (directory / "adapter_config.json").is_file():
+        raise NotFound(f"model_path {model_path!r} does not exist (never saved, or deleted)", field="model_path")
+    return run.base_model, str(directory)
+
+
+@router.post("/create_sampling_session")
+async def create_sampling_session(body: CreateSamplingSessionRequest, services: ServicesDep) -> dict:
+    if (body.base_model is None) == (body.model_path is None):
+        raise UserError("send exactly one of base_model and model_path", field="base_model")
+    await services.metadata.require_session(body.session_id)
+    if body.model_path is not None:
+        base_model, adapter_dir = await _adapter_of(services, body.model_path)
+    else:
+        if services.config.base_model(body.base_model) is None:
+            served = [m.name for m in services.config.base_models]
+            raise UserError(f"base_model {body.base_model!r} is not served here; available: {served}",
+                            field="base_model")
+        base_model, adapter_dir = body.base_model, None
+    session = await services.sampler_store.create(SamplingSession(
+        sampling_session_id=sampling_session_id_for(body.session_id, body.sampling_session_seq_id),
+        session_id=body.session_id, base_model=base_model, model_path=body.model_path, adapter_dir=adapter_dir,
+        ephemeral=False, last_used_at=time.time()))
+    return {"sampling_session_id": session.sampling_session_id, "type": "create_sampling_session"}
+
+
+@router.get("/samplers/{sampling_session_id}")
+async def get_sampler(sampling_session_id: str, services: ServicesDep) -> dict:
+    session = await services.sampling_session(sampling_session_id)
+    return {"sampler_id": session.sampling_session_id, "base_model": session.base_model,
+            "model_path": session.model_path}
+
+
+@router.post("/asample")
+async def asample(body: SampleRequest, services: ServicesDep) -> JSONResponse:
+    session = await services.sampling_session(body.sampling_session_id)
+    model = services.model_limits.get(session.base_model)
+    if model is None:
+        raise UserError(f"this sampler's base model {session.base_model!r} is no longer served here",
+                        field="sampling_session_id")
+    args = sample_args(body, services.config.limits, model)
+    limit = services.config.limits.max_pending_samples
+    if services.samplers.pending(session.base_model) >= limit:
+        return JSONResponse({"error": f"{limit} samples are already queued for {session.base_model} "
+                                      "(limits.max_pending_samples); retry shortly",
+                             "category": "server", "queue_state": "paused_capacity"},
+                            status_code=429, headers={"retry-after": "1"})
+    request_id, created = await services.futures.create("sample", session.sampling_session_id, body.seq_id)
+    if created:
+        services.samplers.sample(session.base_model, request_id, session.adapter_dir, args)
+    return JSONResponse({"request_id": request_id,
+                         "sample_sequence_ids": [f"{request_id}:{i}" for i in range(args.num_samples)]})

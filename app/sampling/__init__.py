@@ -1,0 +1,1 @@
+"""Sampling: request checks, the vLLM engine adapter and result encoding."""

@@ -1,0 +1,158 @@
+"""The sampling engine: one vLLM `AsyncLLM` with multi-LoRA, translating SampleArgs in and SampleResult out.
+
+Base-model requests go through an all-zero adapter, so no batch ever mixes LoRA and non-LoRA rows
+(vLLM's CPU LoRA kernels give non-LoRA rows the last slot's adapter: reference/vllm-cpu.md, section 4).
+Adapters are cached by their integer id, so every loaded directory version gets a fresh one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from app.config import SamplerConfig
+from app.errors import ServerError, UserError
+from app.sampling.adapters import write_zero_adapter
+from app.sampling.params import SampleArgs
+from app.sampling.response import SampledSequence, SampleResult, TopK
+
+if TYPE_CHECKING:
+    from vllm.lora.request import LoRARequest
+    from vllm.outputs import CompletionOutput, RequestOutput
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+logger = logging.getLogger("tinker_serve.sampler")
+_VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def vllm_lora_rank(max_rank: int) -> int:
+    """The smallest rank vLLM accepts as `max_lora_rank` that holds `max_rank`."""
+    return next((r for r in _VLLM_LORA_RANKS if r >= max_rank), _VLLM_LORA_RANKS[-1])
+
+
+class SamplerEngine:
+    def __init__(self, llm: AsyncLLM, zero_adapter: LoRARequest) -> None:
+        self._llm = llm
+        self._zero = zero_adapter
+        self._ids = itertools.count(2)  # 1 is the zero adapter
+
+    @classmethod
+    async def start(cls, model_path: str, config: SamplerConfig, *, max_lora_rank: int, max_model_len: int,
+                    work_dir: Path) -> SamplerEngine:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.lora.request import LoRARequest
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        started = time.monotonic()
+        on_gpu = config.num_gpus > 0
+        dtype = "float32" if config.dtype == "auto" and not on_gpu else config.dtype  # vLLM's auto may pick 16-bit
+        args = AsyncEngineArgs(
+            model=model_path, dtype=dtype, max_model_len=max_model_len, enforce_eager=config.enforce_eager,
+            enable_lora=True, max_lora_rank=vllm_lora_rank(max_lora_rank), max_loras=config.max_loras,
+            max_cpu_loras=config.max_cpu_loras, max_num_seqs=config.max_num_seqs, seed=0,
+            tensor_parallel_size=config.tensor_parallel_size,
+            **({"gpu_memory_utilization": config.gpu_memory_utilization} if on_gpu
+               else {"kv_cache_memory_bytes": config.kv_cache_mib * 2**20}),
+        )
+        llm = AsyncLLM.from_engine_args(args)
+        zero_dir = write_zero_adapter(model_path, work_dir / "zero_adapter")
+        zero = LoRARequest("base", 1, str(zero_dir))
+        await llm.add_lora(zero)
+        await llm.pin_lora(1)
+        logger.info("vLLM engine for %s ready in %.1f s", model_path, time.monotonic() - started)
+        return cls(llm, zero)
+
+    async def load_adapter(self, directory: str) -> LoRARequest:
+        """Load a PEFT adapter directory under a new id; an invalid one is a user error."""
+        from vllm.lora.request import LoRARequest
+
+        adapter_id = next(self._ids)
+        request = LoRARequest(f"adapter-{adapter_id}", adapter_id, directory)
+        started = time.monotonic()
+        try:
+            await self._llm.add_lora(request)
+        except Exception as exc:  # noqa: BLE001 - vLLM raises plain ValueError/RuntimeError for bad adapters
+            raise UserError(f"the sampler could not load the adapter at {directory}: {exc}", field="model_path") from exc
+        logger.info("loaded adapter %s as id %d in %.3f s", directory, adapter_id, time.monotonic() - started)
+        return request
+
+    async def unload_adapter(self, request: LoRARequest) -> None:
+        await self._llm.remove_lora(request.lora_int_id)
+
+    async def sample(self, args: SampleArgs, adapter: LoRARequest | None) -> SampleResult:
+        """Sample `args.num_samples` sequences (greedy ones as separate requests: vLLM wants n=1 there)."""
+        lora = adapter or self._zero
+        if args.temperature == 0 and args.num_samples > 1:
+            outputs = await asyncio.gather(*(self._generate(args, 1, lora, with_prompt=i == 0)
+                                             for i in range(args.num_samples)))
+            completions = [c for out in outputs for c in out.outputs]
+            first = outputs[0]
+        else:
+            first = await self._generate(args, args.num_samples, lora, with_prompt=True)
+            completions = list(first.outputs)
+        prompt_lps, prompt_topk = _prompt_logprobs(first, args)
+        return SampleResult(sequences=[_sequence(c, args.topk_sample_logprobs) for c in completions],
+                            prompt_logprobs=prompt_lps, topk_prompt_logprobs=prompt_topk,
+                            prompt_cache_hit_tokens=first.num_cached_tokens or 0)
+
+    async def _generate(self, args: SampleArgs, n: int, lora: LoRARequest, *, with_prompt: bool) -> RequestOutput:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(
+            n=n, max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+            seed=args.seed, stop=list(args.stop_strings) or None, stop_token_ids=list(args.stop_token_ids) or None,
+            ignore_eos=args.ignore_eos, logprobs=args.topk_sample_logprobs,
+            prompt_logprobs=args.topk_prompt_logprobs if with_prompt and args.wants_prompt_logprobs else None,
+            detokenize=bool(args.stop_strings), output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+        final = None
+        try:
+            async for output in self._llm.generate({"prompt_token_ids": list(args.prompt)}, params,
+                                                   request_id=uuid.uuid4().hex, lora_request=lora):
+                final = output
+        except ValueError as exc:  # vLLM's request validation
+            raise UserError(f"the sampler rejected the request: {exc}") from exc
+        if final is None or not final.finished:
+            raise ServerError("the sampler ended a request without a result; retry it")
+        return final
+
+    def shutdown(self) -> None:
+        self._llm.shutdown()
+
+
+def _topk(entries: dict[int, Any] | None, k: int) -> TopK | None:
+    """The k best (token, logprob) of a vLLM logprob dict, which also holds the chosen token."""
+    if not entries or k == 0:
+        return None
+    ranked = sorted(entries.items(), key=lambda item: item[1].rank)
+    return [(token, lp.logprob) for token, lp in ranked if lp.rank <= k][:k]
+
+
+def _sequence(completion: CompletionOutput, topk: int) -> SampledSequence:
+    if completion.finish_reason not in ("stop", "length"):
+        raise ServerError(f"the sampler stopped a sequence for reason {completion.finish_reason!r}; retry it")
+    tokens = list(completion.token_ids)
+    steps = completion.logprobs or []
+    logprobs = [step[token].logprob for token, step in zip(tokens, steps)]
+    return SampledSequence(tokens=tokens, logprobs=logprobs, stop_reason=completion.finish_reason,
+                           topk_logprobs=[_topk(step, topk) for step in steps] if topk else None)
+
+
+def _prompt_logprobs(output: RequestOutput, args: SampleArgs) -> tuple[list | None, list | None]:
+    """Per prompt position: the prompt token's logprob (None at 0 and before the last N) and the top-k."""
+    if not args.wants_prompt_logprobs:
+        return None, None
+    entries = output.prompt_logprobs or [None] * len(args.prompt)
+    first_scored = 1 if args.prompt_logprobs_last_n is None else max(1, len(args.prompt) - args.prompt_logprobs_last_n)
+    values: list[float | None] = [
+        entry[token].logprob if entry is not None and i >= first_scored else None
+        for i, (token, entry) in enumerate(zip(args.prompt, entries))
+    ]
+    topk = [_topk(entry, args.topk_prompt_logprobs) for entry in entries] if args.topk_prompt_logprobs else None
+    return (values if args.prompt_logprobs else None), topk

@@ -1,0 +1,83 @@
+"""Sampling sessions: which base model and which adapter directory a sampler id stands for.
+
+Persistent sessions point at saved sampler weights; ephemeral ones (save_weights_and_get_sampling_client)
+own their adapter directory and expire once unused for the configured TTL.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from sqlalchemy import delete, insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.errors import NotFound
+from app.store.db import sampling_sessions
+
+
+@dataclass(frozen=True)
+class SamplingSession:
+    sampling_session_id: str
+    session_id: str
+    base_model: str
+    model_path: str | None  # tinker:// path, None for the base model
+    adapter_dir: str | None  # None for the base model
+    ephemeral: bool
+    last_used_at: float
+
+
+def sampling_session_id_for(session_id: str, sampling_session_seq_id: int) -> str:
+    """The conventional id the hosted service uses (and the SDK's examples expect)."""
+    return f"{session_id}:sample:{sampling_session_seq_id}"
+
+
+class SamplerStore:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+
+    async def create(self, session: SamplingSession) -> SamplingSession:
+        """Insert; a retried create of the same id returns the stored session unchanged."""
+        try:
+            async with self._engine.begin() as conn:
+                await conn.execute(insert(sampling_sessions).values(
+                    sampling_session_id=session.sampling_session_id, session_id=session.session_id,
+                    base_model=session.base_model, model_path=session.model_path, adapter_dir=session.adapter_dir,
+                    ephemeral=int(session.ephemeral), created_at=time.time(), last_used_at=session.last_used_at,
+                ))
+            return session
+        except IntegrityError:
+            return await self.get(session.sampling_session_id)
+
+    async def get(self, sampling_session_id: str) -> SamplingSession:
+        async with self._engine.connect() as conn:
+            row = (await conn.execute(select(sampling_sessions).where(
+                sampling_sessions.c.sampling_session_id == sampling_session_id))).first()
+        if row is None:
+            raise NotFound(f"sampling session {sampling_session_id!r} does not exist (or expired); "
+                           "create a new sampling client", field="sampling_session_id")
+        return SamplingSession(
+            sampling_session_id=row.sampling_session_id, session_id=row.session_id, base_model=row.base_model,
+            model_path=row.model_path, adapter_dir=row.adapter_dir, ephemeral=bool(row.ephemeral),
+            last_used_at=row.last_used_at,
+        )
+
+    async def touch(self, sampling_session_id: str, now: float) -> None:
+        async with self._engine.begin() as conn:
+            await conn.execute(update(sampling_sessions)
+                               .where(sampling_sessions.c.sampling_session_id == sampling_session_id)
+                               .values(last_used_at=now))
+
+    async def expired(self, ttl_s: float, now: float) -> list[SamplingSession]:
+        """Ephemeral sessions unused for longer than `ttl_s`."""
+        async with self._engine.connect() as conn:
+            rows = await conn.execute(select(sampling_sessions.c.sampling_session_id).where(
+                sampling_sessions.c.ephemeral == 1, sampling_sessions.c.last_used_at < now - ttl_s))
+            ids = [row.sampling_session_id for row in rows]
+        return [await self.get(i) for i in ids]
+
+    async def delete(self, sampling_session_id: str) -> None:
+        async with self._engine.begin() as conn:
+            await conn.execute(delete(sampling_sessions)
+                               .where(sampling_sessions.c.sampling_session_id == sampling_session_id))

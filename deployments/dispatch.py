@@ -1,0 +1,105 @@
+"""The ingress's side of the Trainer and Sampler handles: calls that never block the request.
+
+Trainers and samplers write each future's outcome themselves; when a call ends here, local long-polls
+wake at once, and a call that failed outright fails its future so no client waits forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from typing import Any, Awaitable
+
+from ray.serve.handle import DeploymentHandle, DeploymentResponse
+
+from app.api.dispatch import SamplerDispatcher, TrainerDispatcher
+from app.errors import ServerError, UserError
+from app.sampling.params import SampleArgs
+from app.store.futures import FutureStore
+from app.trainer_service import TrainingOp
+from app.training.lora import AdapterSpec
+
+logger = logging.getLogger("tinker_serve.ingress")
+
+
+class HandleCalls:
+    """Handles by base model, and the calls in flight on them."""
+
+    def __init__(self, role: str, handles: dict[str, DeploymentHandle], futures: FutureStore) -> None:
+        self._role = role
+        self.handles = handles
+        self._futures = futures
+        self._tasks: set[asyncio.Task] = set()
+        self.in_flight: Counter[str] = Counter()
+
+    def handle(self, base_model: str) -> DeploymentHandle:
+        handle = self.handles.get(base_model)
+        if handle is None:  # recorded under an earlier configuration
+            raise UserError(f"base model {base_model!r} is no longer served here; served: {sorted(self.handles)}",
+                            field="model_id")
+        return handle
+
+    def track(self, base_model: str, request_id: str, response: DeploymentResponse) -> None:
+        self.in_flight[base_model] += 1
+        task = asyncio.create_task(self._settle(base_model, request_id, response))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _settle(self, base_model: str, request_id: str, response: Awaitable[Any]) -> None:
+        try:
+            await response
+        except Exception as exc:  # noqa: BLE001 - the replica died or refused; the future must not hang
+            logger.exception("%s call for %s failed", self._role, request_id)
+            await self._futures.fail_if_pending(request_id, ServerError(f"{self._role} call failed: {exc!r}").to_body())
+        finally:
+            self.in_flight[base_model] -= 1
+        self._futures.notify(request_id)
+
+    async def ready(self) -> dict[str, bool]:
+        async def ping(handle: DeploymentHandle) -> bool:
+            try:
+                return await asyncio.wait_for(handle.ping.remote(), 5)
+            except Exception:  # noqa: BLE001 - not ready is the answer
+                return False
+
+        names = list(self.handles)
+        return dict(zip(names, await asyncio.gather(*(ping(self.handles[n]) for n in names))))
+
+
+class ServeTrainerDispatcher(TrainerDispatcher):
+    def __init__(self, handles: dict[str, DeploymentHandle], futures: FutureStore) -> None:
+        self._calls = HandleCalls("trainer", handles, futures)
+
+    def create_model(self, base_model: str, request_id: str, model_id: str, spec: AdapterSpec) -> None:
+        self._calls.track(base_model, request_id,
+                          self._calls.handle(base_model).create_model.remote(request_id, model_id, spec))
+
+    def submit(self, base_model: str, model_id: str, seq_id: int, op: TrainingOp) -> None:
+        self._calls.track(base_model, op.request_id, self._calls.handle(base_model).submit.remote(model_id, seq_id, op))
+
+    def unload_model(self, base_model: str, request_id: str, model_id: str) -> None:
+        self._calls.track(base_model, request_id,
+                          self._calls.handle(base_model).unload_model.remote(request_id, model_id))
+
+    async def ready(self) -> dict[str, bool]:
+        return await self._calls.ready()
+
+
+class ServeSamplerDispatcher(SamplerDispatcher):
+    """Requests for one adapter go, where possible, to replicas that already hold it (Serve multiplexing)."""
+
+    def __init__(self, handles: dict[str, DeploymentHandle], futures: FutureStore) -> None:
+        self._calls = HandleCalls("sampler", handles, futures)
+
+    def sample(self, base_model: str, request_id: str, adapter_dir: str | None, args: SampleArgs) -> None:
+        handle = self._calls.handle(base_model)
+        if adapter_dir:
+            handle = handle.options(multiplexed_model_id=adapter_dir)
+        self._calls.track(base_model, request_id, handle.sample.remote(request_id, args))
+
+    def pending(self, base_model: str) -> int:
+        return self._calls.in_flight[base_model]
+
+    async def ready(self) -> dict[str, bool]:
+        return await self._calls.ready()

@@ -1,0 +1,69 @@
+"""Sampler deployment: one per base model, autoscaled; a vLLM engine whose adapters Serve multiplexes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ray import serve
+
+from app.config import ServerConfig
+from app.sampler_service import LoadedAdapter, SamplerService
+from app.sampling.engine import SamplerEngine
+from app.sampling.params import SampleArgs
+from app.store.db import create_tables, make_engine
+from app.store.futures import FutureStore
+
+_CPU_ENV = {
+    "TORCH_COMPILE_DISABLE": "1",  # else the first logprobs request compiles for 15-30 s
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # "auto" pins every engine on a node to core 0
+}
+
+
+class Sampler:
+    @classmethod
+    def deployment_options(cls, config: ServerConfig, base_name: str) -> dict[str, Any]:
+        sampler = config.base_model(base_name).sampler
+        env = {**({} if sampler.num_gpus else _CPU_ENV), **sampler.env}
+        return {
+            "name": f"Sampler:{base_name}",
+            "autoscaling_config": {"min_replicas": sampler.min_replicas, "max_replicas": sampler.max_replicas,
+                                   "initial_replicas": max(1, sampler.min_replicas),
+                                   "target_ongoing_requests": sampler.target_ongoing_requests,
+                                   "upscale_delay_s": 5, "downscale_delay_s": 30},
+            "max_ongoing_requests": sampler.max_ongoing_requests,
+            "ray_actor_options": {"num_cpus": sampler.num_cpus, "num_gpus": sampler.num_gpus,
+                                  "runtime_env": {"env_vars": env}},
+            "health_check_period_s": 10,
+            "graceful_shutdown_timeout_s": 30,
+        }
+
+    async def __init__(self, config: dict, base_name: str, max_model_len: int) -> None:
+        cfg = ServerConfig.model_validate(config)
+        base = cfg.base_model(base_name)
+        engine = make_engine(cfg.db_url)
+        await create_tables(engine)
+        replica = serve.get_replica_context().replica_id.unique_id
+        sampler = await SamplerEngine.start(base.path, base.sampler, max_lora_rank=cfg.limits.max_lora_rank,
+                                            max_model_len=max_model_len,
+                                            work_dir=Path(cfg.state_dir) / "sampler" / replica)
+        self._engine = sampler
+        self._service = SamplerService(sampler, FutureStore(engine))
+
+        async def register(adapter_dir: str) -> LoadedAdapter:
+            return await self._service.adapter(adapter_dir)
+
+        # Serve routes requests for an adapter to replicas that registered it here; vLLM's own LRU
+        # (max_cpu_loras, plus the pinned zero adapter) bounds what stays loaded.
+        self._register = serve.multiplexed(max_num_models_per_replica=base.sampler.max_cpu_loras - 1)(register)
+
+    async def sample(self, request_id: str, args: SampleArgs) -> None:
+        adapter_dir = serve.get_multiplexed_model_id() or None
+        await self._service.sample(request_id, args, adapter_dir, register=self._register)
+
+    async def ping(self) -> bool:
+        return True
+
+    def __del__(self) -> None:
+        """Serve calls this on replica shutdown: stop vLLM's engine process with it."""
+        self._engine.shutdown()

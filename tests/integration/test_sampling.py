@@ -1,0 +1,176 @@
+"""Sampling through the real SDK, the Serve Sampler deployment and vLLM, checked against the trainer."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tinker
+import torch
+from tinker import types
+
+from tests.integration.conftest import BASE_MODEL, EPHEMERAL_TTL_S
+from tests.integration.helpers import SENTENCES, new_client, sft_datums, train_steps
+
+ATOL = 2e-4  # fp32 on CPU: vLLM and torch agree to ~1e-5; LoRA kernels add a little
+
+
+def trainer_logprobs(tc: tinker.TrainingClient, tokens: list[int]) -> np.ndarray:
+    """The trainer's forward logprobs of tokens[1:] given their prefixes."""
+    datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
+    return tc.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
+
+
+def trained_client(service_client: tinker.ServiceClient, seed: int, steps: int = 3) -> tinker.TrainingClient:
+    tc = new_client(service_client, seed=seed)
+    train_steps(tc, sft_datums(tc.get_tokenizer(), count=2 + seed % 3), steps=steps, lr=3e-3)
+    return tc
+
+
+@pytest.fixture(scope="module")
+def trained(service_client: tinker.ServiceClient) -> tinker.TrainingClient:
+    return trained_client(service_client, seed=11)
+
+
+@pytest.fixture(scope="module")
+def base_sampler(service_client: tinker.ServiceClient) -> tinker.SamplingClient:
+    return service_client.create_sampling_client(base_model=BASE_MODEL).result()
+
+
+@pytest.fixture(scope="module")
+def prompt(trained: tinker.TrainingClient) -> list[int]:
+    return trained.get_tokenizer().encode("What is 12 + 7? The answer")
+
+
+def test_sampler_logprobs_equal_trainer_logprobs(trained, prompt):
+    sampler = trained.save_weights_and_get_sampling_client().result()
+    params = types.SamplingParams(max_tokens=12, temperature=1.0, seed=3)
+    result = sampler.sample(types.ModelInput.from_ints(prompt), 2, params).result()
+    assert len(result.sequences) == 2 and result.sequences[0].tokens != result.sequences[1].tokens
+    for seq in result.sequences:
+        assert len(seq.tokens) == len(seq.logprobs) == 12 and seq.stop_reason == "length"
+        expected = trainer_logprobs(trained, prompt + seq.tokens)[-len(seq.tokens):]
+        np.testing.assert_allclose(seq.logprobs, expected, atol=ATOL)
+    full = prompt + result.sequences[0].tokens
+    computed = sampler.compute_logprobs(types.ModelInput.from_ints(full)).result()
+    assert computed[0] is None and len(computed) == len(full)
+    np.testing.assert_allclose(computed[1:], trainer_logprobs(trained, full), atol=ATOL)
+
+
+def test_prompt_logprob_options(trained, base_sampler, prompt):
+    result = base_sampler.sample(types.ModelInput.from_ints(prompt), 1, types.SamplingParams(max_tokens=4, seed=1),
+                                 include_prompt_logprobs=True, topk_prompt_logprobs=3, topk_sample_logprobs=2,
+                                 prompt_logprobs_last_n=3).result()
+    lps = result.prompt_logprobs
+    assert len(lps) == len(prompt) and all(v is None for v in lps[:-3]) and all(v is not None for v in lps[-3:])
+    topk = result.topk_prompt_logprobs
+    assert topk[0] is None and all(len(row) == 3 for row in topk[1:])
+    assert all(row[0][1] >= row[1][1] >= row[2][1] for row in topk[1:])
+    sampled_topk = result.sequences[0].topk_logprobs
+    assert len(sampled_topk) == 4 and all(len(row) == 2 for row in sampled_topk)
+    for token, logprob, row in zip(result.sequences[0].tokens, result.sequences[0].logprobs, sampled_topk):
+        assert logprob <= row[0][1] + 1e-6 and (token != row[0][0] or abs(logprob - row[0][1]) < 1e-5)
+
+
+def test_greedy_and_seed_determinism(base_sampler, prompt):
+    model_input = types.ModelInput.from_ints(prompt)
+    greedy = types.SamplingParams(max_tokens=10, temperature=0.0)
+    first = base_sampler.sample(model_input, 3, greedy).result()
+    again = base_sampler.sample(model_input, 1, greedy).result()
+    assert len({tuple(s.tokens) for s in first.sequences}) == 1
+    assert again.sequences[0].tokens == first.sequences[0].tokens
+    seeded = [base_sampler.sample(model_input, 2, types.SamplingParams(max_tokens=10, seed=s)).result()
+              for s in (5, 5, 6)]
+    tokens = [[seq.tokens for seq in r.sequences] for r in seeded]
+    assert tokens[0] == tokens[1] and tokens[0] != tokens[2]
+
+
+def test_stop_tokens_strings_and_empty_stop(base_sampler, prompt, trained):
+    model_input = types.ModelInput.from_ints(prompt)
+    free = base_sampler.sample(model_input, 1, types.SamplingParams(max_tokens=12, seed=9)).result().sequences[0]
+    stop_token = free.tokens[4]
+    by_token = base_sampler.sample(model_input, 1, types.SamplingParams(max_tokens=12, seed=9, stop=[stop_token]))
+    seq = by_token.result().sequences[0]
+    cut = free.tokens.index(stop_token) + 1
+    assert seq.stop_reason == "stop" and seq.tokens == free.tokens[:cut]
+
+    text = trained.get_tokenizer().decode(free.tokens[3:5])
+    by_string = base_sampler.sample(model_input, 1, types.SamplingParams(max_tokens=12, seed=9, stop=[text]))
+    seq = by_string.result().sequences[0]
+    assert seq.stop_reason == "stop" and len(seq.tokens) <= 5 and seq.tokens == free.tokens[:len(seq.tokens)]
+
+    no_stop = base_sampler.sample(model_input, 1, types.SamplingParams(max_tokens=30, seed=9, stop=[])).result()
+    assert no_stop.sequences[0].stop_reason == "length" and len(no_stop.sequences[0].tokens) == 30
+
+
+def test_three_adapters_and_the_base_sampled_concurrently(service_client, base_sampler, reference_base):
+    clients = [trained_client(service_client, seed=s, steps=2) for s in (21, 22, 23)]
+    samplers = [service_client.create_sampling_client(model_path=tc.save_weights_for_sampler(f"multi-{i}").result().path).result()
+                for i, tc in enumerate(clients)]
+    tokenizer = clients[0].get_tokenizer()
+    prompts = [tokenizer.encode(text) for text in SENTENCES[:3]]
+    expected = [[trainer_logprobs(tc, p) for p in prompts] for tc in clients]
+    with torch.no_grad():
+        expected.append([torch.log_softmax(reference_base(torch.tensor([p])).logits[0, :-1].float(), -1)
+                         .gather(-1, torch.tensor(p[1:])[:, None])[:, 0].numpy() for p in prompts])
+
+    async def all_at_once() -> list[list[list[float | None]]]:
+        everyone = [*samplers, base_sampler]
+        calls = [s.compute_logprobs_async(types.ModelInput.from_ints(p)) for s in everyone for p in prompts]
+        flat = await asyncio.gather(*calls)
+        return [flat[i * len(prompts):(i + 1) * len(prompts)] for i in range(len(everyone))]
+
+    results = asyncio.run(all_at_once())
+    for got_model, want_model in zip(results, expected):
+        for got, want in zip(got_model, want_model):
+            np.testing.assert_allclose(np.array(got[1:], dtype=np.float64), want, atol=ATOL)
+    spread = [float(np.abs(expected[i][0] - expected[3][0]).max()) for i in range(3)]
+    assert min(spread) > 100 * ATOL, f"adapters too close to the base to tell apart: {spread}"
+
+
+def test_ephemeral_sampler_expires_and_persistent_one_survives(trained, prompt, state_dir: Path):
+    model_input = types.ModelInput.from_ints(prompt)
+    params = types.SamplingParams(max_tokens=3, seed=0)
+    ephemeral = trained.save_weights_and_get_sampling_client().result()
+    persistent_path = trained.save_weights_for_sampler("survivor").result().path
+    ephemeral.sample(model_input, 1, params).result()
+    ephemeral_dirs = list((state_dir / "ephemeral_samplers").iterdir())
+    assert ephemeral_dirs
+    time.sleep(EPHEMERAL_TTL_S + 1)
+    started = time.monotonic()
+    with pytest.raises(tinker.NotFoundError, match="expired"):
+        ephemeral.sample(model_input, 1, params).result()
+    assert time.monotonic() - started < 10
+    persistent = trained.create_sampling_client(persistent_path).result()
+    assert len(persistent.sample(model_input, 1, params).result().sequences[0].tokens) == 3
+    deadline = time.monotonic() + EPHEMERAL_TTL_S
+    while any(d.exists() for d in ephemeral_dirs) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not any(d.exists() for d in ephemeral_dirs), "expired adapter directories were not swept"
+
+
+@pytest.mark.parametrize("call, field", [
+    (lambda s, p: s.sample(p, 100_000, types.SamplingParams(max_tokens=2)), "num_samples"),
+    (lambda s, p: s.sample(p, 1, types.SamplingParams(max_tokens=-1)), "max_tokens"),
+    (lambda s, p: s.sample(p, 1, types.SamplingParams(max_tokens=2), topk_sample_logprobs=10_000), "topk_sample_logprobs"),
+    (lambda s, p: s.sample(types.ModelInput.from_ints([5] * 2048), 1, types.SamplingParams(max_tokens=2)), "prompt"),
+    (lambda s, p: s.sample(p, 1, types.SamplingParams(max_tokens=2), prompt_alt_tokens_k=2), "prompt_alt_tokens_k"),
+    (lambda s, p: s.sample(p, 1, types.SamplingParams(max_tokens=2, top_p=0.0)), "top_p"),
+])
+def test_bad_sampling_requests_fail_promptly(base_sampler, prompt, call, field):
+    started = time.monotonic()
+    with pytest.raises(tinker.BadRequestError, match=field):
+        call(base_sampler, types.ModelInput.from_ints(prompt)).result()
+    assert time.monotonic() - started < 10
+
+
+def test_unknown_sampler_path_fails_promptly(service_client, trained):
+    for path in (f"tinker://{trained.model_id}/sampler_weights/never-saved", "tinker://nobody:train:0/sampler_weights/x"):
+        started = time.monotonic()
+        with pytest.raises(tinker.NotFoundError, match="model_path"):
+            service_client.create_sampling_client(model_path=path).result()
+        assert time.monotonic() - started < 10
