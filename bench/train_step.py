@@ -9,19 +9,11 @@ Prints the median seconds per step of each and their ratio (goal: <= 1.10 at sma
 from __future__ import annotations
 
 import argparse
-import os
-import socket
 import statistics
-import sys
-import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-os.environ.setdefault("TINKER_TELEMETRY", "0")
+from server import ROOT, start_server  # sets up sys.path and the environment first
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -31,7 +23,7 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 from app.models.embedded import build_embedded_model  # noqa: E402
 
 RANK, LR = 32, 1e-4
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"]
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]  # as the server adapts
 
 
 def random_batch(n: int, length: int, vocab: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -56,27 +48,6 @@ def baseline_step(path: Path, batch: tuple, threads: int):
         opt.zero_grad(set_to_none=True)
 
     return step
-
-
-def start_server(path: Path, name: str, workers: int) -> str:
-    import httpx
-    import ray
-    from ray import serve
-
-    from deployments.builder import build_app
-
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, _temp_dir=f"/tmp/tsbench-{os.getpid()}")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    config = {"state_dir": tempfile.mkdtemp(prefix="tsbench-"), "auth": {"mode": "any_tml_key_on_loopback"},
-              "base_models": [{"name": name, "path": str(path), "num_workers": workers, "cpus_per_worker": 1}]}
-    serve.run(build_app(config), name="bench", route_prefix="/")
-    url = f"http://127.0.0.1:{port}"
-    while httpx.get(f"{url}/ready", timeout=10).status_code != 200:
-        time.sleep(1)
-    return url
 
 
 def server_step(client, name: str, batch: tuple):
@@ -116,9 +87,9 @@ def main() -> None:
     vocab = AutoModelForCausalLM.from_pretrained(path).config.vocab_size
     name = f"tinker-serve/{args.preset}"
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
-    url = start_server(path, name, args.workers)
+    url, _ = start_server([{"name": name, "path": str(path), "num_workers": args.workers, "cpus_per_worker": 1}])
     client = tinker.ServiceClient(base_url=url, api_key="tml-bench")
-    print(f"\npreset={args.preset} LoRA rank {RANK} on all linear layers + lm_head; server: {args.workers} "
+    print(f"\npreset={args.preset} LoRA rank {RANK} on all linear layers; server: {args.workers} "
           f"data-parallel TorchTrainer workers x 1 thread; baseline: one process x {args.workers} threads; "
           f"steps alternate baseline/server ({args.steps} each after 2 warm-up) so machine noise hits both")
     print(f"{'shape':>10} {'baseline s/step':>16} {'server s/step':>14} {'ratio':>7}", flush=True)

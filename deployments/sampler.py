@@ -64,6 +64,9 @@ class Sampler:
     async def ping(self) -> bool:
         return True
 
+    async def check_health(self) -> None:
+        await self._engine.check_health()
+
     def __del__(self) -> None:
         """Serve calls this on replica shutdown: stop vLLM's engine process with it."""
         self._engine.shutdown()

@@ -1,4 +1,5 @@
-"""Supervised fine-tuning of a LoRA on the embedded tiny model through a running `make serve`.
+"""Supervised fine-tuning of a LoRA on the embedded tiny model through a running `make serve`, then
+sampling the trained adapter with vLLM.
 
     .venv/bin/python examples/sft.py [--base-url http://127.0.0.1:8000] [--steps 20]
 """
@@ -33,6 +34,12 @@ def main() -> None:
         loss = fb.result().metrics["loss:sum"]
         opt.result()
         print(f"step {step:3d}  loss/token {loss / tokens:.3f}")
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    prompt = tokenizer.encode("What is 12 + 7? The answer is")
+    greedy = types.SamplingParams(max_tokens=6, temperature=0.0)
+    completion = sampler.sample(types.ModelInput.from_ints(prompt), 1, greedy).result().sequences[0]
+    print(f"greedy completion of {tokenizer.decode(prompt)!r}: {tokenizer.decode(completion.tokens)!r} "
+          f"(mean logprob {sum(completion.logprobs) / len(completion.logprobs):.2f})")
     service.close("success").result()
 
 

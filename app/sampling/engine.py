@@ -62,8 +62,7 @@ class SamplerEngine:
         llm = AsyncLLM.from_engine_args(args)
         zero_dir = write_zero_adapter(model_path, work_dir / "zero_adapter")
         zero = LoRARequest("base", 1, str(zero_dir))
-        await llm.add_lora(zero)
-        await llm.pin_lora(1)
+        await llm.add_lora(zero)  # not pinned: a pinned adapter keeps a batch slot that vLLM still hands out
         logger.info("vLLM engine for %s ready in %.1f s", model_path, time.monotonic() - started)
         return cls(llm, zero)
 
@@ -121,6 +120,10 @@ class SamplerEngine:
         if final is None or not final.finished:
             raise ServerError("the sampler ended a request without a result; retry it")
         return final
+
+    async def check_health(self) -> None:
+        """Raises once vLLM's engine process has died (the replica must then be replaced)."""
+        await self._llm.check_health()
 
     def shutdown(self) -> None:
         self._llm.shutdown()

@@ -120,7 +120,7 @@ def test_three_adapters_and_the_base_sampled_concurrently(service_client, base_s
 
     async def all_at_once() -> list[list[list[float | None]]]:
         everyone = [*samplers, base_sampler]
-        calls = [s.compute_logprobs_async(types.ModelInput.from_ints(p)) for s in everyone for p in prompts]
+        calls = [s.compute_logprobs(types.ModelInput.from_ints(p)) for s in everyone for p in prompts]
         flat = await asyncio.gather(*calls)
         return [flat[i * len(prompts):(i + 1) * len(prompts)] for i in range(len(everyone))]
 

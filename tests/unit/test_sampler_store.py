@@ -1,0 +1,74 @@
+"""SamplerStore and the expiry sweep over a real SQLite file and real directories."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from app.errors import NotFound
+from app.sampling.expiry import sweep_expired_samplers
+from app.store.db import create_tables, make_engine
+from app.store.samplers import SamplerStore, SamplingSession, sampling_session_id_for
+
+
+def _session(sid: str, *, ephemeral: bool, last_used_at: float, adapter_dir: str | None = None) -> SamplingSession:
+    return SamplingSession(sampling_session_id=sid, session_id="sess", base_model="tinker-serve/tiny",
+                           model_path=None, adapter_dir=adapter_dir, ephemeral=ephemeral, last_used_at=last_used_at)
+
+
+def run(db: Path, body) -> object:  # noqa: ANN001
+    async def main() -> object:
+        engine = make_engine("sqlite+aiosqlite:///" + str(db))
+        await create_tables(engine)
+        try:
+            return await body(SamplerStore(engine))
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(main())
+
+
+def test_ids_follow_the_hosted_convention() -> None:
+    assert sampling_session_id_for("abc", 3) == "abc:sample:3"
+
+
+def test_create_is_idempotent_and_get_round_trips(tmp_path: Path) -> None:
+    async def body(store: SamplerStore) -> None:
+        first = _session("s:sample:0", ephemeral=False, last_used_at=10.0, adapter_dir="/a")
+        assert await store.create(first) == first
+        retried = await store.create(_session("s:sample:0", ephemeral=True, last_used_at=99.0))
+        assert retried == first  # a retried create keeps what was stored
+        assert await store.get("s:sample:0") == first
+        with pytest.raises(NotFound, match="does not exist"):
+            await store.get("missing")
+
+    run(tmp_path / "db.sqlite", body)
+
+
+def test_sweep_removes_only_expired_ephemeral_sessions_and_their_directories(tmp_path: Path) -> None:
+    now = time.time()
+    dirs = {name: tmp_path / name for name in ("old", "fresh", "named")}
+    for d in dirs.values():
+        d.mkdir()
+        (d / "adapter_model.safetensors").write_bytes(b"x")
+
+    async def body(store: SamplerStore) -> list[str]:
+        await store.create(_session("old", ephemeral=True, last_used_at=now - 100, adapter_dir=str(dirs["old"])))
+        await store.create(_session("fresh", ephemeral=True, last_used_at=now - 100, adapter_dir=str(dirs["fresh"])))
+        await store.create(_session("named", ephemeral=False, last_used_at=now - 100, adapter_dir=str(dirs["named"])))
+        await store.touch("fresh", now)
+        assert await sweep_expired_samplers(store, ttl_s=50) == 1
+        assert await sweep_expired_samplers(store, ttl_s=50) == 0
+        kept = []
+        for sid in ("old", "fresh", "named"):
+            try:
+                kept.append((await store.get(sid)).sampling_session_id)
+            except NotFound:
+                pass
+        return kept
+
+    assert run(tmp_path / "db.sqlite", body) == ["fresh", "named"]
+    assert not dirs["old"].exists() and dirs["fresh"].exists() and dirs["named"].exists()
