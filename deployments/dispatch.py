@@ -91,15 +91,23 @@ class ServeSamplerDispatcher(SamplerDispatcher):
 
     def __init__(self, handles: dict[str, DeploymentHandle], futures: FutureStore) -> None:
         self._calls = HandleCalls("sampler", handles, futures)
+        self._admitted: Counter[str] = Counter()  # admitted, not yet sent (their future is being created)
+
+    def admit(self, base_model: str, limit: int) -> bool:
+        if self._admitted[base_model] + self._calls.in_flight[base_model] >= limit:
+            return False
+        self._admitted[base_model] += 1
+        return True
+
+    def release(self, base_model: str) -> None:
+        self._admitted[base_model] -= 1
 
     def sample(self, base_model: str, request_id: str, adapter_dir: str | None, args: SampleArgs) -> None:
+        self._admitted[base_model] -= 1  # from here on it counts as in flight
         handle = self._calls.handle(base_model)
         if adapter_dir:
             handle = handle.options(multiplexed_model_id=adapter_dir)
         self._calls.track(base_model, request_id, handle.sample.remote(request_id, args))
-
-    def pending(self, base_model: str) -> int:
-        return self._calls.in_flight[base_model]
 
     async def ready(self) -> dict[str, bool]:
         return await self._calls.ready()

@@ -30,11 +30,16 @@ class SamplerDispatcher(ABC):
     """Hands sampling work to a base model's samplers, preferring replicas that hold the adapter."""
 
     @abstractmethod
-    def sample(self, base_model: str, request_id: str, adapter_dir: str | None, args: SampleArgs) -> None: ...
+    def admit(self, base_model: str, limit: int) -> bool:
+        """Reserve room for one more sample unless `limit` samples are admitted or running here."""
 
     @abstractmethod
-    def pending(self, base_model: str) -> int:
-        """Samples this process has sent to the base model's samplers that have not finished."""
+    def release(self, base_model: str) -> None:
+        """Give back an admission that will not be used."""
+
+    @abstractmethod
+    def sample(self, base_model: str, request_id: str, adapter_dir: str | None, args: SampleArgs) -> None:
+        """Send an admitted sample; its admission lasts until the sampler finishes it."""
 
     @abstractmethod
     async def ready(self) -> dict[str, bool]:

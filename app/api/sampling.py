@@ -69,13 +69,18 @@ async def asample(body: SampleRequest, services: ServicesDep) -> JSONResponse:
                         field="sampling_session_id")
     args = sample_args(body, services.config.limits, model)
     limit = services.config.limits.max_pending_samples
-    if services.samplers.pending(session.base_model) >= limit:
+    if not services.samplers.admit(session.base_model, limit):
         return JSONResponse({"error": f"{limit} samples are already queued for {session.base_model} "
                                       "(limits.max_pending_samples); retry shortly",
                              "category": "server", "queue_state": "paused_capacity"},
                             status_code=429, headers={"retry-after": "1"})
-    request_id, created = await services.futures.create("sample", session.sampling_session_id, body.seq_id)
-    if created:
-        services.samplers.sample(session.base_model, request_id, session.adapter_dir, args)
+    created = False
+    try:
+        request_id, created = await services.futures.create("sample", session.sampling_session_id, body.seq_id)
+        if created:
+            services.samplers.sample(session.base_model, request_id, session.adapter_dir, args)
+    finally:
+        if not created:  # a retried submit (its sample already runs) or a failed create
+            services.samplers.release(session.base_model)
     return JSONResponse({"request_id": request_id,
                          "sample_sequence_ids": [f"{request_id}:{i}" for i in range(args.num_samples)]})

@@ -22,6 +22,7 @@ CHUNK_LEN = 4  # the server tells clients to send at most 4 datums per forward_b
 MAX_TOKENS = 64
 EPHEMERAL_TTL_S = 15.0  # short, so one test can watch an ephemeral sampler expire
 MAX_LORAS = 2  # fewer vLLM LoRA slots than adapters in use: the scheduler must rotate them
+MAX_PENDING_SAMPLES = 16  # beyond it asample answers 429
 
 
 def _free_port() -> int:
@@ -38,7 +39,7 @@ def server_config(state_dir: Path) -> dict:
                          "num_workers": 2, "cpus_per_worker": 1,
                          "sampler": {"kv_cache_mib": 64, "max_loras": MAX_LORAS, "max_cpu_loras": 6}}],
         "limits": {"fwdbwd_max_chunk_len": CHUNK_LEN, "max_tokens_per_datum": MAX_TOKENS, "max_lora_rank": 64,
-                   "ephemeral_sampler_ttl_seconds": EPHEMERAL_TTL_S},
+                   "ephemeral_sampler_ttl_seconds": EPHEMERAL_TTL_S, "max_pending_samples": MAX_PENDING_SAMPLES},
     }
 
 

@@ -6,13 +6,14 @@ import asyncio
 import time
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 import tinker
 import torch
 from tinker import types
 
-from tests.integration.conftest import BASE_MODEL, EPHEMERAL_TTL_S
+from tests.integration.conftest import BASE_MODEL, EPHEMERAL_TTL_S, MAX_PENDING_SAMPLES
 from tests.integration.helpers import SENTENCES, new_client, sft_datums, train_steps
 
 ATOL = 2e-4  # fp32 on CPU: vLLM and torch agree to ~1e-5; LoRA kernels add a little
@@ -174,3 +175,31 @@ def test_unknown_sampler_path_fails_promptly(service_client, trained):
         with pytest.raises(tinker.NotFoundError, match="model_path"):
             service_client.create_sampling_client(model_path=path).result()
         assert time.monotonic() - started < 10
+
+
+def test_saturation_answers_429_with_queue_state_and_loses_nothing(base_url):
+    """Raw HTTP, as the SDK sends it: past limits.max_pending_samples a submit gets 429, never a silent drop."""
+    headers = {"X-API-Key": "tml-integration-tests"}
+    with httpx.Client(base_url=base_url, headers=headers, timeout=30) as http:
+        session = http.post("/api/v1/create_session", json={}).json()["session_id"]
+        sampler = http.post("/api/v1/create_sampling_session", json={
+            "session_id": session, "sampling_session_seq_id": 0, "base_model": BASE_MODEL}).json()["sampling_session_id"]
+
+        async def submit_all() -> list[httpx.Response]:
+            async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=30) as client:
+                return await asyncio.gather(*(client.post("/api/v1/asample", json={
+                    "sampling_session_id": sampler, "seq_id": i, "num_samples": 1,
+                    "prompt": {"chunks": [{"type": "encoded_text", "tokens": [5, 6, 7]}]},
+                    "sampling_params": {"max_tokens": 400, "stop": [], "seed": i}}) for i in range(3 * MAX_PENDING_SAMPLES)))
+
+        responses = asyncio.run(submit_all())
+        accepted = [r.json()["request_id"] for r in responses if r.status_code == 200]
+        refused = [r for r in responses if r.status_code == 429]
+        assert len(accepted) + len(refused) == len(responses)
+        assert refused and all(r.json()["queue_state"] == "paused_capacity" for r in refused)
+        assert len(accepted) >= MAX_PENDING_SAMPLES
+        for request_id in accepted:  # every accepted sample finishes
+            while (body := http.post("/api/v1/retrieve_future", json={"request_id": request_id},
+                                     headers={"Accept": "application/json"}).json()).get("type") == "try_again":
+                pass
+            assert len(body["sequences"][0]["tokens"]) == 400
