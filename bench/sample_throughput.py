@@ -4,8 +4,10 @@ and HF `generate`, measured in the same run; then the save -> first-token latenc
     python bench/sample_throughput.py [--preset small] [--prompts 32] [--new-tokens 64] [--rounds 3]
 
 Every path samples the same adapter (trained one step) with per-token logprobs and runs to exactly
-`--new-tokens` tokens, single-threaded (the Sampler replica has one CPU). Rounds alternate HF / vLLM /
-SDK so machine noise hits all three. Goal: SDK / raw vLLM >= 0.90; save -> first token < 1 s on tiny.
+`--new-tokens` tokens, single-threaded (the Sampler replica has one CPU); both vLLM engines use
+max_lora_rank 8 (on CPU, vLLM's LoRA cost grows with it: 32 halves the rate, 128 quarters it again).
+Rounds alternate HF / vLLM / SDK so machine noise hits all three. Goal: SDK / raw vLLM >= 0.90;
+save -> first token < 1 s on tiny.
 """
 
 from __future__ import annotations
@@ -97,9 +99,10 @@ def sdk_sampler(sampler):
     return run
 
 
-async def rate(run, *args) -> float:
+def rate(loop: asyncio.AbstractEventLoop, run, *args) -> float:
+    """Tokens per second of one call of `run` (a plain or an async function)."""
     started = time.perf_counter()
-    tokens = await run(*args) if asyncio.iscoroutinefunction(run) else run(*args)
+    tokens = loop.run_until_complete(run(*args)) if asyncio.iscoroutinefunction(run) else run(*args)
     return tokens / (time.perf_counter() - started)
 
 
@@ -164,7 +167,7 @@ async def scaling_demo(sampler, deployment: str, vocab: int, concurrency: int, m
           flush=True)
 
 
-async def main() -> None:
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="small", choices=["tiny", "small"])
     parser.add_argument("--prompts", type=int, default=32)
@@ -185,23 +188,24 @@ async def main() -> None:
     if args.preset != "tiny":
         bases.append({"name": "tinker-serve/tiny", "path": str(paths["tiny"]), "num_workers": 1,
                       "cpus_per_worker": 1, "sampler": {"kv_cache_mib": 64}})
-    url, state_dir = start_server(bases)
+    url, state_dir = start_server(bases, limits={"max_lora_rank": RANK})  # the raw engine's LoRA width too
     service = tinker.ServiceClient(base_url=url, api_key="tml-bench")
     batch = prompts(args.prompts, vocab)
     tc, _ = trained_client(service, name, batch[0])
     adapter_path = tc.save_weights_for_sampler("bench").result().path
     adapter_dir = str(state_dir / "checkpoints" / adapter_path.removeprefix("tinker://"))
     sdk = sdk_sampler(service.create_sampling_client(model_path=adapter_path).result())
-    llm, raw = await raw_engine(path, adapter_dir, max_model_len=2048)
+    loop = asyncio.new_event_loop()
+    llm, raw = loop.run_until_complete(raw_engine(path, adapter_dir, max_model_len=2048))
     hf = hf_generate(path, adapter_dir, batch, args.new_tokens)
     for run in (hf, raw, sdk):  # warm-up
-        await rate(run, *(() if run is hf else (batch[:4], 4)))
+        rate(loop, run, *(() if run is hf else (batch[:4], 4)))
     print(f"\npreset={args.preset}: {args.prompts} concurrent prompts x {args.new_tokens} new tokens, LoRA rank "
           f"{RANK}, sampled-token logprobs, 1 thread each; rounds alternate HF / vLLM / SDK", flush=True)
     print(f"{'round':>5} {'HF tok/s':>9} {'vLLM tok/s':>11} {'SDK tok/s':>10}", flush=True)
     rates = []
     for r in range(args.rounds):
-        row = (await rate(hf), await rate(raw, batch, args.new_tokens), await rate(sdk, batch, args.new_tokens))
+        row = (rate(loop, hf), rate(loop, raw, batch, args.new_tokens), rate(loop, sdk, batch, args.new_tokens))
         rates.append(row)
         print(f"{r:>5} {row[0]:9.0f} {row[1]:11.0f} {row[2]:10.0f}", flush=True)
     h, v, s = (statistics.median(col) for col in zip(*rates))
@@ -215,9 +219,10 @@ async def main() -> None:
           f"all {[round(x, 3) for x in latencies]} (goal < 1 s)", flush=True)
     if not args.skip_scaling:
         sampler = service.create_sampling_client(model_path=adapter_path).result()
-        await scaling_demo(sampler, f"Sampler:{name}", vocab, concurrency=4 * args.prompts, max_load_s=120)
+        loop.run_until_complete(scaling_demo(sampler, f"Sampler:{name}", vocab, concurrency=4 * args.prompts,
+                                             max_load_s=180))
     service.close("success").result()
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()

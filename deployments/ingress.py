@@ -30,7 +30,9 @@ class Ingress:
         cfg = ServerConfig.model_validate(config)
         engine = make_engine(cfg.db_url)
         await create_tables(engine)
-        futures = FutureStore(engine)
+        # Completions dispatched by this replica wake its long-polls at once; polling the row is for futures
+        # that another replica (or a restarted trainer) finishes, so one replica polls rarely.
+        futures = FutureStore(engine, poll_interval_s=5.0 if cfg.ingress_replicas == 1 else 1.0)
         sampler_store = SamplerStore(engine)
         self._services = Services(
             config=cfg, futures=futures, metadata=MetadataStore(engine),

@@ -1,7 +1,8 @@
 """The future store: every long operation is a row; outcomes are a closed union.
 
 Rows live in the database so any ingress replica can answer `retrieve_future` and a restart loses no
-finished result. Waiters in the process that completes a future wake at once; others poll the row.
+finished result. Waiters in the process that completes a future wake at once; others poll the row,
+quickly at first and then less often (many concurrent long-polls must not load the database).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ Outcome = Union[Pending, Completed, Failed, Unknown]
 
 
 class FutureStore:
-    def __init__(self, engine: AsyncEngine, *, poll_interval_s: float = 0.2) -> None:
+    def __init__(self, engine: AsyncEngine, *, poll_interval_s: float = 1.0) -> None:
         self._engine = engine
         self._poll_interval_s = poll_interval_s
         self._local_events: dict[str, asyncio.Event] = {}
@@ -135,6 +136,7 @@ class FutureStore:
         deadline = time.monotonic() + timeout_s
         event = self._local_events.setdefault(request_id, asyncio.Event())
         self._local_waiters[request_id] = self._local_waiters.get(request_id, 0) + 1
+        interval = self._poll_interval_s / 16  # doubles up to poll_interval_s
         try:
             while True:
                 outcome = await self.get(request_id)
@@ -142,9 +144,9 @@ class FutureStore:
                 if not isinstance(outcome, Pending) or remaining <= 0:
                     return outcome
                 try:
-                    await asyncio.wait_for(event.wait(), min(self._poll_interval_s, remaining))
+                    await asyncio.wait_for(event.wait(), min(interval, remaining))
                 except asyncio.TimeoutError:
-                    pass
+                    interval = min(2 * interval, self._poll_interval_s)
         finally:
             self._local_waiters[request_id] -= 1
             if not self._local_waiters[request_id]:
