@@ -98,7 +98,8 @@ class TrainingEngine:
         with torch.set_grad_enabled(not forward_only):
             target_lp = self._target_logprobs(shard)
             inputs = {k: torch.from_numpy(v).to(self.device) for k, v in shard.loss_inputs.items() if k != "target_tokens"}
-            loss, elementwise = spec.fn(target_lp, inputs, config)
+            datum_ids = torch.repeat_interleave(torch.arange(shard.num_datums), torch.from_numpy(shard.lengths))
+            loss, elementwise = spec.fn(target_lp, inputs, config, datum_ids.to(self.device))
             if not forward_only:
                 loss.backward()
         outputs = {

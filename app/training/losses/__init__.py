@@ -13,9 +13,12 @@ import torch
 
 from app.errors import UserError
 from app.training.losses.cross_entropy import cross_entropy
+from app.training.losses.policy_gradient import cispo, dro, gspo, importance_sampling, ppo
 
-# (target logprobs [T] or [T, K], loss inputs by name, config) -> (summed loss, elementwise loss [T] or [T, K])
-LossFn = Callable[[torch.Tensor, dict[str, torch.Tensor], dict[str, float]], tuple[torch.Tensor, torch.Tensor]]
+# (target logprobs [T] or [T, K], loss inputs by name, config, datum index of each token [T])
+#   -> (summed loss, elementwise loss [T] or [T, K])
+LossFn = Callable[[torch.Tensor, dict[str, torch.Tensor], dict[str, float], torch.Tensor],
+                  tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass(frozen=True)
@@ -27,16 +30,30 @@ class LossSpec:
     allows_2d_targets: bool = False
 
 
+_POLICY_INPUTS = frozenset({"target_tokens", "logprobs", "advantages"})
+_PPO_CLIP = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
+
 LOSSES: dict[str, LossSpec] = {
     "cross_entropy": LossSpec(
         cross_entropy, required_inputs=frozenset({"target_tokens"}), optional_inputs=frozenset({"weights"}),
         allows_2d_targets=True,
     ),
+    "importance_sampling": LossSpec(importance_sampling, required_inputs=_POLICY_INPUTS, config_defaults={}),
+    "ppo": LossSpec(ppo, required_inputs=_POLICY_INPUTS, config_defaults=_PPO_CLIP),
+    "cispo": LossSpec(cispo, required_inputs=_POLICY_INPUTS,
+                      config_defaults={"clip_low_threshold": 0.0, "clip_high_threshold": 4.0}),
+    "dro": LossSpec(dro, required_inputs=_POLICY_INPUTS, config_defaults={"beta": 0.05}),
+    # The GSPO paper's clip range (1 - 3e-4, 1 + 4e-4): sequence ratios sit much closer to 1 than token ones.
+    "gspo": LossSpec(gspo, required_inputs=_POLICY_INPUTS | {"sequence_ratio_mask"},
+                     config_defaults={"clip_low_threshold": 1 - 3e-4, "clip_high_threshold": 1 + 4e-4}),
 }
+_UNSUPPORTED = {"stable_reinforce": "it needs sampling-time records the public protocol does not define"}
 
 
 def get_loss(name: str) -> LossSpec:
     spec = LOSSES.get(name)
+    if name in _UNSUPPORTED:
+        raise UserError(f"loss_fn {name!r} is not supported by this server: {_UNSUPPORTED[name]}", field="loss_fn")
     if spec is None:
         raise UserError(f"unknown loss_fn {name!r}; supported: {sorted(LOSSES)}", field="loss_fn")
     return spec
