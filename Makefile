@@ -39,6 +39,7 @@ test: model
 bench: setup
 	$(PY) -m app.models.embedded --preset small --out models/small
 	$(PY) bench/train_step.py
+	$(PY) bench/sample_throughput.py
 
 clean:
 	rm -rf state .ray_tmp
