@@ -10,8 +10,8 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from app.api.dispatch import SamplerDispatcher, TrainerDispatcher
-from app.config import ServerConfig
-from app.errors import NotFound
+from app.config import BaseModelConfig, ServerConfig
+from app.errors import NotFound, UserError
 from app.store.futures import FutureStore
 from app.store.metadata import MetadataStore, TrainingRun
 from app.store.samplers import SamplerStore, SamplingSession
@@ -39,6 +39,14 @@ class Services:
     def ephemeral_root(self) -> Path:
         return Path(self.config.state_dir) / "ephemeral_samplers"
 
+    def served_base_model(self, name: str) -> BaseModelConfig:
+        """The configured base model called `name`; a user error listing the served ones otherwise."""
+        base = self.config.base_model(name)
+        if base is None:
+            served = [m.name for m in self.config.base_models]
+            raise UserError(f"base_model {name!r} is not served here; available: {served}", field="base_model")
+        return base
+
     async def training_run(self, model_id: str) -> TrainingRun:
         """The run behind a model id (cached; runs never change base model)."""
         run = self._runs.get(model_id)
@@ -65,9 +73,6 @@ class Services:
             self._sampling_sessions.clear()
         self._sampling_sessions[sampling_session_id] = session
         return session
-
-    def forget_sampling_session(self, sampling_session_id: str) -> None:
-        self._sampling_sessions.pop(sampling_session_id, None)
 
 
 def get_services(request: Request) -> Services:

@@ -19,10 +19,7 @@ router = APIRouter(prefix="/api/v1")
 
 @router.post("/create_model")
 async def create_model(body: CreateModelRequest, services: ServicesDep) -> dict:
-    base = services.config.base_model(body.base_model)
-    if base is None:
-        served = [m.name for m in services.config.base_models]
-        raise UserError(f"base_model {body.base_model!r} is not served here; available: {served}", field="base_model")
+    base = services.served_base_model(body.base_model)
     lora = body.lora_config
     if lora.rank > services.config.limits.max_lora_rank:
         raise LimitExceeded(f"lora_config.rank {lora.rank} exceeds limits.max_lora_rank="

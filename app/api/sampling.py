@@ -41,11 +41,7 @@ async def create_sampling_session(body: CreateSamplingSessionRequest, services: 
     if body.model_path is not None:
         base_model, adapter_dir = await _adapter_of(services, body.model_path)
     else:
-        if services.config.base_model(body.base_model) is None:
-            served = [m.name for m in services.config.base_models]
-            raise UserError(f"base_model {body.base_model!r} is not served here; available: {served}",
-                            field="base_model")
-        base_model, adapter_dir = body.base_model, None
+        base_model, adapter_dir = services.served_base_model(body.base_model).name, None
     session = await services.sampler_store.create(SamplingSession(
         sampling_session_id=sampling_session_id_for(body.session_id, body.sampling_session_seq_id),
         session_id=body.session_id, base_model=base_model, model_path=body.model_path, adapter_dir=adapter_dir,

@@ -6,7 +6,6 @@ user error and the trainer is told to skip that seq_id, so the model's order nev
 
 from __future__ import annotations
 
-import inspect
 import time
 from typing import Awaitable, Callable
 
@@ -19,6 +18,7 @@ from app.errors import TinkerServeError, UserError
 from app.protocol import wire
 from app.protocol.codec import decode_forward_backward, peek_sequence
 from app.storage import checkpoint_path
+from app.store.metadata import TrainingRun
 from app.store.samplers import SamplingSession, sampling_session_id_for
 from app.trainer_service import ForwardBackwardOp, OptimStepOp, SaveForSamplerOp, SkipOp, TrainingOp
 from app.training.optim import AdamParams
@@ -29,15 +29,13 @@ router = APIRouter(prefix="/api/v1")
 
 
 async def _sequenced(services: Services, kind: str, model_id: str, seq_id: int,
-                     build_op: Callable[[str, str], TrainingOp | Awaitable[TrainingOp]]) -> dict:
+                     build_op: Callable[[str, TrainingRun], Awaitable[TrainingOp]]) -> dict:
     """Create (or find, for a retry) the future of (model_id, seq_id) and queue its operation."""
     run = await services.training_run(model_id)
     request_id, created = await services.futures.create(kind, model_id, seq_id)
     if created:
         try:
-            op = build_op(request_id, run.base_model)
-            if inspect.isawaitable(op):
-                op = await op
+            op = await build_op(request_id, run)
         except TinkerServeError as exc:
             await services.futures.fail(request_id, exc.to_body())
             op = SkipOp(request_id)
@@ -61,13 +59,13 @@ async def forward_backward(request: Request, services: ServicesDep) -> dict:
         if sequence is None:
             raise
 
-        def reject(_: str, __: str) -> TrainingOp:
+        async def reject(_: str, __: TrainingRun) -> TrainingOp:
             raise exc
 
         return await _sequenced(services, "forward_backward", *sequence, reject)
 
-    def build(request_id: str, base_model: str) -> TrainingOp:
-        config = validate_forward_backward(decoded, services.config.limits, services.model_limits[base_model])
+    async def build(request_id: str, run: TrainingRun) -> TrainingOp:
+        config = validate_forward_backward(decoded, services.config.limits, services.model_limits[run.base_model])
         args = ForwardBackwardArgs(decoded.loss_fn, config, decoded.forward_only, decoded.batch)
         return ForwardBackwardOp(request_id, args)
 
@@ -76,7 +74,7 @@ async def forward_backward(request: Request, services: ServicesDep) -> dict:
 
 @router.post("/optim_step")
 async def optim_step(body: wire.OptimStepRequest, services: ServicesDep) -> dict:
-    def build(request_id: str, _: str) -> TrainingOp:
+    async def build(request_id: str, _: TrainingRun) -> TrainingOp:
         if body.adam_params is None:
             raise UserError("only Adam is supported: send adam_params (optimizer_params is not)", field="adam_params")
         try:
@@ -91,9 +89,7 @@ async def optim_step(body: wire.OptimStepRequest, services: ServicesDep) -> dict
 
 @router.post("/save_weights_for_sampler")
 async def save_weights_for_sampler(body: wire.SaveWeightsForSamplerRequest, services: ServicesDep) -> dict:
-    run = await services.training_run(body.model_id)
-
-    async def build(request_id: str, base_model: str) -> TrainingOp:
+    async def build(request_id: str, run: TrainingRun) -> TrainingOp:
         if body.path is not None:
             target = checkpoint_path(body.model_id, "sampler_weights", body.path)
             return SaveForSamplerOp(request_id, str(target.directory(services.checkpoint_root)),
@@ -103,7 +99,7 @@ async def save_weights_for_sampler(body: wire.SaveWeightsForSamplerRequest, serv
         sampler_id = sampling_session_id_for(run.session_id, body.sampling_session_seq_id)
         directory = services.ephemeral_root / sampler_id
         await services.sampler_store.create(SamplingSession(
-            sampling_session_id=sampler_id, session_id=run.session_id, base_model=base_model, model_path=None,
+            sampling_session_id=sampler_id, session_id=run.session_id, base_model=run.base_model, model_path=None,
             adapter_dir=str(directory), ephemeral=True, last_used_at=time.time()))
         return SaveForSamplerOp(request_id, str(directory),
                                 {"sampling_session_id": sampler_id, "type": "save_weights_for_sampler"})

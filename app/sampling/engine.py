@@ -62,7 +62,7 @@ class SamplerEngine:
         llm = AsyncLLM.from_engine_args(args)
         zero_dir = write_zero_adapter(model_path, work_dir / "zero_adapter")
         zero = LoRARequest("base", 1, str(zero_dir))
-        await llm.add_lora(zero)  # not pinned: a pinned adapter keeps a batch slot that vLLM still hands out
+        await llm.add_lora(zero)  # not pinned: with pin_lora, concurrent multi-adapter batches crashed vLLM (KeyError)
         logger.info("vLLM engine for %s ready in %.1f s", model_path, time.monotonic() - started)
         return cls(llm, zero)
 
@@ -79,9 +79,6 @@ class SamplerEngine:
             raise UserError(f"the sampler could not load the adapter at {directory}: {exc}", field="model_path") from exc
         logger.info("loaded adapter %s as id %d in %.3f s", directory, adapter_id, time.monotonic() - started)
         return request
-
-    async def unload_adapter(self, request: LoRARequest) -> None:
-        await self._llm.remove_lora(request.lora_int_id)
 
     async def sample(self, args: SampleArgs, adapter: LoRARequest | None) -> SampleResult:
         """Sample `args.num_samples` sequences (greedy ones as separate requests: vLLM wants n=1 there)."""

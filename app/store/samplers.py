@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import Row, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -31,6 +31,14 @@ class SamplingSession:
 def sampling_session_id_for(session_id: str, sampling_session_seq_id: int) -> str:
     """The conventional id the hosted service uses (and the SDK's examples expect)."""
     return f"{session_id}:sample:{sampling_session_seq_id}"
+
+
+def _from_row(row: Row) -> SamplingSession:
+    return SamplingSession(
+        sampling_session_id=row.sampling_session_id, session_id=row.session_id, base_model=row.base_model,
+        model_path=row.model_path, adapter_dir=row.adapter_dir, ephemeral=bool(row.ephemeral),
+        last_used_at=row.last_used_at,
+    )
 
 
 class SamplerStore:
@@ -57,11 +65,7 @@ class SamplerStore:
         if row is None:
             raise NotFound(f"sampling session {sampling_session_id!r} does not exist (or expired); "
                            "create a new sampling client", field="sampling_session_id")
-        return SamplingSession(
-            sampling_session_id=row.sampling_session_id, session_id=row.session_id, base_model=row.base_model,
-            model_path=row.model_path, adapter_dir=row.adapter_dir, ephemeral=bool(row.ephemeral),
-            last_used_at=row.last_used_at,
-        )
+        return _from_row(row)
 
     async def touch(self, sampling_session_id: str, now: float) -> None:
         async with self._engine.begin() as conn:
@@ -72,10 +76,9 @@ class SamplerStore:
     async def expired(self, ttl_s: float, now: float) -> list[SamplingSession]:
         """Ephemeral sessions unused for longer than `ttl_s`."""
         async with self._engine.connect() as conn:
-            rows = await conn.execute(select(sampling_sessions.c.sampling_session_id).where(
+            rows = await conn.execute(select(sampling_sessions).where(
                 sampling_sessions.c.ephemeral == 1, sampling_sessions.c.last_used_at < now - ttl_s))
-            ids = [row.sampling_session_id for row in rows]
-        return [await self.get(i) for i in ids]
+            return [_from_row(row) for row in rows]
 
     async def delete(self, sampling_session_id: str) -> None:
         async with self._engine.begin() as conn:
