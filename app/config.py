@@ -65,18 +65,39 @@ class SamplerConfig(_Strict):
         return self
 
 
-class BaseModelConfig(_Strict):
-    """A base model served for LoRA training, with its worker group shape."""
+ROLES = ("policy", "critic")  # a policy scores tokens with the LM head; a critic predicts values with a value head
 
-    name: str  # what clients pass as base_model
-    path: str  # local directory or Hugging Face id
-    embedded_preset: Literal["tiny", "small"] | None = None  # build into `path` if missing
+
+class WorkerGroupConfig(_Strict):
+    """The shape of one trainer's Ray Train worker group (data parallel: datums split across workers)."""
+
     num_workers: int = Field(2, ge=1)
     cpus_per_worker: float = Field(1.0, gt=0)
     use_gpu: bool = False
     torch_threads_per_worker: int = Field(1, ge=1)
+
+
+class BaseModelConfig(_Strict):
+    """A base model served for LoRA training and sampling, with its trainers' worker groups."""
+
+    name: str  # what clients pass as base_model
+    path: str  # local directory or Hugging Face id
+    embedded_preset: Literal["tiny", "small"] | None = None  # build into `path` if missing
+    trainer: WorkerGroupConfig = WorkerGroupConfig()  # policies, and critics unless critic_trainer is set
+    critic_trainer: WorkerGroupConfig | None = None  # critics on a worker group of their own
     max_context_length: int = Field(2048, ge=2)
     sampler: SamplerConfig = SamplerConfig()
+
+    def trainer_for(self, role: str) -> str:
+        """The name of the trainer (one Trainer deployment and worker group) that holds models of `role`."""
+        return f"{self.name}:critic" if role == "critic" and self.critic_trainer is not None else self.name
+
+    def trainer_groups(self) -> dict[str, WorkerGroupConfig]:
+        """Every trainer of this base model by name, with its worker group shape."""
+        groups = {self.name: self.trainer}
+        if self.critic_trainer is not None:
+            groups[self.trainer_for("critic")] = self.critic_trainer
+        return groups
 
 
 class AuthConfig(_Strict):

@@ -1,4 +1,4 @@
-"""The trainer behind one base model: ordered per-model queues feeding one worker group.
+"""One trainer (of a base model, for policies and/or critics): ordered per-model queues feeding one worker group.
 
 It owns execution end to end: it runs operations in seq_id order, merges the ranks' outputs and
 writes each future's outcome to the store, so results survive an ingress restart.
@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 from typing import Awaitable, Union
 
-from app.config import BaseModelConfig, LimitsConfig
+from app.config import LimitsConfig
 from app.errors import GroupRestarted, LimitExceeded, ServerError, TinkerServeError
 from app.protocol.codec import encode_forward_backward_output
 from app.scheduling import SeqScheduler
@@ -67,9 +67,9 @@ def _first_error(per_rank: list) -> dict | None:
 
 
 class TrainerService:
-    def __init__(self, base: BaseModelConfig, limits: LimitsConfig, group: WorkerGroup, futures: FutureStore,
+    def __init__(self, name: str, limits: LimitsConfig, group: WorkerGroup, futures: FutureStore,
                  metadata: MetadataStore) -> None:
-        self.base = base
+        self.name = name
         self._metadata = metadata
         self._limits = limits
         self._group = group
@@ -79,12 +79,12 @@ class TrainerService:
         self._models: set[str] = set()
 
     async def start(self) -> None:
-        """Start the workers; futures left pending by a previous trainer of this base can never finish: fail them."""
-        lost = ServerError(f"the trainer for {self.base.name} restarted and its models' in-memory state was lost; "
+        """Start the workers; futures left pending by a previous incarnation of this trainer can never finish: fail them."""
+        lost = ServerError(f"trainer {self.name} restarted and its models' in-memory state was lost; "
                            "create the model again (or load a checkpoint) and resend")
-        orphans = await self._futures.fail_pending_of(await self._metadata.model_ids_on(self.base.name), lost.to_body())
+        orphans = await self._futures.fail_pending_of(await self._metadata.model_ids_on(self.name), lost.to_body())
         if orphans:
-            logger.warning("failed %d futures left pending by a previous trainer of %s", orphans, self.base.name)
+            logger.warning("failed %d futures left pending by a previous incarnation of trainer %s", orphans, self.name)
         await self._group.start()
 
     def check_health(self) -> None:
@@ -97,7 +97,7 @@ class TrainerService:
     async def create_model(self, request_id: str, model_id: str, spec: AdapterSpec) -> None:
         try:
             if model_id not in self._models and len(self._models) >= self._limits.max_models_per_base:
-                raise LimitExceeded(f"{self.base.name} already holds limits.max_models_per_base="
+                raise LimitExceeded(f"trainer {self.name} already holds limits.max_models_per_base="
                                     f"{self._limits.max_models_per_base} models; unload one first", field="base_model")
             replies = await self._group.call([Command(CommandKind.CREATE_MODEL, model_id, spec=spec)])
         except TinkerServeError as exc:

@@ -184,10 +184,10 @@ def main() -> None:
     sampler_cfg = {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 2 * args.prompts,
                    "max_ongoing_requests": 4 * args.prompts, "num_cpus": 1, "kv_cache_mib": KV_CACHE_MIB,
                    "max_num_seqs": 64}
-    bases = [{"name": name, "path": path, "num_workers": 1, "cpus_per_worker": 1, "sampler": sampler_cfg}]
+    bases = [{"name": name, "path": path, "trainer": {"num_workers": 1, "cpus_per_worker": 1}, "sampler": sampler_cfg}]
     if args.preset != "tiny":
-        bases.append({"name": "tinker-serve/tiny", "path": str(paths["tiny"]), "num_workers": 1,
-                      "cpus_per_worker": 1, "sampler": {"kv_cache_mib": 64}})
+        bases.append({"name": "tinker-serve/tiny", "path": str(paths["tiny"]),
+                      "trainer": {"num_workers": 1, "cpus_per_worker": 1}, "sampler": {"kv_cache_mib": 64}})
     url, state_dir = start_server(bases, limits={"max_lora_rank": RANK})  # the raw engine's LoRA width too
     service = tinker.ServiceClient(base_url=url, api_key="tml-bench")
     batch = prompts(args.prompts, vocab)

@@ -87,7 +87,8 @@ def main() -> None:
     vocab = AutoModelForCausalLM.from_pretrained(path).config.vocab_size
     name = f"tinker-serve/{args.preset}"
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
-    url, _ = start_server([{"name": name, "path": str(path), "num_workers": args.workers, "cpus_per_worker": 1}])
+    url, _ = start_server([{"name": name, "path": str(path),
+                            "trainer": {"num_workers": args.workers, "cpus_per_worker": 1}}])
     client = tinker.ServiceClient(base_url=url, api_key="tml-bench")
     print(f"\npreset={args.preset} LoRA rank {RANK} on all linear layers; server: {args.workers} "
           f"data-parallel TorchTrainer workers x 1 thread; baseline: one process x {args.workers} threads; "

@@ -29,13 +29,15 @@ def _model_limits(config: ServerConfig) -> dict[str, dict[str, int]]:
 
 
 def build_app(args: dict[str, Any]) -> Application:
-    """Validate the whole config first (every error at once), then bind a Trainer and a Sampler per base model."""
+    """Validate the whole config first (every error at once), then bind each base model's Trainers (one, or a
+    second for critics) and its Sampler."""
     config = ServerConfig.model_validate(args).resolved()
     raw = config.model_dump()
     limits = _model_limits(config)
     trainers = {
-        base.name: serve.deployment(Trainer).options(**Trainer.deployment_options(config, base.name)).bind(raw, base.name)
-        for base in config.base_models
+        trainer: serve.deployment(Trainer).options(**Trainer.deployment_options(config, trainer))
+        .bind(raw, base.name, trainer)
+        for base in config.base_models for trainer in base.trainer_groups()
     }
     samplers = {
         base.name: serve.deployment(Sampler).options(**Sampler.deployment_options(config, base.name))

@@ -24,7 +24,7 @@ logger = logging.getLogger("tinker_serve.ingress")
 
 
 class HandleCalls:
-    """Handles by base model, and the calls in flight on them."""
+    """Handles by name (a trainer, or a base model's samplers), and the calls in flight on them."""
 
     def __init__(self, role: str, handles: dict[str, DeploymentHandle], futures: FutureStore) -> None:
         self._role = role
@@ -33,27 +33,27 @@ class HandleCalls:
         self._tasks: set[asyncio.Task] = set()
         self.in_flight: Counter[str] = Counter()
 
-    def handle(self, base_model: str) -> DeploymentHandle:
-        handle = self.handles.get(base_model)
+    def handle(self, name: str) -> DeploymentHandle:
+        handle = self.handles.get(name)
         if handle is None:  # recorded under an earlier configuration
-            raise UserError(f"base model {base_model!r} is no longer served here; served: {sorted(self.handles)}",
+            raise UserError(f"{self._role} {name!r} is no longer served here; served: {sorted(self.handles)}",
                             field="model_id")
         return handle
 
-    def track(self, base_model: str, request_id: str, response: DeploymentResponse) -> None:
-        self.in_flight[base_model] += 1
-        task = asyncio.create_task(self._settle(base_model, request_id, response))
+    def track(self, name: str, request_id: str, response: DeploymentResponse) -> None:
+        self.in_flight[name] += 1
+        task = asyncio.create_task(self._settle(name, request_id, response))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _settle(self, base_model: str, request_id: str, response: Awaitable[Any]) -> None:
+    async def _settle(self, name: str, request_id: str, response: Awaitable[Any]) -> None:
         try:
             await response
         except Exception as exc:  # noqa: BLE001 - the replica died or refused; the future must not hang
             logger.exception("%s call for %s failed", self._role, request_id)
             await self._futures.fail_if_pending(request_id, ServerError(f"{self._role} call failed: {exc!r}").to_body())
         finally:
-            self.in_flight[base_model] -= 1
+            self.in_flight[name] -= 1
         self._futures.notify(request_id)
 
     async def ready(self) -> dict[str, bool]:
@@ -71,16 +71,14 @@ class ServeTrainerDispatcher(TrainerDispatcher):
     def __init__(self, handles: dict[str, DeploymentHandle], futures: FutureStore) -> None:
         self._calls = HandleCalls("trainer", handles, futures)
 
-    def create_model(self, base_model: str, request_id: str, model_id: str, spec: AdapterSpec) -> None:
-        self._calls.track(base_model, request_id,
-                          self._calls.handle(base_model).create_model.remote(request_id, model_id, spec))
+    def create_model(self, trainer: str, request_id: str, model_id: str, spec: AdapterSpec) -> None:
+        self._calls.track(trainer, request_id, self._calls.handle(trainer).create_model.remote(request_id, model_id, spec))
 
-    def submit(self, base_model: str, model_id: str, seq_id: int, op: TrainingOp) -> None:
-        self._calls.track(base_model, op.request_id, self._calls.handle(base_model).submit.remote(model_id, seq_id, op))
+    def submit(self, trainer: str, model_id: str, seq_id: int, op: TrainingOp) -> None:
+        self._calls.track(trainer, op.request_id, self._calls.handle(trainer).submit.remote(model_id, seq_id, op))
 
-    def unload_model(self, base_model: str, request_id: str, model_id: str) -> None:
-        self._calls.track(base_model, request_id,
-                          self._calls.handle(base_model).unload_model.remote(request_id, model_id))
+    def unload_model(self, trainer: str, request_id: str, model_id: str) -> None:
+        self._calls.track(trainer, request_id, self._calls.handle(trainer).unload_model.remote(request_id, model_id))
 
     async def ready(self) -> dict[str, bool]:
         return await self._calls.ready()

@@ -1,4 +1,5 @@
-"""Trainer deployment: one per base model, wrapping a TrainerService and its TorchTrainer worker group."""
+"""Trainer deployment: one per trainer of a base model (policies, or critics on a group of their own), wrapping a
+TrainerService and its TorchTrainer worker group."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from app.workers.group import TorchTrainerGroup
 
 class Trainer:
     @classmethod
-    def deployment_options(cls, config: ServerConfig, base_name: str) -> dict[str, Any]:
+    def deployment_options(cls, config: ServerConfig, trainer: str) -> dict[str, Any]:
         return {
-            "name": f"Trainer:{base_name}",
+            "name": f"Trainer:{trainer}",
             "num_replicas": 1,
             "ray_actor_options": {"num_cpus": 0},
             "max_ongoing_requests": 100_000,  # submits wait in per-model queues, never in Serve
@@ -26,14 +27,14 @@ class Trainer:
             "graceful_shutdown_timeout_s": 60,
         }
 
-    async def __init__(self, config: dict, base_name: str) -> None:
+    async def __init__(self, config: dict, base_name: str, trainer: str) -> None:
         cfg = ServerConfig.model_validate(config)
         base = cfg.base_model(base_name)
         engine = make_engine(cfg.db_url)
         await create_tables(engine)
-        group = TorchTrainerGroup(base, f"{cfg.state_dir}/ray_train",
+        group = TorchTrainerGroup(trainer, base.path, base.trainer_groups()[trainer], f"{cfg.state_dir}/ray_train",
                                   command_timeout_s=cfg.limits.command_timeout_seconds)
-        self._service = TrainerService(base, cfg.limits, group, FutureStore(engine), MetadataStore(engine))
+        self._service = TrainerService(trainer, cfg.limits, group, FutureStore(engine), MetadataStore(engine))
         await self._service.start()
 
     async def create_model(self, request_id: str, model_id: str, spec: AdapterSpec) -> None:

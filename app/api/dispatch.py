@@ -10,16 +10,17 @@ from app.training.lora import AdapterSpec
 
 
 class TrainerDispatcher(ABC):
-    """Hands work to the trainer that owns a base model; outcomes arrive through the future store."""
+    """Hands work to the trainer a model is routed to (by name, see BaseModelConfig.trainer_for); outcomes
+    arrive through the future store."""
 
     @abstractmethod
-    def create_model(self, base_model: str, request_id: str, model_id: str, spec: AdapterSpec) -> None: ...
+    def create_model(self, trainer: str, request_id: str, model_id: str, spec: AdapterSpec) -> None: ...
 
     @abstractmethod
-    def submit(self, base_model: str, model_id: str, seq_id: int, op: TrainingOp) -> None: ...
+    def submit(self, trainer: str, model_id: str, seq_id: int, op: TrainingOp) -> None: ...
 
     @abstractmethod
-    def unload_model(self, base_model: str, request_id: str, model_id: str) -> None: ...
+    def unload_model(self, trainer: str, request_id: str, model_id: str) -> None: ...
 
     @abstractmethod
     async def ready(self) -> dict[str, bool]:

@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 from fastapi import APIRouter
 
 from app.api.deps import ServicesDep
+from app.config import ROLES
 from app.errors import LimitExceeded, NotFound, UserError
 from app.protocol.wire import CreateModelRequest, GetInfoRequest, UnloadModelRequest
 from app.store.metadata import TrainingRun, model_id_for
@@ -17,9 +18,25 @@ from app.training.lora import AdapterSpec
 router = APIRouter(prefix="/api/v1")
 
 
+def _model_role(body: CreateModelRequest) -> str:
+    """The role asked for by the `model_role` field or, from the unmodified SDK, `user_metadata["model_role"]`."""
+    from_metadata = (body.user_metadata or {}).get("model_role")
+    if body.model_role is not None and from_metadata is not None and body.model_role != from_metadata:
+        raise UserError(f"model_role {body.model_role!r} contradicts user_metadata.model_role {from_metadata!r}",
+                        field="model_role")
+    role, field = (body.model_role, "model_role") if body.model_role is not None else \
+        (from_metadata, "user_metadata.model_role")
+    if role is None:
+        return "policy"
+    if role not in ROLES:
+        raise UserError(f"{field} must be one of {list(ROLES)}, got {role!r}", field=field)
+    return role
+
+
 @router.post("/create_model")
 async def create_model(body: CreateModelRequest, services: ServicesDep) -> dict:
     base = services.served_base_model(body.base_model)
+    role = _model_role(body)
     lora = body.lora_config
     if lora.rank > services.config.limits.max_lora_rank:
         raise LimitExceeded(f"lora_config.rank {lora.rank} exceeds limits.max_lora_rank="
@@ -34,12 +51,13 @@ async def create_model(body: CreateModelRequest, services: ServicesDep) -> dict:
     request_id, created = await services.futures.create("create_model", model_id, 0)
     if created:
         seed = lora.seed if lora.seed is not None else random.SystemRandom().randrange(2**31)
-        spec = AdapterSpec(rank=lora.rank, seed=seed, train_attn=lora.train_attn, train_mlp=lora.train_mlp)
+        spec = AdapterSpec(rank=lora.rank, seed=seed, train_attn=lora.train_attn, train_mlp=lora.train_mlp, role=role)
+        trainer = base.trainer_for(role)
         await services.metadata.add_training_run(TrainingRun(
             model_id=model_id, session_id=body.session_id, base_model=base.name, lora_rank=lora.rank,
-            role=body.model_role, lora_config={**lora.model_dump(), "seed": seed},
+            role=role, trainer=trainer, lora_config={**lora.model_dump(), "seed": seed},
             user_metadata=body.user_metadata or {}, created_at=time.time(), unloaded=False))
-        services.trainers.create_model(base.name, request_id, model_id, spec)
+        services.trainers.create_model(trainer, request_id, model_id, spec)
     return {"request_id": request_id, "model_id": model_id}
 
 
@@ -61,7 +79,7 @@ async def unload_model(body: UnloadModelRequest, services: ServicesDep) -> dict:
     run = await services.training_run(body.model_id)
     request_id, _ = await services.futures.create("unload_model", body.model_id, None)
     await services.metadata.mark_unloaded(run.model_id)
-    services.trainers.unload_model(run.base_model, request_id, run.model_id)
+    services.trainers.unload_model(run.trainer, request_id, run.model_id)
     return {"request_id": request_id, "model_id": run.model_id}
 
 

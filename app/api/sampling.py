@@ -27,6 +27,9 @@ async def _adapter_of(services: Services, model_path: str) -> tuple[str, str]:
         run = await services.training_run(path.model_id)
     except NotFound:
         raise NotFound(f"model_path {model_path!r}: no training run {path.model_id!r}", field="model_path") from None
+    if run.role == "critic":
+        raise UserError(f"model_path {model_path!r} belongs to a critic, which predicts values and cannot be "
+                        "sampled; sample from its policy", field="model_path")
     directory = path.directory(services.checkpoint_root)
     if not (directory / "adapter_config.json").is_file():
         raise NotFound(f"model_path {model_path!r} does not exist (never saved, or deleted)", field="model_path")

@@ -40,7 +40,7 @@ async def _sequenced(services: Services, kind: str, model_id: str, seq_id: int,
             await services.futures.fail(request_id, exc.to_body())
             op = SkipOp(request_id)
         try:
-            services.trainers.submit(run.base_model, model_id, seq_id, op)
+            services.trainers.submit(run.trainer, model_id, seq_id, op)
         except TinkerServeError as exc:  # no trainer to send it to: the future must not stay pending
             await services.futures.fail_if_pending(request_id, exc.to_body())
             raise
@@ -65,8 +65,9 @@ async def forward_backward(request: Request, services: ServicesDep) -> dict:
         return await _sequenced(services, "forward_backward", *sequence, reject)
 
     async def build(request_id: str, run: TrainingRun) -> TrainingOp:
-        config = validate_forward_backward(decoded, services.config.limits, services.model_limits[run.base_model])
-        args = ForwardBackwardArgs(decoded.loss_fn, config, decoded.forward_only, decoded.batch)
+        loss = validate_forward_backward(decoded, services.config.limits, services.model_limits[run.base_model],
+                                         run.role)
+        args = ForwardBackwardArgs(loss.name, loss.config, decoded.forward_only, decoded.batch)
         return ForwardBackwardOp(request_id, args)
 
     return await _sequenced(services, "forward_backward", decoded.model_id, decoded.seq_id, build)
@@ -90,6 +91,9 @@ async def optim_step(body: wire.OptimStepRequest, services: ServicesDep) -> dict
 @router.post("/save_weights_for_sampler")
 async def save_weights_for_sampler(body: wire.SaveWeightsForSamplerRequest, services: ServicesDep) -> dict:
     async def build(request_id: str, run: TrainingRun) -> TrainingOp:
+        if run.role == "critic":
+            raise UserError(f"model {run.model_id!r} is a critic: critics predict values and cannot be sampled, "
+                            "so they have no sampler weights", field="model_id")
         if body.path is not None:
             target = checkpoint_path(body.model_id, "sampler_weights", body.path)
             return SaveForSamplerOp(request_id, str(target.directory(services.checkpoint_root)),

@@ -5,7 +5,7 @@ Request models ignore unknown fields and treat absent and null alike, so newer S
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -53,7 +53,7 @@ class CreateModelRequest(_Lenient):
     lora_config: LoraConfig = Field(default_factory=LoraConfig)
     optimizer_config: dict[str, Any] | None = None
     user_metadata: dict[str, Any] | None = None
-    model_role: Literal["policy"] = "policy"  # "critic" arrives with the RL work
+    model_role: str | None = None  # "policy" or "critic" (SkyRL's field); or user_metadata["model_role"]
 
 
 class GetInfoRequest(_Lenient):

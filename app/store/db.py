@@ -57,6 +57,7 @@ training_runs = Table(
     Column("base_model", String(200), nullable=False),
     Column("lora_rank", Integer, nullable=False),
     Column("role", String(16), nullable=False),
+    Column("trainer", String(220), nullable=False, index=True),  # the routing table: model_id -> (trainer, role)
     Column("lora_config", JSON, nullable=False),
     Column("user_metadata", JSON),
     Column("created_at", Float, nullable=False),

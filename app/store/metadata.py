@@ -20,7 +20,8 @@ class TrainingRun:
     session_id: str
     base_model: str
     lora_rank: int
-    role: str
+    role: str  # "policy" or "critic"
+    trainer: str  # the trainer that holds the model (see BaseModelConfig.trainer_for)
     lora_config: dict
     user_metadata: dict
     created_at: float
@@ -73,7 +74,7 @@ class MetadataStore:
             async with self._engine.begin() as conn:
                 await conn.execute(insert(training_runs).values(
                     model_id=run.model_id, session_id=run.session_id, base_model=run.base_model,
-                    lora_rank=run.lora_rank, role=run.role, lora_config=run.lora_config,
+                    lora_rank=run.lora_rank, role=run.role, trainer=run.trainer, lora_config=run.lora_config,
                     user_metadata=run.user_metadata, created_at=run.created_at, last_seq_id=0, unloaded=0,
                 ))
         except IntegrityError as exc:
@@ -86,13 +87,14 @@ class MetadataStore:
             raise NotFound(f"model {model_id!r} does not exist", field="model_id")
         return TrainingRun(
             model_id=row.model_id, session_id=row.session_id, base_model=row.base_model, lora_rank=row.lora_rank,
-            role=row.role, lora_config=row.lora_config, user_metadata=row.user_metadata or {},
+            role=row.role, trainer=row.trainer, lora_config=row.lora_config, user_metadata=row.user_metadata or {},
             created_at=row.created_at, unloaded=bool(row.unloaded),
         )
 
-    async def model_ids_on(self, base_model: str) -> list[str]:
+    async def model_ids_on(self, trainer: str) -> list[str]:
+        """The models routed to `trainer`."""
         async with self._engine.connect() as conn:
-            rows = await conn.execute(select(training_runs.c.model_id).where(training_runs.c.base_model == base_model))
+            rows = await conn.execute(select(training_runs.c.model_id).where(training_runs.c.trainer == trainer))
         return [row.model_id for row in rows]
 
     async def mark_unloaded(self, model_id: str) -> None:

@@ -43,98 +43,126 @@ def load_base_model(path: str, dtype: torch.dtype = torch.float32, device: str =
     return model.to(device).eval()
 
 
+@dataclass
+class _Model:
+    """One trained model on this rank: its adapter's module name, trainable parameters and optimizer."""
+
+    name: str  # module keys cannot hold every model id
+    params: list[torch.nn.Parameter]
+    optimizer: torch.optim.AdamW
+    value_head: torch.nn.Linear | None  # critics only
+
+
 class TrainingEngine:
     def __init__(self, base: torch.nn.Module, *, rank: int = 0, world_size: int = 1, device: str = "cpu") -> None:
         self.rank = rank
         self.world_size = world_size
         self.device = torch.device(device)
         self.pool = AdapterPool(base)
-        self._optimizers: dict[str, torch.optim.AdamW] = {}
-        self._names: dict[str, str] = {}  # model_id -> adapter name (module keys cannot hold every model id)
+        self._models: dict[str, _Model] = {}
         self._next_name = 0
 
     # -- adapters -----------------------------------------------------------------------------
     def create_model(self, model_id: str, spec: AdapterSpec) -> None:
-        if model_id in self._names:
+        if model_id in self._models:
             return  # a retried command: the adapter exists already
         name = f"m{self._next_name}"
         self._next_name += 1
         params = self.pool.add(name, spec)
-        self._names[model_id] = name
-        self._optimizers[model_id] = make_optimizer(params)
+        head = self._value_head() if spec.role == "critic" else None
+        if head is not None:
+            params = [*params, *head.parameters()]
+        self._models[model_id] = _Model(name, params, make_optimizer(params), head)
+
+    def _value_head(self) -> torch.nn.Linear:
+        """A scalar head on the final hidden state, in float32; zero-initialised, so new critics predict 0."""
+        head = torch.nn.Linear(self.pool.model.config.hidden_size, 1, device=self.device, dtype=torch.float32)
+        torch.nn.init.zeros_(head.weight)
+        torch.nn.init.zeros_(head.bias)
+        return head
 
     def remove_model(self, model_id: str) -> None:
-        name = self._names.pop(model_id, None)
-        if name is not None:
-            self.pool.remove(name)
-            self._optimizers.pop(model_id, None)
+        model = self._models.pop(model_id, None)
+        if model is not None:
+            self.pool.remove(model.name)
 
     def has_model(self, model_id: str) -> bool:
-        return model_id in self._names
+        return model_id in self._models
 
-    def _name(self, model_id: str) -> str:
-        name = self._names.get(model_id)
-        if name is None:
+    def _model(self, model_id: str) -> _Model:
+        model = self._models.get(model_id)
+        if model is None:
             raise NotFound(f"model {model_id!r} is not loaded on this trainer (a worker restart loses models held "
                            "in memory): create it again or load a checkpoint", field="model_id")
-        return name
+        return model
 
-    def _activate(self, model_id: str) -> str:
-        name = self._name(model_id)
-        self.pool.activate(name)
-        return name
+    def _activate(self, model_id: str) -> _Model:
+        model = self._model(model_id)
+        self.pool.activate(model.name)
+        return model
 
     # -- compute ------------------------------------------------------------------------------
     def forward_backward(
         self, model_id: str, loss_fn: str, config: dict[str, float], batch: PackedBatch, forward_only: bool
     ) -> ShardOutput:
-        """Run this rank's shard; gradients accumulate until optim_step."""
-        self._activate(model_id)
+        """Run this rank's shard; gradients accumulate until optim_step. A policy outputs `logprobs` of
+        the target tokens, a critic `values`; both `elementwise_loss` when the loss's inputs were sent."""
+        model = self._activate(model_id)
         spec = get_loss(loss_fn)
         indices = shard_indices(batch.num_datums, self.rank, self.world_size)
         shard = batch.select(indices)
         if shard.num_datums == 0:
             return ShardOutput(indices, shard.offsets, {}, 0.0)
         with torch.set_grad_enabled(not forward_only):
-            target_lp = self._target_logprobs(shard)
-            inputs = {k: torch.from_numpy(v).to(self.device) for k, v in shard.loss_inputs.items() if k != "target_tokens"}
-            datum_ids = torch.repeat_interleave(torch.arange(shard.num_datums), torch.from_numpy(shard.lengths))
-            loss, elementwise = spec.fn(target_lp, inputs, config, datum_ids.to(self.device))
-            if not forward_only:
-                loss.backward()
-        outputs = {
-            "logprobs": target_lp.detach().to(torch.float32).cpu().numpy(),
-            "elementwise_loss": elementwise.detach().to(torch.float32).cpu().numpy(),
-        }
-        return ShardOutput(indices, shard.offsets, outputs, float(loss.detach()))
+            input_ids, mask = self._padded(shard)
+            if model.value_head is None:
+                output_name, prediction = "logprobs", self._target_logprobs(shard, input_ids, mask)
+            else:
+                output_name, prediction = "values", self._values(model.value_head, input_ids, mask)
+            outputs = {output_name: prediction}
+            loss = torch.zeros(())
+            if spec.required_inputs <= shard.loss_inputs.keys():  # a critic's forward may ask for values only
+                inputs = {k: torch.from_numpy(v).to(self.device) for k, v in shard.loss_inputs.items()
+                          if k != "target_tokens"}
+                datum_ids = torch.repeat_interleave(torch.arange(shard.num_datums), torch.from_numpy(shard.lengths))
+                loss, outputs["elementwise_loss"] = spec.fn(prediction, inputs, config, datum_ids.to(self.device))
+                if not forward_only:
+                    loss.backward()
+        arrays = {k: v.detach().to(torch.float32).cpu().numpy() for k, v in outputs.items()}
+        return ShardOutput(indices, shard.offsets, arrays, float(loss.detach()))
 
-    def _target_logprobs(self, shard: PackedBatch) -> torch.Tensor:
-        """Log-probabilities of target_tokens, flat over the shard: [T] or [T, K]."""
+    def _padded(self, shard: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The shard's datums as right-padded input ids and their attention mask, both [N, max_len]."""
         lengths = shard.lengths
-        max_len = int(lengths.max())
-        n = shard.num_datums
-        input_ids = torch.zeros((n, max_len), dtype=torch.long)
-        mask = torch.zeros((n, max_len), dtype=torch.long)
-        for i in range(n):
-            s = shard.datum_slice(i)
-            input_ids[i, : lengths[i]] = torch.from_numpy(shard.tokens[s])
+        input_ids = torch.zeros((shard.num_datums, int(lengths.max())), dtype=torch.long)
+        mask = torch.zeros_like(input_ids)
+        for i in range(shard.num_datums):
+            input_ids[i, : lengths[i]] = torch.from_numpy(shard.tokens[shard.datum_slice(i)])
             mask[i, : lengths[i]] = 1
-        mask = mask.to(self.device)
-        logits = self.pool.model(input_ids=input_ids.to(self.device), attention_mask=mask).logits
-        valid = mask.bool()
-        flat_logits = logits[valid].float()  # [T, V], datums in order
+        return input_ids.to(self.device), mask.to(self.device)
+
+    def _target_logprobs(self, shard: PackedBatch, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Log-probabilities of target_tokens, flat over the shard: [T] or [T, K]."""
+        logits = self.pool.model(input_ids=input_ids, attention_mask=mask).logits
+        flat_logits = logits[mask.bool()].float()  # [T, V], datums in order
         log_norm = torch.logsumexp(flat_logits, dim=-1)
         targets = torch.from_numpy(shard.loss_inputs["target_tokens"]).to(self.device).long()
         if targets.dim() == 1:
             return flat_logits.gather(1, targets[:, None]).squeeze(1) - log_norm
         return flat_logits.gather(1, targets) - log_norm[:, None]
 
+    def _values(self, head: torch.nn.Linear, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The critic's value of each position (after reading that token), flat over the shard: [T].
+        Runs the adapted backbone only, skipping the vocabulary projection."""
+        backbone = self.pool.model.get_base_model().base_model
+        hidden = backbone(input_ids=input_ids, attention_mask=mask).last_hidden_state
+        return head(hidden[mask.bool()].float()).squeeze(-1)
+
     def optim_step(self, model_id: str, hp: AdamParams) -> dict[str, float]:
-        name = self._activate(model_id)
-        params = self.pool.parameters(name)
+        model = self._activate(model_id)
         if self.world_size > 1:
-            _all_reduce_sum_grads(params)
-        norm = apply_step(self._optimizers[model_id], params, hp)
+            _all_reduce_sum_grads(model.params)
+        norm = apply_step(model.optimizer, model.params, hp)
         return {"grad_norm:mean": norm}
 
     def save_adapter(self, model_id: str, directory: str) -> None:
@@ -142,7 +170,7 @@ class TrainingEngine:
         weights). The directory appears complete or not at all."""
         if self.rank != 0:
             return
-        name = self._name(model_id)
+        name = self._model(model_id).name
         target = Path(directory)
         if target.exists():
             raise UserError(f"checkpoint {target.name!r} already exists for this model; choose another name",
@@ -153,9 +181,12 @@ class TrainingEngine:
             os.rename(Path(tmp) / name, target)  # PEFT writes non-default adapters into a subfolder
 
     def adapter_state(self, model_id: str) -> dict[str, torch.Tensor]:
-        """The adapter's parameters by name (for tests and snapshots)."""
-        name = self._names[model_id]
-        return {n: p.detach().clone() for n, p in self.pool.model.named_parameters() if f".{name}." in n}
+        """The model's trainable parameters by name, value head included (for tests and snapshots)."""
+        model = self._model(model_id)
+        state = {n: p.detach().clone() for n, p in self.pool.model.named_parameters() if f".{model.name}." in n}
+        if model.value_head is not None:
+            state.update({f"value_head.{n}": p.detach().clone() for n, p in model.value_head.named_parameters()})
+        return state
 
 
 

@@ -14,11 +14,14 @@ _PLACEHOLDER = "placeholder"  # keeps the PeftModel alive when no user adapter e
 
 @dataclass(frozen=True)
 class AdapterSpec:
+    """A model's trainable parts: a LoRA adapter on the shared base, plus a value head for a critic."""
+
     rank: int
     seed: int
     train_attn: bool = True
     train_mlp: bool = True
     alpha: float = 32.0
+    role: str = "policy"  # "critic": the model also has a scalar value head and predicts values
 
     def target_modules(self) -> list[str]:
         """The adapted projections. The unembedding (lm_head) is never adapted: vLLM samplers refuse
@@ -40,28 +43,18 @@ class AdapterPool:
             p.requires_grad_(False)
         placeholder = LoraConfig(r=1, target_modules=["q_proj"], lora_dropout=0.0)
         self.model: PeftModel = get_peft_model(base, placeholder, adapter_name=_PLACEHOLDER)
-        self._params: dict[str, list[torch.nn.Parameter]] = {}
 
     def add(self, name: str, spec: AdapterSpec) -> list[torch.nn.Parameter]:
         """Add an adapter with a seeded, rank-identical initialisation; returns its trainable parameters."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(spec.seed)
             self.model.add_adapter(name, spec.peft_config())
-        params = [p for n, p in self.model.named_parameters() if f".{name}." in n]
-        self._params[name] = params
-        return params
+        return [p for n, p in self.model.named_parameters() if f".{name}." in n]
 
     def remove(self, name: str) -> None:
         self.model.set_adapter(_PLACEHOLDER)
         self.model.delete_adapter(name)
-        self._params.pop(name, None)
 
     def activate(self, name: str) -> None:
         if self.model.active_adapter != name:
             self.model.set_adapter(name)
-
-    def parameters(self, name: str) -> list[torch.nn.Parameter]:
-        return self._params[name]
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._params

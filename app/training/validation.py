@@ -12,7 +12,13 @@ import numpy as np
 from app.config import LimitsConfig
 from app.errors import LimitExceeded, UserError
 from app.training.batch import ForwardBackwardInput, PackedBatch
-from app.training.losses import get_loss, resolve_config
+from app.training.losses import get_loss, loss_for_role, resolve_config
+
+
+@dataclass(frozen=True)
+class ValidLoss:
+    name: str  # the loss to run (a critic's `ppo` becomes `ppo_critic`)
+    config: dict[str, float]  # loss_fn_config with defaults filled in
 
 
 @dataclass(frozen=True)
@@ -21,10 +27,12 @@ class ModelLimits:
     max_context_length: int
 
 
-def validate_forward_backward(inp: ForwardBackwardInput, limits: LimitsConfig, model: ModelLimits) -> dict[str, float]:
-    """Validate the request; returns the loss config with defaults filled in."""
-    spec = get_loss(inp.loss_fn)
-    config = resolve_config(inp.loss_fn, inp.loss_fn_config)
+def validate_forward_backward(inp: ForwardBackwardInput, limits: LimitsConfig, model: ModelLimits,
+                              role: str = "policy") -> ValidLoss:
+    """Validate the request for a model of `role`; returns the loss to run and its full config."""
+    loss_fn = loss_for_role(inp.loss_fn, role)
+    spec = get_loss(loss_fn)
+    config = resolve_config(loss_fn, inp.loss_fn_config)
     batch = inp.batch
     if batch.num_datums > limits.max_datums_per_request:
         raise LimitExceeded(f"{batch.num_datums} datums exceed limits.max_datums_per_request="
@@ -38,28 +46,39 @@ def validate_forward_backward(inp: ForwardBackwardInput, limits: LimitsConfig, m
     empty = np.flatnonzero(batch.lengths == 0)
     if empty.size:
         raise UserError(f"data[{int(empty[0])}].model_input is empty", field=f"data[{int(empty[0])}].model_input")
-    present = set(batch.loss_inputs)
-    missing = sorted(spec.required_inputs - present)
-    if missing:
-        raise UserError(f"loss_fn {inp.loss_fn!r} needs loss_fn_inputs {missing}", field=f"loss_fn_inputs.{missing[0]}")
-    unused = sorted(present - spec.required_inputs - spec.optional_inputs)
-    if unused:
-        raise UserError(f"loss_fn_inputs {unused} are not used by {inp.loss_fn!r}", field=f"loss_fn_inputs.{unused[0]}")
-    targets = batch.loss_inputs["target_tokens"]
-    if targets.ndim == 2 and not spec.allows_2d_targets:
-        raise UserError(f"loss_fn {inp.loss_fn!r} takes 1-D target_tokens", field="loss_fn_inputs.target_tokens")
+    _check_input_names(inp, loss_fn)
+    targets = batch.loss_inputs.get("target_tokens")
+    if targets is not None and targets.ndim == 2 and not spec.allows_2d_targets:
+        raise UserError(f"loss_fn {loss_fn!r} takes 1-D target_tokens", field="loss_fn_inputs.target_tokens")
+    per_token = targets.shape[1:] if targets is not None else ()
     for name, arr in batch.loss_inputs.items():
-        if name != "target_tokens" and arr.shape[1:] != targets.shape[1:]:
-            raise UserError(f"loss_fn_inputs.{name} has shape {arr.shape[1:]} per token but target_tokens has "
-                            f"{targets.shape[1:]}", field=f"loss_fn_inputs.{name}")
+        if name != "target_tokens" and arr.shape[1:] != per_token:
+            raise UserError(f"loss_fn_inputs.{name} has shape {arr.shape[1:]} per token; expected {per_token}",
+                            field=f"loss_fn_inputs.{name}")
         if arr.dtype.kind == "f" and not np.isfinite(arr).all():
             raise UserError(f"loss_fn_inputs.{name} holds NaN or infinite values", field=f"loss_fn_inputs.{name}")
     _check_vocab(batch, model.vocab_size)
-    return config
+    return ValidLoss(loss_fn, config)
+
+
+def _check_input_names(inp: ForwardBackwardInput, loss_fn: str) -> None:
+    """Every required input present (a critic's forward may send none), nothing the loss would ignore."""
+    spec = get_loss(loss_fn)
+    present = set(inp.batch.loss_inputs)
+    prediction_only = inp.forward_only and not spec.forward_needs_inputs and not present & spec.required_inputs
+    missing = sorted(spec.required_inputs - present)
+    if missing and not prediction_only:
+        raise UserError(f"loss_fn {loss_fn!r} needs loss_fn_inputs {missing}", field=f"loss_fn_inputs.{missing[0]}")
+    unused = sorted(present - spec.required_inputs - spec.optional_inputs)
+    if unused:
+        raise UserError(f"loss_fn_inputs {unused} are not used by {loss_fn!r}", field=f"loss_fn_inputs.{unused[0]}")
 
 
 def _check_vocab(batch: PackedBatch, vocab_size: int) -> None:
-    for label, arr in (("model_input", batch.tokens), ("loss_fn_inputs.target_tokens", batch.loss_inputs["target_tokens"])):
+    arrays = [("model_input", batch.tokens)]
+    if "target_tokens" in batch.loss_inputs:
+        arrays.append(("loss_fn_inputs.target_tokens", batch.loss_inputs["target_tokens"]))
+    for label, arr in arrays:
         rows = arr.reshape(len(arr), -1)
         bad_rows = np.flatnonzero(((rows < 0) | (rows >= vocab_size)).any(axis=1))
         if bad_rows.size:

@@ -20,7 +20,7 @@ from typing import Any, Awaitable
 
 import ray
 
-from app.config import BaseModelConfig
+from app.config import WorkerGroupConfig
 from app.errors import ServerError
 from app.workers.command_loop import command_loop
 from app.workers.commands import Command, CommandKind
@@ -58,9 +58,11 @@ class WorkerGroup(ABC):
 
 
 class TorchTrainerGroup(WorkerGroup):
-    def __init__(self, base: BaseModelConfig, storage_dir: str, *, command_timeout_s: float,
-                 startup_timeout_s: float = 600.0, max_failures: int = 2) -> None:
-        self._base = base
+    def __init__(self, name: str, base_path: str, shape: WorkerGroupConfig, storage_dir: str, *,
+                 command_timeout_s: float, startup_timeout_s: float = 600.0, max_failures: int = 2) -> None:
+        self._name = name
+        self._base_path = base_path
+        self._shape = shape
         self._storage_dir = str(Path(storage_dir).resolve())
         self._command_timeout_s = command_timeout_s
         self._startup_timeout_s = startup_timeout_s
@@ -72,7 +74,7 @@ class TorchTrainerGroup(WorkerGroup):
 
     @property
     def world_size(self) -> int:
-        return self._base.num_workers
+        return self._shape.num_workers
 
     async def start(self) -> None:
         from ray.train import FailureConfig, RunConfig, ScalingConfig
@@ -83,11 +85,11 @@ class TorchTrainerGroup(WorkerGroup):
         self._mailbox = ray.remote(num_cpus=0, max_concurrency=10_000)(Mailbox).remote(self.world_size)
         trainer = TorchTrainer(
             command_loop,
-            train_loop_config={"mailbox": self._mailbox, "base_path": self._base.path,
-                               "threads": self._base.torch_threads_per_worker, "use_gpu": self._base.use_gpu},
-            scaling_config=ScalingConfig(num_workers=self.world_size, use_gpu=self._base.use_gpu,
-                                         resources_per_worker={"CPU": self._base.cpus_per_worker}),
-            torch_config=TorchConfig(backend="nccl" if self._base.use_gpu else "gloo"),
+            train_loop_config={"mailbox": self._mailbox, "base_path": self._base_path,
+                               "threads": self._shape.torch_threads_per_worker, "use_gpu": self._shape.use_gpu},
+            scaling_config=ScalingConfig(num_workers=self.world_size, use_gpu=self._shape.use_gpu,
+                                         resources_per_worker={"CPU": self._shape.cpus_per_worker}),
+            torch_config=TorchConfig(backend="nccl" if self._shape.use_gpu else "gloo"),
             run_config=RunConfig(name=f"trainer-{uuid.uuid4().hex[:8]}", storage_path=self._storage_dir,
                                  failure_config=FailureConfig(max_failures=self._max_failures)),
         )
@@ -99,11 +101,11 @@ class TorchTrainerGroup(WorkerGroup):
             if status["registered"] == self.world_size:
                 break
             if time.monotonic() - started > self._startup_timeout_s:
-                raise ServerError(f"worker group for {self._base.name} did not start within {self._startup_timeout_s:.0f} s; "
+                raise ServerError(f"worker group for {self._name} did not start within {self._startup_timeout_s:.0f} s; "
                                   "check the Ray dashboard/logs for worker errors and free CPUs/GPUs")
             await asyncio.sleep(0.5)
         await self.call([Command(CommandKind.PING)])
-        logger.info("worker group for %s ready: %d ranks in %.1f s", self._base.name, self.world_size,
+        logger.info("worker group for %s ready: %d ranks in %.1f s", self._name, self.world_size,
                     time.monotonic() - started)
 
     def _run_fit(self, trainer: Any) -> None:
@@ -111,12 +113,12 @@ class TorchTrainerGroup(WorkerGroup):
             trainer.fit()
             self._fit_error = ServerError("the worker group's train loop ended")
         except BaseException as exc:  # noqa: BLE001 - surfaced through check_health
-            logger.exception("worker group for %s failed", self._base.name)
+            logger.exception("worker group for %s failed", self._name)
             self._fit_error = exc
 
     def check_health(self) -> None:
         if self._fit_error is not None:
-            raise ServerError(f"worker group for {self._base.name} is down: {self._fit_error!r}")
+            raise ServerError(f"worker group for {self._name} is down: {self._fit_error!r}")
 
     def send(self, commands: list[Command]) -> Awaitable[list[list[Any]]]:
         self.check_health()
@@ -127,7 +129,7 @@ class TorchTrainerGroup(WorkerGroup):
         try:
             return await asyncio.wait_for(ref, self._command_timeout_s)
         except asyncio.TimeoutError as exc:
-            raise ServerError(f"worker group for {self._base.name} did not answer within "
+            raise ServerError(f"worker group for {self._name} did not answer within "
                               f"{self._command_timeout_s:.0f} s (limits.command_timeout_seconds)") from exc
 
     @staticmethod

@@ -36,7 +36,8 @@ def server_config(state_dir: Path) -> dict:
         "state_dir": str(state_dir),
         "auth": {"mode": "any_tml_key_on_loopback"},
         "base_models": [{"name": BASE_MODEL, "path": str(TINY_MODEL), "embedded_preset": "tiny",
-                         "num_workers": 2, "cpus_per_worker": 1,
+                         "trainer": {"num_workers": 2, "cpus_per_worker": 1},
+                         "critic_trainer": {"num_workers": 1, "cpus_per_worker": 1},  # critics route elsewhere
                          "sampler": {"kv_cache_mib": 64, "max_loras": MAX_LORAS, "max_cpu_loras": 6}}],
         "limits": {"fwdbwd_max_chunk_len": CHUNK_LEN, "max_tokens_per_datum": MAX_TOKENS, "max_lora_rank": 16,
                    "ephemeral_sampler_ttl_seconds": EPHEMERAL_TTL_S, "max_pending_samples": MAX_PENDING_SAMPLES},

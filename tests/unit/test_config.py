@@ -22,12 +22,22 @@ def _no_env_keys(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_minimal_config_defaults() -> None:
     cfg = ServerConfig(base_models=[TINY], auth=LOOPBACK)
-    assert cfg.base_model("tiny").num_workers == 2
+    tiny = cfg.base_model("tiny")
+    assert tiny.trainer.num_workers == 2
+    assert tiny.trainer_groups() == {"tiny": tiny.trainer}
+    assert tiny.trainer_for("policy") == tiny.trainer_for("critic") == "tiny"  # one shared worker group
     assert cfg.base_model("other") is None
     assert cfg.limits == LimitsConfig()
     assert cfg.db_url == f"sqlite+aiosqlite:///{Path('state').resolve() / 'tinker_serve.db'}"
     assert ServerConfig(base_models=[TINY], auth=LOOPBACK, database_url="postgresql+asyncpg://h/db").db_url == \
         "postgresql+asyncpg://h/db"
+
+
+def test_critics_on_their_own_trainer() -> None:
+    tiny = ServerConfig(base_models=[{**TINY, "critic_trainer": {"num_workers": 1}}], auth=LOOPBACK).base_model("tiny")
+    assert (tiny.trainer_for("policy"), tiny.trainer_for("critic")) == ("tiny", "tiny:critic")
+    assert tiny.trainer_groups()["tiny:critic"].num_workers == 1
+    assert tiny.trainer_groups()["tiny"].num_workers == 2
 
 
 def test_empty_base_models_rejected() -> None:

@@ -29,9 +29,10 @@ def run_with_store(db: Path, body: Callable[[MetadataStore, object], Awaitable[T
     return asyncio.run(main())
 
 
-def _run(model_id: str, session_id: str = "sess") -> TrainingRun:
+def _run(model_id: str, session_id: str = "sess", role: str = "policy") -> TrainingRun:
+    trainer = "tinker-serve/tiny:critic" if role == "critic" else "tinker-serve/tiny"
     return TrainingRun(model_id=model_id, session_id=session_id, base_model="tinker-serve/tiny", lora_rank=8,
-                       role="training", lora_config={"rank": 8, "seed": 3, "train_mlp": False},
+                       role=role, trainer=trainer, lora_config={"rank": 8, "seed": 3, "train_mlp": False},
                        user_metadata={"k": "v"}, created_at=123.5, unloaded=False)
 
 
@@ -87,6 +88,20 @@ def test_training_run_round_trip(tmp_path: Path) -> None:
         return await store.get_training_run("sess:train:0")
 
     assert run_with_store(tmp_path / "m.db", body) == _run("sess:train:0")
+
+
+def test_routing_table(tmp_path: Path) -> None:
+    async def body(store: MetadataStore, _engine) -> None:  # noqa: ANN001
+        await store.add_training_run(_run("sess:train:0"))
+        await store.add_training_run(_run("sess:train:1", role="critic"))
+        await store.add_training_run(_run("sess:train:2"))
+        critic = await store.get_training_run("sess:train:1")
+        assert (critic.role, critic.trainer) == ("critic", "tinker-serve/tiny:critic")
+        assert sorted(await store.model_ids_on("tinker-serve/tiny")) == ["sess:train:0", "sess:train:2"]
+        assert await store.model_ids_on("tinker-serve/tiny:critic") == ["sess:train:1"]
+        assert await store.model_ids_on("other") == []
+
+    run_with_store(tmp_path / "m.db", body)
 
 
 def test_duplicate_model_id(tmp_path: Path) -> None:

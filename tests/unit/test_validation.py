@@ -8,7 +8,7 @@ import pytest
 from app.config import LimitsConfig
 from app.errors import LimitExceeded, UserError
 from app.training.batch import ForwardBackwardInput, PackedBatch
-from app.training.validation import ModelLimits, validate_forward_backward
+from app.training.validation import ModelLimits, ValidLoss, validate_forward_backward
 
 LIMITS = LimitsConfig(max_datums_per_request=4, max_tokens_per_datum=32)
 MODEL = ModelLimits(vocab_size=2048, max_context_length=64)
@@ -34,9 +34,9 @@ def rejected(batch: PackedBatch, exc: type[UserError] = UserError, **kw: object)
 
 def test_valid_batch_returns_config() -> None:
     batch = packed([3, 32, 1], weights=np.ones(36, dtype=np.float32))
-    assert validate_forward_backward(request(batch), LIMITS, MODEL) == {}
+    assert validate_forward_backward(request(batch), LIMITS, MODEL) == ValidLoss("cross_entropy", {})
     soft = packed([2, 2], k=4, weights=np.full((4, 4), 0.25, dtype=np.float32))
-    assert validate_forward_backward(request(soft), LIMITS, MODEL) == {}
+    assert validate_forward_backward(request(soft), LIMITS, MODEL) == ValidLoss("cross_entropy", {})
 
 
 def test_too_many_datums() -> None:
@@ -114,3 +114,55 @@ def test_weights_shape_mismatch() -> None:
 def test_unknown_loss_and_config() -> None:
     assert rejected(packed([2]), loss_fn="dpo").field == "loss_fn"
     assert rejected(packed([2]), config={"beta": 0.1}).field == "loss_fn_config"
+
+
+def critic_batch(lengths: list[int], **inputs: np.ndarray) -> PackedBatch:
+    total = sum(lengths)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    return PackedBatch(np.arange(total, dtype=np.int64) % 2048, offsets, inputs)
+
+
+def critic(batch: PackedBatch, loss_fn: str = "ppo", *, forward_only: bool = False,
+           config: dict | None = None) -> ValidLoss:
+    return validate_forward_backward(ForwardBackwardInput("s:train:1", 1, loss_fn, config or {}, forward_only, batch),
+                                     LIMITS, MODEL, role="critic")
+
+
+def test_critic_ppo_is_the_value_loss() -> None:
+    values = {"values": np.zeros(5, np.float32), "returns": np.ones(5, np.float32)}
+    assert critic(critic_batch([2, 3], **values)) == ValidLoss("ppo_critic", {"value_clip": 0.2})
+    assert critic(critic_batch([5], **values), "ppo_critic", config={"value_clip": 0.5}).config == {"value_clip": 0.5}
+    with_targets = critic_batch([5], **values, target_tokens=np.arange(5), weights=np.ones(5, np.float32))
+    assert critic(with_targets).name == "ppo_critic"
+
+
+def test_critic_forward_may_omit_inputs_but_training_may_not() -> None:
+    assert critic(critic_batch([3]), forward_only=True).name == "ppo_critic"
+    with pytest.raises(UserError) as info:
+        critic(critic_batch([3]))
+    assert info.value.field == "loss_fn_inputs.returns"
+    with pytest.raises(UserError) as info:  # half the inputs: a mistake even in a forward
+        critic(critic_batch([3], values=np.zeros(3, np.float32)), forward_only=True)
+    assert info.value.field == "loss_fn_inputs.returns"
+
+
+@pytest.mark.parametrize(("loss_fn", "role"), [("cross_entropy", "critic"), ("importance_sampling", "critic"),
+                                               ("ppo_critic", "policy")])
+def test_loss_must_suit_the_role(loss_fn: str, role: str) -> None:
+    inp = ForwardBackwardInput("s:train:0", 1, loss_fn, {}, False, packed([2]))
+    with pytest.raises(UserError) as info:
+        validate_forward_backward(inp, LIMITS, MODEL, role=role)
+    assert info.value.field == "loss_fn" and role in info.value.message
+
+
+def test_critic_rejects_policy_inputs_and_bad_shapes() -> None:
+    values = {"values": np.zeros(3, np.float32), "returns": np.ones(3, np.float32)}
+    with pytest.raises(UserError) as info:
+        critic(critic_batch([3], **values, advantages=np.ones(3, np.float32)))
+    assert info.value.field == "loss_fn_inputs.advantages"
+    with pytest.raises(UserError) as info:
+        critic(critic_batch([3], values=np.zeros((3, 2), np.float32), returns=np.ones(3, np.float32)))
+    assert info.value.field == "loss_fn_inputs.values"
+    with pytest.raises(UserError) as info:
+        critic(critic_batch([3], **values), config={"clip_low_threshold": 0.8})
+    assert info.value.field == "loss_fn_config"

@@ -1,7 +1,8 @@
 """Loss registry: Tinker loss names -> pure functions, with the inputs and config keys each accepts.
 
 Every loss is a sum over tokens and datums (Tinker never averages); users fold normalisation into
-weights or advantages.
+weights or advantages. Policies score target tokens (the loss sees logprobs); critics predict values
+(the loss sees values), and `ppo` sent to a critic means its value loss, `ppo_critic`.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ import torch
 from app.errors import UserError
 from app.training.losses.cross_entropy import cross_entropy
 from app.training.losses.policy_gradient import cispo, dro, gspo, importance_sampling, ppo
+from app.training.losses.value import ppo_critic
 
-# (target logprobs [T] or [T, K], loss inputs by name, config, datum index of each token [T])
+# (the model's prediction: target logprobs [T] or [T, K] for a policy, values [T] for a critic;
+#  loss inputs by name, config, datum index of each token [T])
 #   -> (summed loss, elementwise loss [T] or [T, K])
 LossFn = Callable[[torch.Tensor, dict[str, torch.Tensor], dict[str, float], torch.Tensor],
                   tuple[torch.Tensor, torch.Tensor]]
@@ -28,6 +31,8 @@ class LossSpec:
     optional_inputs: frozenset[str] = frozenset()
     config_defaults: dict[str, float] | None = None
     allows_2d_targets: bool = False
+    role: str = "policy"  # the model role the loss trains
+    forward_needs_inputs: bool = True  # False: a forward may omit the inputs and get only the prediction
 
 
 _POLICY_INPUTS = frozenset({"target_tokens", "logprobs", "advantages"})
@@ -46,7 +51,11 @@ LOSSES: dict[str, LossSpec] = {
     # The GSPO paper's clip range (1 - 3e-4, 1 + 4e-4): sequence ratios sit much closer to 1 than token ones.
     "gspo": LossSpec(gspo, required_inputs=_POLICY_INPUTS | {"sequence_ratio_mask"},
                      config_defaults={"clip_low_threshold": 1 - 3e-4, "clip_high_threshold": 1 + 4e-4}),
+    "ppo_critic": LossSpec(ppo_critic, required_inputs=frozenset({"values", "returns"}),
+                           optional_inputs=frozenset({"weights", "target_tokens"}),  # target_tokens: ignored
+                           config_defaults={"value_clip": 0.2}, role="critic", forward_needs_inputs=False),
 }
+_CRITIC_ALIASES = {"ppo": "ppo_critic"}  # what a PPO client sends to its critic
 _UNSUPPORTED = {"stable_reinforce": "it needs sampling-time records the public protocol does not define"}
 
 
@@ -57,6 +66,18 @@ def get_loss(name: str) -> LossSpec:
     if spec is None:
         raise UserError(f"unknown loss_fn {name!r}; supported: {sorted(LOSSES)}", field="loss_fn")
     return spec
+
+
+def loss_for_role(name: str, role: str) -> str:
+    """The loss a model of `role` trains when asked for `name`; a user error when that role has no such loss."""
+    resolved = _CRITIC_ALIASES.get(name, name) if role == "critic" else name
+    spec = get_loss(resolved)
+    if spec.role != role:
+        accepted = sorted(n for n, s in LOSSES.items() if s.role == role)
+        if role == "critic":
+            accepted = sorted([*accepted, *_CRITIC_ALIASES])
+        raise UserError(f"loss_fn {name!r} does not train a {role} model; accepted: {accepted}", field="loss_fn")
+    return resolved
 
 
 def resolve_config(name: str, config: dict[str, float | str]) -> dict[str, float]:
