@@ -20,7 +20,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # heavy imports stay lazy so `import app.models` is cheap
     from transformers import PreTrainedTokenizerFast
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the final norm's gain (FINAL_NORM_GAIN)
+# Random weights give near-uniform next-token distributions (entropy ~ln V) whose logits LoRA layers can
+# barely move, since the unembedding is never adapted. Scaling the final norm's gain makes them peaked like a
+# trained model's (entropy ~3.7 nats on tiny) so fine-tuning and RL visibly learn.
+FINAL_NORM_GAIN = 8.0
 MARKER_FILE = "tinker_serve_model.json"
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 TOKENIZER_VOCAB_SIZE = 2048
@@ -161,6 +165,8 @@ def _write_model(preset: str, seed: int, out: Path) -> dict[str, object]:
                          bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id, **asdict(PRESETS[preset]))
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config).to(torch.float32).eval()
+    with torch.no_grad():
+        model.model.norm.weight.mul_(FINAL_NORM_GAIN)
     model.generation_config = GenerationConfig(bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id)
     model.save_pretrained(out, safe_serialization=True)
     marker = _marker(preset, seed) | {
