@@ -40,6 +40,7 @@ bench: setup
 	$(PY) -m app.models.embedded --preset small --out models/small
 	$(PY) bench/train_step.py
 	$(PY) bench/sample_throughput.py
+	$(PY) bench/ppo_iteration.py
 
 clean:
 	rm -rf state .ray_tmp
