@@ -7,7 +7,7 @@ import pytest
 import tinker
 from tinker import types
 
-from tests.integration.helpers import SENTENCES, new_client
+from tests.integration.helpers import SENTENCES, logprobs_of, new_client, sft_datums
 
 
 def rl_datums(tokenizer, rng: np.random.Generator) -> list[types.Datum]:
@@ -64,3 +64,28 @@ def test_stable_reinforce_and_bad_rl_config_are_user_errors(service_client):
     for loss, config, field in (("stable_reinforce", None, "loss_fn"), ("ppo", {"epsilon": 0.2}, "loss_fn_config")):
         with pytest.raises(tinker.RequestFailedError, match=field):
             tc.forward_backward(data, loss, loss_fn_config=config).result()
+
+
+def test_forward_backward_custom_trains_like_its_builtin_twin(service_client):
+    """The SDK's client-side custom loss (a forward, then cross_entropy with weights -dL/dlogprob): a custom
+    weighted negative log-likelihood must report its own value and take the very step cross_entropy takes."""
+    import torch
+
+    custom_client, builtin_client = new_client(service_client, seed=33), new_client(service_client, seed=33)
+    data = sft_datums(custom_client.get_tokenizer(), 3)
+
+    def weighted_nll(batch: list[types.Datum], logprobs: list[torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        loss = sum(-(lp * torch.tensor(d.loss_fn_inputs["weights"].data)).sum() for d, lp in zip(batch, logprobs))
+        return loss, {"custom_metric:sum": 1.0}
+
+    custom = custom_client.forward_backward_custom(data, weighted_nll).result()
+    builtin = builtin_client.forward_backward(data, "cross_entropy").result()
+    assert custom.metrics["loss:sum"] == pytest.approx(builtin.metrics["loss:sum"], rel=1e-5)
+    assert custom.metrics["custom_metric:sum"] == 1.0
+    for client in (custom_client, builtin_client):
+        client.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    after = [logprobs_of(c.forward(data, "cross_entropy").result()) for c in (custom_client, builtin_client)]
+    before = logprobs_of(custom)
+    for a, b, first in zip(*after, before):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+        assert np.abs(a - first).max() > 1e-3  # the step moved the model
