@@ -39,12 +39,20 @@ class OptimStepOp:
 
 
 @dataclass(frozen=True)
-class SaveForSamplerOp:
-    """Write the adapter, as of every earlier seq_id, where samplers load it; then answer `result`."""
+class CheckpointOp:
+    """As of every earlier seq_id: save sampler weights (SAVE_ADAPTER) or a training checkpoint (SAVE_STATE),
+    or load one (LOAD_STATE); then answer `result`."""
 
     request_id: str
+    action: CommandKind
     directory: str
     result: dict
+    with_optimizer: bool = False
+    overwrite: bool = False
+
+    def command(self, model_id: str) -> Command:
+        return Command(self.action, model_id, directory=self.directory, with_optimizer=self.with_optimizer,
+                       overwrite=self.overwrite)
 
 
 @dataclass(frozen=True)
@@ -54,7 +62,7 @@ class SkipOp:
     request_id: str
 
 
-TrainingOp = Union[ForwardBackwardOp, OptimStepOp, SaveForSamplerOp, SkipOp]
+TrainingOp = Union[ForwardBackwardOp, OptimStepOp, CheckpointOp, SkipOp]
 
 
 def _json(payload: dict) -> bytes:
@@ -94,22 +102,30 @@ class TrainerService:
         """The process id of each rank, in rank order."""
         return [rank_replies[0] for rank_replies in await self._group.call([Command(CommandKind.PING)])]
 
-    async def create_model(self, request_id: str, model_id: str, spec: AdapterSpec) -> None:
+    async def create_model(self, request_id: str, model_id: str, spec: AdapterSpec,
+                           load: CheckpointOp | None = None) -> None:
+        """Create the model (seq_id 0), and with `load` fill it from a checkpoint in the same step."""
+        commands = [Command(CommandKind.CREATE_MODEL, model_id, spec=spec)]
+        if load is not None:
+            commands.append(load.command(model_id))
         try:
             if model_id not in self._models and len(self._models) >= self._limits.max_models_per_base:
                 raise LimitExceeded(f"trainer {self.name} already holds limits.max_models_per_base="
                                     f"{self._limits.max_models_per_base} models; unload one first", field="base_model")
-            replies = await self._group.call([Command(CommandKind.CREATE_MODEL, model_id, spec=spec)])
+            replies = await self._group.call(commands)
         except TinkerServeError as exc:
             await self._futures.fail(request_id, exc.to_body())
             return
-        error = _first_error([rank_replies[0] for rank_replies in replies])
+        errors = [_first_error([rank_replies[i] for rank_replies in replies]) for i in range(len(commands))]
+        error = next((e for e in errors if e is not None), None)
         if error is not None:
+            await self._group.call([Command(CommandKind.REMOVE_MODEL, model_id)])
             await self._futures.fail(request_id, error)
             return
         self._models.add(model_id)
         self._scheduler.open(model_id, next_seq=1)
-        await self._futures.complete(request_id, _json({"model_id": model_id, "type": "create_model"}), JSON_CONTENT_TYPE)
+        result = load.result if load is not None else {"model_id": model_id, "type": "create_model"}
+        await self._futures.complete(request_id, _json(result), JSON_CONTENT_TYPE)
 
     async def unload_model(self, request_id: str, model_id: str) -> None:
         self._scheduler.close(model_id, ServerError(f"model {model_id!r} was unloaded"))
@@ -148,8 +164,8 @@ class TrainerService:
     def _command(model_id: str, op: TrainingOp) -> Command:
         if isinstance(op, ForwardBackwardOp):
             return Command(CommandKind.FORWARD_BACKWARD, model_id, fwdbwd=op.args)
-        if isinstance(op, SaveForSamplerOp):
-            return Command(CommandKind.SAVE_ADAPTER, model_id, directory=op.directory)
+        if isinstance(op, CheckpointOp):
+            return op.command(model_id)
         return Command(CommandKind.OPTIM_STEP, model_id, adam=op.adam)
 
     async def _write_outcome(self, op: TrainingOp, per_rank: list) -> None:
@@ -160,7 +176,7 @@ class TrainerService:
         if isinstance(op, ForwardBackwardOp):
             result = merge_shards(op.args.batch.offsets, per_rank)
             await self._futures.complete(op.request_id, encode_forward_backward_output(result), PROTO_CONTENT_TYPE)
-        elif isinstance(op, SaveForSamplerOp):
+        elif isinstance(op, CheckpointOp):
             await self._futures.complete(op.request_id, _json(op.result), JSON_CONTENT_TYPE)
         else:
             await self._futures.complete(op.request_id, _json({"metrics": per_rank[0]}), JSON_CONTENT_TYPE)

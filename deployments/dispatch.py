@@ -17,7 +17,7 @@ from app.api.dispatch import SamplerDispatcher, TrainerDispatcher
 from app.errors import ServerError, UserError
 from app.sampling.params import SampleArgs
 from app.store.futures import FutureStore
-from app.trainer_service import TrainingOp
+from app.trainer_service import CheckpointOp, TrainingOp
 from app.training.lora import AdapterSpec
 
 logger = logging.getLogger("tinker_serve.ingress")
@@ -71,8 +71,10 @@ class ServeTrainerDispatcher(TrainerDispatcher):
     def __init__(self, handles: dict[str, DeploymentHandle], futures: FutureStore) -> None:
         self._calls = HandleCalls("trainer", handles, futures)
 
-    def create_model(self, trainer: str, request_id: str, model_id: str, spec: AdapterSpec) -> None:
-        self._calls.track(trainer, request_id, self._calls.handle(trainer).create_model.remote(request_id, model_id, spec))
+    def create_model(self, trainer: str, request_id: str, model_id: str, spec: AdapterSpec,
+                     load: CheckpointOp | None = None) -> None:
+        self._calls.track(trainer, request_id,
+                          self._calls.handle(trainer).create_model.remote(request_id, model_id, spec, load))
 
     def submit(self, trainer: str, model_id: str, seq_id: int, op: TrainingOp) -> None:
         self._calls.track(trainer, op.request_id, self._calls.handle(trainer).submit.remote(model_id, seq_id, op))

@@ -9,7 +9,7 @@ from app.config import ServerConfig
 from app.store.db import create_tables, make_engine
 from app.store.futures import FutureStore
 from app.store.metadata import MetadataStore
-from app.trainer_service import TrainerService, TrainingOp
+from app.trainer_service import CheckpointOp, TrainerService, TrainingOp
 from app.training.lora import AdapterSpec
 from app.workers.group import TorchTrainerGroup
 
@@ -37,8 +37,9 @@ class Trainer:
         self._service = TrainerService(trainer, cfg.limits, group, FutureStore(engine), MetadataStore(engine))
         await self._service.start()
 
-    async def create_model(self, request_id: str, model_id: str, spec: AdapterSpec) -> None:
-        await self._service.create_model(request_id, model_id, spec)
+    async def create_model(self, request_id: str, model_id: str, spec: AdapterSpec,
+                           load: CheckpointOp | None = None) -> None:
+        await self._service.create_model(request_id, model_id, spec, load)
 
     async def submit(self, model_id: str, seq_id: int, op: TrainingOp) -> None:
         await self._service.submit(model_id, seq_id, op)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 from app.sampling.params import SampleArgs
-from app.trainer_service import TrainingOp
+from app.trainer_service import CheckpointOp, TrainingOp
 from app.training.lora import AdapterSpec
 
 
@@ -14,7 +14,9 @@ class TrainerDispatcher(ABC):
     arrive through the future store."""
 
     @abstractmethod
-    def create_model(self, trainer: str, request_id: str, model_id: str, spec: AdapterSpec) -> None: ...
+    def create_model(self, trainer: str, request_id: str, model_id: str, spec: AdapterSpec,
+                     load: CheckpointOp | None = None) -> None:
+        """Create a model; with `load`, fill it from a checkpoint as part of its creation."""
 
     @abstractmethod
     def submit(self, trainer: str, model_id: str, seq_id: int, op: TrainingOp) -> None: ...

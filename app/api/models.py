@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import random
 import time
+from dataclasses import asdict
 from datetime import datetime, timezone
+from typing import Callable
 
 from fastapi import APIRouter
 
-from app.api.deps import ServicesDep
-from app.config import ROLES
+from app.api.deps import Services, ServicesDep
+from app.config import ROLES, BaseModelConfig
 from app.errors import LimitExceeded, NotFound, UserError
 from app.protocol.wire import CreateModelRequest, GetInfoRequest, UnloadModelRequest
 from app.store.metadata import TrainingRun, model_id_for
+from app.trainer_service import CheckpointOp
 from app.training.lora import AdapterSpec
 
 router = APIRouter(prefix="/api/v1")
@@ -44,20 +47,39 @@ async def create_model(body: CreateModelRequest, services: ServicesDep) -> dict:
     if not (lora.train_attn or lora.train_mlp):
         raise UserError("set train_attn or train_mlp: this server does not adapt the unembedding (vLLM samplers "
                         "cannot serve lm_head LoRAs), so train_unembed alone trains nothing", field="lora_config")
-    if body.optimizer_config and body.optimizer_config.get("type", "adamw") != "adamw":
-        raise UserError("only optimizer_config.type 'adamw' is supported", field="optimizer_config.type")
-    await services.metadata.require_session(body.session_id)
-    model_id = model_id_for(body.session_id, body.model_seq_id)
-    request_id, created = await services.futures.create("create_model", model_id, 0)
-    if created:
+    check_optimizer_config(body.optimizer_config)
+
+    def spec() -> AdapterSpec:
         seed = lora.seed if lora.seed is not None else random.SystemRandom().randrange(2**31)
-        spec = AdapterSpec(rank=lora.rank, seed=seed, train_attn=lora.train_attn, train_mlp=lora.train_mlp, role=role)
-        trainer = base.trainer_for(role)
+        return AdapterSpec(rank=lora.rank, seed=seed, train_attn=lora.train_attn, train_mlp=lora.train_mlp, role=role)
+
+    return await register_model(services, "create_model", body.session_id, body.model_seq_id, base, spec,
+                                body.user_metadata)
+
+
+def check_optimizer_config(config: dict | None) -> None:
+    if config and config.get("type", "adamw") != "adamw":
+        raise UserError("only optimizer_config.type 'adamw' is supported", field="optimizer_config.type")
+
+
+async def register_model(services: Services, kind: str, session_id: str, model_seq_id: int, base: BaseModelConfig,
+                         spec: Callable[[], AdapterSpec], user_metadata: dict | None,
+                         load: Callable[[str, str], CheckpointOp] | None = None) -> dict:
+    """Record the model `{session_id}:train:{model_seq_id}` (its training run and its route to a trainer)
+    and have that trainer create it, filled from a checkpoint by `load(request_id, model_id)` if given.
+    A retry finds the first request's future."""
+    await services.metadata.require_session(session_id)
+    model_id = model_id_for(session_id, model_seq_id)
+    request_id, created = await services.futures.create(kind, model_id, 0)
+    if created:
+        adapter = spec()
+        trainer = base.trainer_for(adapter.role)
         await services.metadata.add_training_run(TrainingRun(
-            model_id=model_id, session_id=body.session_id, base_model=base.name, lora_rank=lora.rank,
-            role=role, trainer=trainer, lora_config={**lora.model_dump(), "seed": seed},
-            user_metadata=body.user_metadata or {}, created_at=time.time(), unloaded=False))
-        services.trainers.create_model(trainer, request_id, model_id, spec)
+            model_id=model_id, session_id=session_id, base_model=base.name, lora_rank=adapter.rank,
+            role=adapter.role, trainer=trainer, lora_config={k: v for k, v in asdict(adapter).items() if k != "role"},
+            user_metadata=user_metadata or {}, created_at=time.time(), unloaded=False))
+        services.trainers.create_model(trainer, request_id, model_id, adapter,
+                                       load(request_id, model_id) if load else None)
     return {"request_id": request_id, "model_id": model_id}
 
 

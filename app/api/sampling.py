@@ -18,11 +18,12 @@ router = APIRouter(prefix="/api/v1")
 
 
 async def _adapter_of(services: Services, model_path: str) -> tuple[str, str]:
-    """(base model, adapter directory) of saved sampler weights; a user error if there are none."""
+    """(base model, adapter directory) of saved sampler weights or a training checkpoint (both hold a PEFT
+    adapter); a user error if there is none."""
     path = parse_tinker_path(model_path, field="model_path")
-    if path.kind != "sampler_weights":
+    if path.kind not in ("sampler_weights", "weights"):
         raise UserError(f"{model_path!r} is a {path.kind} checkpoint; sample from sampler_weights "
-                        "(save_weights_for_sampler)", field="model_path")
+                        "(save_weights_for_sampler) or weights (save_state)", field="model_path")
     try:
         run = await services.training_run(path.model_id)
     except NotFound:

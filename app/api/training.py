@@ -20,15 +20,15 @@ from app.protocol.codec import decode_forward_backward, peek_sequence
 from app.storage import checkpoint_path
 from app.store.metadata import TrainingRun
 from app.store.samplers import SamplingSession, sampling_session_id_for
-from app.trainer_service import ForwardBackwardOp, OptimStepOp, SaveForSamplerOp, SkipOp, TrainingOp
+from app.trainer_service import CheckpointOp, ForwardBackwardOp, OptimStepOp, SkipOp, TrainingOp
 from app.training.optim import AdamParams
 from app.training.validation import validate_forward_backward
-from app.workers.commands import ForwardBackwardArgs
+from app.workers.commands import CommandKind, ForwardBackwardArgs
 
 router = APIRouter(prefix="/api/v1")
 
 
-async def _sequenced(services: Services, kind: str, model_id: str, seq_id: int,
+async def sequenced(services: Services, kind: str, model_id: str, seq_id: int,
                      build_op: Callable[[str, TrainingRun], Awaitable[TrainingOp]]) -> dict:
     """Create (or find, for a retry) the future of (model_id, seq_id) and queue its operation."""
     run = await services.training_run(model_id)
@@ -62,7 +62,7 @@ async def forward_backward(request: Request, services: ServicesDep) -> dict:
         async def reject(_: str, __: TrainingRun) -> TrainingOp:
             raise exc
 
-        return await _sequenced(services, "forward_backward", *sequence, reject)
+        return await sequenced(services, "forward_backward", *sequence, reject)
 
     async def build(request_id: str, run: TrainingRun) -> TrainingOp:
         loss = validate_forward_backward(decoded, services.config.limits, services.model_limits[run.base_model],
@@ -70,7 +70,7 @@ async def forward_backward(request: Request, services: ServicesDep) -> dict:
         args = ForwardBackwardArgs(loss.name, loss.config, decoded.forward_only, decoded.batch)
         return ForwardBackwardOp(request_id, args)
 
-    return await _sequenced(services, "forward_backward", decoded.model_id, decoded.seq_id, build)
+    return await sequenced(services, "forward_backward", decoded.model_id, decoded.seq_id, build)
 
 
 @router.post("/optim_step")
@@ -85,7 +85,7 @@ async def optim_step(body: wire.OptimStepRequest, services: ServicesDep) -> dict
             raise UserError(f"adam_params.{message}", field=f"adam_params.{field}") from exc
         return OptimStepOp(request_id, AdamParams(**params.model_dump()))
 
-    return await _sequenced(services, "optim_step", body.model_id, body.seq_id, build)
+    return await sequenced(services, "optim_step", body.model_id, body.seq_id, build)
 
 
 @router.post("/save_weights_for_sampler")
@@ -96,8 +96,8 @@ async def save_weights_for_sampler(body: wire.SaveWeightsForSamplerRequest, serv
                             "so they have no sampler weights", field="model_id")
         if body.path is not None:
             target = checkpoint_path(body.model_id, "sampler_weights", body.path)
-            return SaveForSamplerOp(request_id, str(target.directory(services.checkpoint_root)),
-                                    {"path": target.uri, "type": "save_weights_for_sampler"})
+            return CheckpointOp(request_id, CommandKind.SAVE_ADAPTER, str(target.directory(services.checkpoint_root)),
+                                {"path": target.uri, "type": "save_weights_for_sampler"})
         if body.sampling_session_seq_id is None:
             raise UserError("send a path (a name) or a sampling_session_seq_id", field="sampling_session_seq_id")
         sampler_id = sampling_session_id_for(run.session_id, body.sampling_session_seq_id)
@@ -105,7 +105,7 @@ async def save_weights_for_sampler(body: wire.SaveWeightsForSamplerRequest, serv
         await services.sampler_store.create(SamplingSession(
             sampling_session_id=sampler_id, session_id=run.session_id, base_model=run.base_model, model_path=None,
             adapter_dir=str(directory), ephemeral=True, last_used_at=time.time()))
-        return SaveForSamplerOp(request_id, str(directory),
-                                {"sampling_session_id": sampler_id, "type": "save_weights_for_sampler"})
+        return CheckpointOp(request_id, CommandKind.SAVE_ADAPTER, str(directory),
+                            {"sampling_session_id": sampler_id, "type": "save_weights_for_sampler"})
 
-    return await _sequenced(services, "save_weights_for_sampler", body.model_id, body.seq_id, build)
+    return await sequenced(services, "save_weights_for_sampler", body.model_id, body.seq_id, build)

@@ -88,6 +88,30 @@ class SaveWeightsForSamplerRequest(_Lenient):
     ttl_seconds: int | None = None
 
 
+class SaveWeightsRequest(_Lenient):
+    model_id: str
+    seq_id: int = Field(ge=1)
+    path: str  # a checkpoint name
+    overwrite: bool = False
+    ttl_seconds: int | None = None
+    user_metadata: dict[str, Any] | None = None
+
+
+class LoadWeightsRequest(_Lenient):
+    """Two forms: create-via-load (session_id + model_seq_id; the load is the new model's seq 0) or a
+    load into an existing model (model_id + seq_id)."""
+
+    path: str  # tinker://{model_id}/weights/{name}
+    optimizer: bool = False
+    session_id: str | None = None
+    model_seq_id: int | None = Field(None, ge=0)
+    model_id: str | None = None
+    seq_id: int | None = Field(None, ge=1)
+    optimizer_config: dict[str, Any] | None = None
+    base_model: str | None = None
+    user_metadata: dict[str, Any] | None = None
+
+
 class RetrieveFutureRequest(_Lenient):
     request_id: str
     allow_metadata_only: bool = False

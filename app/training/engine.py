@@ -7,8 +7,6 @@ are sums, so SUM is exact).
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +17,7 @@ from transformers import AutoModelForCausalLM
 
 from app.errors import NotFound, UserError
 from app.training.batch import PackedBatch
+from app.training import checkpoint
 from app.training.losses import get_loss
 from app.training.lora import AdapterPool, AdapterSpec
 from app.training.optim import AdamParams, apply_step, make_optimizer
@@ -48,6 +47,7 @@ class _Model:
     """One trained model on this rank: its adapter's module name, trainable parameters and optimizer."""
 
     name: str  # module keys cannot hold every model id
+    spec: AdapterSpec
     params: list[torch.nn.Parameter]
     optimizer: torch.optim.AdamW
     value_head: torch.nn.Linear | None  # critics only
@@ -72,7 +72,7 @@ class TrainingEngine:
         head = self._value_head() if spec.role == "critic" else None
         if head is not None:
             params = [*params, *head.parameters()]
-        self._models[model_id] = _Model(name, params, make_optimizer(params), head)
+        self._models[model_id] = _Model(name, spec, params, make_optimizer(params), head)
 
     def _value_head(self) -> torch.nn.Linear:
         """A scalar head on the final hidden state, in float32; zero-initialised, so new critics predict 0."""
@@ -165,20 +165,37 @@ class TrainingEngine:
         norm = apply_step(model.optimizer, model.params, hp)
         return {"grad_norm:mean": norm}
 
+    # -- checkpoints (rank 0 writes: ranks hold identical weights and optimizer state) -----------
     def save_adapter(self, model_id: str, directory: str) -> None:
-        """Write the model's adapter as a PEFT adapter directory (rank 0 only; ranks hold identical
-        weights). The directory appears complete or not at all."""
-        if self.rank != 0:
-            return
-        name = self._model(model_id).name
-        target = Path(directory)
-        if target.exists():
-            raise UserError(f"checkpoint {target.name!r} already exists for this model; choose another name",
-                            field="path")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.") as tmp:
-            self.pool.model.save_pretrained(tmp, selected_adapters=[name])
-            os.rename(Path(tmp) / name, target)  # PEFT writes non-default adapters into a subfolder
+        """Write the model's adapter as a PEFT adapter directory (what samplers load)."""
+        model = self._model(model_id)
+        if self.rank == 0:
+            checkpoint.write_atomically(
+                directory, lambda out: checkpoint.write_adapter(self.pool.model, model.name, out))
+
+    def save_state(self, model_id: str, directory: str, overwrite: bool = False) -> None:
+        """Write a training checkpoint: adapter, value head, optimizer state and spec."""
+        model = self._model(model_id)
+        if self.rank == 0:
+            checkpoint.write_atomically(directory, lambda out: checkpoint.write_state(
+                self.pool.model, model.name, model.spec, model.value_head, model.optimizer, out), overwrite)
+
+    def load_state(self, model_id: str, directory: str, with_optimizer: bool) -> None:
+        """Replace the model's weights (and optimizer state, or else a fresh optimizer) with a checkpoint's.
+        Its spec must match the model's: same rank, adapted layers and role."""
+        model = self._model(model_id)
+        saved = checkpoint.read_spec(directory)
+        if (saved.rank, saved.target_modules(), saved.role, saved.alpha) != \
+                (model.spec.rank, model.spec.target_modules(), model.spec.role, model.spec.alpha):
+            raise UserError(f"checkpoint {Path(directory).name!r} holds a rank-{saved.rank} {saved.role} adapting "
+                            f"{saved.target_modules()}; this model is a rank-{model.spec.rank} {model.spec.role} "
+                            f"adapting {model.spec.target_modules()}", field="path")
+        if not with_optimizer:
+            model.optimizer = make_optimizer(model.params)
+        checkpoint.load_state(self.pool.model, model.name, model.value_head,
+                              model.optimizer if with_optimizer else None, directory, self.device)
+        for p in model.params:
+            p.grad = None
 
     def adapter_state(self, model_id: str) -> dict[str, torch.Tensor]:
         """The model's trainable parameters by name, value head included (for tests and snapshots)."""

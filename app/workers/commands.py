@@ -23,6 +23,8 @@ class CommandKind(str, Enum):
     FORWARD_BACKWARD = "forward_backward"
     OPTIM_STEP = "optim_step"
     SAVE_ADAPTER = "save_adapter"
+    SAVE_STATE = "save_state"
+    LOAD_STATE = "load_state"
     PING = "ping"
 
 
@@ -41,7 +43,9 @@ class Command:
     spec: AdapterSpec | None = None
     fwdbwd: ForwardBackwardArgs | None = None
     adam: AdamParams | None = None
-    directory: str = ""  # SAVE_ADAPTER: absolute target directory
+    directory: str = ""  # SAVE_ADAPTER, SAVE_STATE, LOAD_STATE: the checkpoint's absolute directory
+    with_optimizer: bool = False  # LOAD_STATE: restore the optimizer state too
+    overwrite: bool = False  # SAVE_STATE: replace a checkpoint of the same name
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,10 @@ def execute(engine: TrainingEngine, cmd: Command) -> Any:
             return engine.optim_step(cmd.model_id, cmd.adam)
         if cmd.kind is CommandKind.SAVE_ADAPTER:
             return engine.save_adapter(cmd.model_id, cmd.directory)
+        if cmd.kind is CommandKind.SAVE_STATE:
+            return engine.save_state(cmd.model_id, cmd.directory, cmd.overwrite)
+        if cmd.kind is CommandKind.LOAD_STATE:
+            return engine.load_state(cmd.model_id, cmd.directory, cmd.with_optimizer)
         if cmd.kind is CommandKind.CREATE_MODEL:
             return engine.create_model(cmd.model_id, cmd.spec)
         if cmd.kind is CommandKind.REMOVE_MODEL:

@@ -1,0 +1,86 @@
+"""Training checkpoints on local storage: a PEFT adapter directory plus what resumes training.
+
+A checkpoint directory holds `adapter_config.json` + `adapter_model.safetensors` (a PEFT adapter, so
+samplers and HF tools read it as is), `value_head.safetensors` for critics, `optimizer.pt` (the AdamW
+state) and `tinker_model.json` (the model's AdapterSpec: rank, targets, role). Directories appear
+complete or not at all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable
+
+import torch
+from peft import PeftModel, set_peft_model_state_dict
+from safetensors.torch import load_file, save_file
+
+from app.errors import NotFound, UserError
+from app.training.lora import AdapterSpec
+
+SPEC_FILE = "tinker_model.json"
+VALUE_HEAD_FILE = "value_head.safetensors"
+OPTIMIZER_FILE = "optimizer.pt"
+ADAPTER_FILE = "adapter_model.safetensors"
+
+
+def write_atomically(directory: str | Path, write: Callable[[Path], None], overwrite: bool = False) -> None:
+    """Run `write(tmp_dir)`, then rename the result to `directory`; an existing checkpoint is refused
+    unless `overwrite`, and then replaced only once the new one is complete."""
+    target = Path(directory)
+    if target.exists() and not overwrite:
+        raise UserError(f"checkpoint {target.name!r} already exists for this model; choose another name",
+                        field="path")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.") as tmp:
+        staged = Path(tmp) / "checkpoint"
+        write(staged)
+        if target.exists():
+            os.rename(target, Path(tmp) / "replaced")  # removed with the temporary directory
+        os.rename(staged, target)
+
+
+def write_adapter(model: PeftModel, adapter: str, out: Path) -> None:
+    """The adapter alone, as a PEFT adapter directory at `out`."""
+    model.save_pretrained(out.parent / f"{out.name}.peft", selected_adapters=[adapter])
+    os.rename(out.parent / f"{out.name}.peft" / adapter, out)  # PEFT nests non-default adapters
+
+
+def write_state(model: PeftModel, adapter: str, spec: AdapterSpec, value_head: torch.nn.Module | None,
+                optimizer: torch.optim.Optimizer, out: Path) -> None:
+    """Everything that resumes training: adapter, value head, optimizer state and spec."""
+    write_adapter(model, adapter, out)
+    if value_head is not None:
+        save_file({k: v.detach().cpu().contiguous() for k, v in value_head.state_dict().items()},
+                  str(out / VALUE_HEAD_FILE))
+    torch.save(optimizer.state_dict(), out / OPTIMIZER_FILE)
+    (out / SPEC_FILE).write_text(json.dumps(asdict(spec), sort_keys=True))
+
+
+def read_spec(directory: str | Path, *, field: str = "path") -> AdapterSpec:
+    """The spec a training checkpoint was saved with; NotFound when `directory` holds none."""
+    try:
+        raw = json.loads((Path(directory) / SPEC_FILE).read_text())
+    except (OSError, ValueError):
+        raise NotFound(f"no training checkpoint at {Path(directory).name!r} (never saved, deleted, or a "
+                       "sampler-weights path)", field=field) from None
+    return AdapterSpec(**raw)
+
+
+def load_state(model: PeftModel, adapter: str, value_head: torch.nn.Module | None,
+               optimizer: torch.optim.Optimizer | None, directory: str | Path, device: torch.device) -> None:
+    """Load a checkpoint into an existing adapter of the same spec (and its optimizer, when given)."""
+    directory = Path(directory)
+    weights = load_file(str(directory / ADAPTER_FILE), device=str(device))
+    result = set_peft_model_state_dict(model, weights, adapter_name=adapter)
+    if result.unexpected_keys:
+        raise UserError(f"checkpoint {directory.name!r} does not fit this model: unexpected "
+                        f"{result.unexpected_keys[:3]}", field="path")
+    if value_head is not None:
+        value_head.load_state_dict(load_file(str(directory / VALUE_HEAD_FILE), device=str(device)))
+    if optimizer is not None:
+        optimizer.load_state_dict(torch.load(directory / OPTIMIZER_FILE, map_location=device, weights_only=True))

@@ -1,0 +1,105 @@
+"""Training checkpoints through the SDK: save_state, create_training_client_from_state[_with_optimizer] and
+load_state reproduce outputs exactly (and, with the optimizer, the next step); critics included."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tinker
+from tinker import types
+
+from tests.integration.conftest import BASE_MODEL
+from tests.integration.helpers import logprobs_of, new_client, sft_datums
+from tests.integration.test_critics import critic_datums, values_of
+
+ADAM = types.AdamParams(learning_rate=1e-2)
+
+
+def policy_outputs(tc: tinker.TrainingClient, data: list[types.Datum]) -> list[np.ndarray]:
+    return logprobs_of(tc.forward(data, "cross_entropy").result())
+
+
+def train(tc: tinker.TrainingClient, data: list[types.Datum], loss: str) -> None:
+    tc.forward_backward(data, loss).result()
+    tc.optim_step(ADAM).result()
+
+
+def assert_same(a: list[np.ndarray], b: list[np.ndarray]) -> None:
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_policy_round_trip(service_client: tinker.ServiceClient) -> None:
+    source = new_client(service_client, seed=51)
+    data = sft_datums(source.get_tokenizer(), 3)
+    for _ in range(2):
+        train(source, data, "cross_entropy")
+    saved = source.save_state("c1").result().path
+    assert saved == f"tinker://{source.model_id}/weights/c1"
+    sampler_weights = source.save_weights_for_sampler("c1").result().path
+    prompt = types.ModelInput.from_ints(data[0].model_input.to_ints()[:6])
+    greedy = types.SamplingParams(max_tokens=6, temperature=0.0)
+    from_checkpoint, from_sampler_weights = (
+        service_client.create_sampling_client(model_path=p).sample(prompt, 1, greedy).result().sequences[0]
+        for p in (saved, sampler_weights))
+    assert from_checkpoint.tokens == from_sampler_weights.tokens  # a training checkpoint samples as is
+    np.testing.assert_allclose(from_checkpoint.logprobs, from_sampler_weights.logprobs, atol=1e-5)
+
+    full = service_client.create_training_client_from_state_with_optimizer(saved).result()
+    weights_only = service_client.create_training_client_from_state(saved).result()
+    assert len({source.model_id, full.model_id, weights_only.model_id}) == 3
+    before = policy_outputs(source, data)
+    assert_same(policy_outputs(full, data), before)
+    assert_same(policy_outputs(weights_only, data), before)
+    for tc in (source, full, weights_only):
+        train(tc, data, "cross_entropy")
+    after = policy_outputs(source, data)
+    assert_same(policy_outputs(full, data), after)  # the optimizer state came back too
+    assert not all(np.array_equal(x, y) for x, y in zip(policy_outputs(weights_only, data), after))
+
+    loaded = new_client(service_client, seed=52)  # load_state into an existing model of the same shape
+    loaded.load_state(saved).result()
+    assert_same(policy_outputs(loaded, data), before)
+
+
+def test_critic_round_trip(service_client: tinker.ServiceClient, state_dir: Path) -> None:
+    critic = service_client.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=53,
+                                                        user_metadata={"model_role": "critic"}).result()
+    tokenizer = critic.get_tokenizer()
+    bare = critic_datums(tokenizer)
+    for _ in range(2):
+        train(critic, critic_datums(tokenizer, values_of(critic.forward(bare, "ppo").result())), "ppo")
+    saved = critic.save_state("v1").result().path
+    with pytest.raises(tinker.BadRequestError, match="critic"):
+        service_client.create_sampling_client(model_path=saved).result()
+    restored = service_client.create_training_client_from_state_with_optimizer(saved).result()
+    current = values_of(critic.forward(bare, "ppo").result())
+    assert np.abs(np.concatenate(current)).max() > 0  # the value head was trained and came back
+    assert_same(values_of(restored.forward(bare, "ppo").result()), current)
+    step_data = critic_datums(tokenizer, current)
+    for tc in (critic, restored):
+        train(tc, step_data, "ppo")
+    assert_same(values_of(restored.forward(bare, "ppo").result()), values_of(critic.forward(bare, "ppo").result()))
+    with sqlite3.connect(state_dir / "tinker_serve.db") as db:
+        route = db.execute("SELECT role, trainer FROM training_runs WHERE model_id = ?", (restored.model_id,)).fetchone()
+    assert route == ("critic", f"{BASE_MODEL}:critic")
+
+
+def test_checkpoint_errors(service_client: tinker.ServiceClient) -> None:
+    tc = new_client(service_client, seed=54)
+    tc.save_state("dup").result()
+    with pytest.raises(tinker.RequestFailedError, match="already exists"):
+        tc.save_state("dup").result()
+    assert tc.save_state("dup", overwrite=True).result().path.endswith("/weights/dup")
+    sampler_path = tc.save_weights_for_sampler("s").result().path
+    with pytest.raises(tinker.BadRequestError, match="path"):
+        service_client.create_training_client_from_state(sampler_path).result()
+    with pytest.raises(tinker.NotFoundError, match="path"):
+        service_client.create_training_client_from_state(f"tinker://{tc.model_id}/weights/never").result()
+    smaller = service_client.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=1).result()
+    with pytest.raises(tinker.RequestFailedError, match="rank-8 policy") as info:
+        smaller.load_state(f"tinker://{tc.model_id}/weights/dup").result()
+    assert info.value.category is types.RequestErrorCategory.User
