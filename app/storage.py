@@ -6,8 +6,12 @@ nor the name may hold `/`; names are also kept to a safe character set.
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import uuid
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 from app.errors import UserError
@@ -48,3 +52,44 @@ def parse_tinker_path(uri: str, *, field: str = "path") -> CheckpointPath:
     if len(parts) != 3 or not parts[0]:
         raise UserError(f"{uri!r} must look like tinker://<model_id>/<kind>/<name>", field=field)
     return checkpoint_path(parts[0], parts[1], parts[2], field=field)
+
+
+_CHECKPOINT_TYPES = {"weights": "training", "sampler_weights": "sampler", "external_weights": "external"}
+
+
+@dataclass(frozen=True)
+class StoredCheckpoint:
+    path: CheckpointPath
+    saved_at: float
+    size_bytes: int
+
+    def to_json(self) -> dict:
+        """The REST `Checkpoint` view."""
+        return {"checkpoint_id": f"{self.path.kind}/{self.path.name}",
+                "checkpoint_type": _CHECKPOINT_TYPES[self.path.kind],
+                "time": datetime.fromtimestamp(self.saved_at, timezone.utc).isoformat(),
+                "tinker_path": self.path.uri, "size_bytes": self.size_bytes, "public": False}
+
+
+def list_checkpoints(root: Path, model_id: str) -> list[StoredCheckpoint]:
+    """The model's complete checkpoints (temporary build directories are skipped), newest first. Blocking."""
+    found = []
+    for kind in KINDS:
+        for directory in (root / model_id / kind).glob("[!.]*"):
+            if directory.is_dir():
+                files = [f.stat() for f in directory.rglob("*") if f.is_file()]
+                found.append(StoredCheckpoint(CheckpointPath(model_id, kind, directory.name),
+                                              directory.stat().st_mtime, sum(f.st_size for f in files)))
+    return sorted(found, key=lambda c: c.saved_at, reverse=True)
+
+
+def delete_checkpoint(root: Path, path: CheckpointPath) -> bool:
+    """Remove a checkpoint; it disappears at once (renamed aside, then deleted). False if absent. Blocking."""
+    directory = path.directory(root)
+    doomed = directory.with_name(f".{directory.name}.deleted-{uuid.uuid4().hex[:8]}")
+    try:
+        os.rename(directory, doomed)
+    except FileNotFoundError:
+        return False
+    shutil.rmtree(doomed, ignore_errors=True)
+    return True

@@ -1,18 +1,17 @@
-"""Training models: create, describe, unload, and the training-run view REST clients read."""
+"""Training models: create, describe, unload."""
 
 from __future__ import annotations
 
 import random
 import time
 from dataclasses import asdict
-from datetime import datetime, timezone
 from typing import Callable
 
 from fastapi import APIRouter
 
 from app.api.deps import Services, ServicesDep
 from app.config import ROLES, BaseModelConfig
-from app.errors import LimitExceeded, NotFound, UserError
+from app.errors import LimitExceeded, UserError
 from app.protocol.wire import CreateModelRequest, GetInfoRequest, UnloadModelRequest
 from app.store.metadata import TrainingRun, model_id_for
 from app.trainer_service import CheckpointOp
@@ -103,17 +102,3 @@ async def unload_model(body: UnloadModelRequest, services: ServicesDep) -> dict:
     await services.metadata.mark_unloaded(run.model_id)
     services.trainers.unload_model(run.trainer, request_id, run.model_id)
     return {"request_id": request_id, "model_id": run.model_id}
-
-
-@router.get("/training_runs/{run_id}")
-async def training_run(run_id: str, services: ServicesDep) -> dict:
-    try:
-        run = await services.training_run(run_id)
-    except NotFound as exc:
-        raise NotFound(f"training run {run_id!r} does not exist", field="run_id") from exc
-    return {
-        "training_run_id": run.model_id, "base_model": run.base_model, "model_owner": run.session_id,
-        "is_lora": True, "lora_rank": run.lora_rank, "corrupted": False,
-        "last_request_time": datetime.fromtimestamp(run.created_at, timezone.utc).isoformat(),
-        "user_metadata": {k: str(v) for k, v in run.user_metadata.items()},
-    }

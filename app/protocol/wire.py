@@ -112,6 +112,10 @@ class LoadWeightsRequest(_Lenient):
     user_metadata: dict[str, Any] | None = None
 
 
+class WeightsInfoRequest(_Lenient):
+    tinker_path: str
+
+
 class RetrieveFutureRequest(_Lenient):
     request_id: str
     allow_metadata_only: bool = False

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 import tinker
@@ -103,3 +104,30 @@ def test_checkpoint_errors(service_client: tinker.ServiceClient) -> None:
     with pytest.raises(tinker.RequestFailedError, match="rank-8 policy") as info:
         smaller.load_state(f"tinker://{tc.model_id}/weights/dup").result()
     assert info.value.category is types.RequestErrorCategory.User
+
+
+def test_rest_list_describe_delete(service_client: tinker.ServiceClient, base_url: str) -> None:
+    tc = new_client(service_client, seed=55)
+    rest = service_client.create_rest_client()
+    state = tc.save_state("c1").result().path
+    sampler = tc.save_weights_for_sampler("s1").result().path
+    listed = rest.list_checkpoints(tc.model_id).result().checkpoints
+    assert {(c.checkpoint_id, c.checkpoint_type, c.tinker_path) for c in listed} == {
+        ("weights/c1", "training", state), ("sampler_weights/s1", "sampler", sampler)}
+    assert all(c.size_bytes > 0 for c in listed)
+    assert rest.get_training_run_by_tinker_path(sampler).result().base_model == BASE_MODEL
+    info = rest.get_weights_info_by_tinker_path(state).result()
+    assert (info.base_model, info.is_lora, info.lora_rank) == (BASE_MODEL, True, 8)
+
+    rest.delete_checkpoint_from_tinker_path(state).result()
+    assert [c.checkpoint_id for c in rest.list_checkpoints(tc.model_id).result().checkpoints] == ["sampler_weights/s1"]
+    with pytest.raises(tinker.NotFoundError):
+        service_client.create_training_client_from_state(state).result()
+    with pytest.raises(tinker.NotFoundError):
+        rest.delete_checkpoint_from_tinker_path(state).result()
+    with httpx.Client(base_url=base_url, timeout=30, headers={"X-API-Key": "tml-integration-tests"}) as http:
+        for bad in ("weights/%2E%2E", "sampler_weights/%2E%2E%2F%2E%2E%2Fsampler_weights%2Fs1", "secrets/c1",
+                    "sampler_weights/s1%2F..%2F..%2F..%2Fx"):  # percent-encoded, so no client normalises them
+            answer = http.delete(f"/api/v1/training_runs/{tc.model_id}/checkpoints/{bad}")
+            assert answer.status_code == 400 and "checkpoint_id" in answer.text, (bad, answer.text)
+    assert [c.checkpoint_id for c in rest.list_checkpoints(tc.model_id).result().checkpoints] == ["sampler_weights/s1"]
