@@ -37,6 +37,8 @@ class LimitsConfig(_Strict):
     max_topk_logprobs: int = Field(20, ge=0)  # topk_prompt_logprobs and topk_sample_logprobs
     max_pending_samples: int = Field(512, ge=1)  # per base model and ingress replica; beyond it asample gets 429
     ephemeral_sampler_ttl_seconds: float = Field(3600.0, gt=0)  # unused this long, an ephemeral sampler expires
+    session_timeout_seconds: float = Field(300.0, ge=30)  # silent this long (SDKs beat every 10 s), a session
+    # expires and its models are unloaded; their checkpoints stay
 
 
 class SamplerConfig(_Strict):

@@ -18,6 +18,7 @@ from app.errors import UserError
 
 KINDS = ("weights", "sampler_weights", "external_weights")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_:-]{0,199}$")  # `{session}:train:{n}`; never `.` or `..`
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ def parse_tinker_path(uri: str, *, field: str = "path") -> CheckpointPath:
     if not uri.startswith("tinker://"):
         raise UserError(f"{uri!r} is not a tinker:// path", field=field)
     parts = uri[len("tinker://"):].split("/")
-    if len(parts) != 3 or not parts[0]:
+    if len(parts) != 3 or not _MODEL_ID.match(parts[0]):
         raise UserError(f"{uri!r} must look like tinker://<model_id>/<kind>/<name>", field=field)
     return checkpoint_path(parts[0], parts[1], parts[2], field=field)
 
@@ -81,6 +82,12 @@ def list_checkpoints(root: Path, model_id: str) -> list[StoredCheckpoint]:
                 found.append(StoredCheckpoint(CheckpointPath(model_id, kind, directory.name),
                                               directory.stat().st_mtime, sum(f.st_size for f in files)))
     return sorted(found, key=lambda c: c.saved_at, reverse=True)
+
+
+def list_all_checkpoints(root: Path) -> list[StoredCheckpoint]:
+    """Every run's checkpoints, newest first. Blocking; scans the whole checkpoint root."""
+    runs = [d.name for d in root.iterdir() if d.is_dir()] if root.is_dir() else []
+    return sorted((c for run in runs for c in list_checkpoints(root, run)), key=lambda c: c.saved_at, reverse=True)
 
 
 def delete_checkpoint(root: Path, path: CheckpointPath) -> bool:

@@ -9,6 +9,7 @@ from ray.serve.handle import DeploymentHandle
 
 from app.api.deps import Services
 from app.api.main import create_api
+from app.api.sessions import expire_forever
 from app.config import ServerConfig
 from app.sampling.expiry import sweep_forever
 from app.store.db import create_tables, make_engine
@@ -41,7 +42,8 @@ class Ingress:
             model_limits={name: ModelLimits(**limits) for name, limits in model_limits.items()},
             api_keys=cfg.auth.load_keys(),
         )
-        self._sweeper = asyncio.create_task(sweep_forever(sampler_store, cfg.limits.ephemeral_sampler_ttl_seconds))
+        self._sweepers = [asyncio.create_task(sweep_forever(sampler_store, cfg.limits.ephemeral_sampler_ttl_seconds)),
+                          asyncio.create_task(expire_forever(self._services))]
 
     def __serve_build_asgi_app__(self) -> Any:
         """Serve calls this after the constructor: the API, bound to this replica's collaborators."""

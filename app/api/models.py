@@ -10,6 +10,7 @@ from typing import Callable
 from fastapi import APIRouter
 
 from app.api.deps import Services, ServicesDep
+from app.api.sessions import unload
 from app.config import ROLES, BaseModelConfig
 from app.errors import LimitExceeded, UserError
 from app.protocol.wire import CreateModelRequest, GetInfoRequest, UnloadModelRequest
@@ -98,7 +99,4 @@ async def get_info(body: GetInfoRequest, services: ServicesDep) -> dict:
 @router.post("/unload_model")
 async def unload_model(body: UnloadModelRequest, services: ServicesDep) -> dict:
     run = await services.training_run(body.model_id)
-    request_id, _ = await services.futures.create("unload_model", body.model_id, None)
-    await services.metadata.mark_unloaded(run.model_id)
-    services.trainers.unload_model(run.trainer, request_id, run.model_id)
-    return {"request_id": request_id, "model_id": run.model_id}
+    return {"request_id": await unload(services, run), "model_id": run.model_id}

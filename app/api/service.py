@@ -6,6 +6,7 @@ from fastapi import APIRouter, Body
 from fastapi.responses import JSONResponse
 
 from app.api.deps import ServicesDep
+from app.api.sessions import unload_session_models
 from app.protocol.wire import CreateSessionRequest, FinishSessionRequest, SessionHeartbeatRequest
 
 router = APIRouter(prefix="/api/v1")
@@ -51,6 +52,7 @@ async def heartbeat(body: SessionHeartbeatRequest, services: ServicesDep) -> JSO
 async def finish_session(session_id: str, services: ServicesDep, body: FinishSessionRequest = Body(None)) -> dict:
     reason = ((body.reason or {}).get("type") if body else None) or "success"
     await services.metadata.finish_session(session_id, str(reason))
+    await unload_session_models(services, session_id)
     return {}
 
 

@@ -6,7 +6,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -26,6 +26,14 @@ class TrainingRun:
     user_metadata: dict
     created_at: float
     unloaded: bool
+
+
+def _run_from_row(row) -> TrainingRun:  # noqa: ANN001 - a SQLAlchemy Row
+    return TrainingRun(
+        model_id=row.model_id, session_id=row.session_id, base_model=row.base_model, lora_rank=row.lora_rank,
+        role=row.role, trainer=row.trainer, lora_config=row.lora_config, user_metadata=row.user_metadata or {},
+        created_at=row.created_at, unloaded=bool(row.unloaded),
+    )
 
 
 def model_id_for(session_id: str, model_seq_id: int) -> str:
@@ -48,12 +56,30 @@ class MetadataStore:
         return session_id
 
     async def heartbeat(self, session_id: str) -> bool:
-        """Record a heartbeat; False when the session is unknown."""
+        """Record a heartbeat; False when the session is unknown or finished (expired included)."""
         async with self._engine.begin() as conn:
             result = await conn.execute(
-                update(sessions).where(sessions.c.session_id == session_id).values(last_heartbeat=time.time())
+                update(sessions).where(sessions.c.session_id == session_id, sessions.c.finished_reason.is_(None))
+                .values(last_heartbeat=time.time())
             )
         return result.rowcount > 0
+
+    async def expire_sessions(self, silent_since: float) -> list[str]:
+        """Finish, as "expired", every open session whose last heartbeat is older than `silent_since`."""
+        async with self._engine.begin() as conn:
+            silent = (sessions.c.finished_reason.is_(None)) & (sessions.c.last_heartbeat < silent_since)
+            ids = [row.session_id for row in await conn.execute(select(sessions.c.session_id).where(silent))]
+            if ids:
+                await conn.execute(update(sessions).where(silent, sessions.c.session_id.in_(ids))
+                                   .values(finished_reason="expired"))
+        return ids
+
+    async def loaded_runs_of(self, session_id: str) -> list[TrainingRun]:
+        """The session's models that have not been unloaded."""
+        async with self._engine.connect() as conn:
+            rows = await conn.execute(select(training_runs).where(training_runs.c.session_id == session_id,
+                                                                  training_runs.c.unloaded == 0))
+        return [_run_from_row(row) for row in rows]
 
     async def finish_session(self, session_id: str, reason: str) -> None:
         async with self._engine.begin() as conn:
@@ -85,11 +111,16 @@ class MetadataStore:
             row = (await conn.execute(select(training_runs).where(training_runs.c.model_id == model_id))).first()
         if row is None:
             raise NotFound(f"model {model_id!r} does not exist", field="model_id")
-        return TrainingRun(
-            model_id=row.model_id, session_id=row.session_id, base_model=row.base_model, lora_rank=row.lora_rank,
-            role=row.role, trainer=row.trainer, lora_config=row.lora_config, user_metadata=row.user_metadata or {},
-            created_at=row.created_at, unloaded=bool(row.unloaded),
-        )
+        return _run_from_row(row)
+
+    async def list_training_runs(self, limit: int, offset: int) -> tuple[list[TrainingRun], int]:
+        """One page of runs, newest first, and the total count."""
+        async with self._engine.connect() as conn:
+            total = await conn.scalar(select(func.count()).select_from(training_runs))
+            rows = await conn.execute(select(training_runs).order_by(training_runs.c.created_at.desc(),
+                                                                     training_runs.c.model_id)
+                                      .limit(limit).offset(offset))
+        return [_run_from_row(row) for row in rows], int(total)
 
     async def model_ids_on(self, trainer: str) -> list[str]:
         """The models routed to `trainer`."""

@@ -23,6 +23,7 @@ MAX_TOKENS = 64
 EPHEMERAL_TTL_S = 15.0  # short, so one test can watch an ephemeral sampler expire
 MAX_LORAS = 2  # fewer vLLM LoRA slots than adapters in use: the scheduler must rotate them
 MAX_PENDING_SAMPLES = 16  # beyond it asample answers 429
+SESSION_TIMEOUT_S = 45.0  # a session silent this long expires (the SDK beats every 10 s)
 
 
 def _free_port() -> int:
@@ -40,7 +41,8 @@ def server_config(state_dir: Path) -> dict:
                          "critic_trainer": {"num_workers": 1, "cpus_per_worker": 1},  # critics route elsewhere
                          "sampler": {"kv_cache_mib": 64, "max_loras": MAX_LORAS, "max_cpu_loras": 6}}],
         "limits": {"fwdbwd_max_chunk_len": CHUNK_LEN, "max_tokens_per_datum": MAX_TOKENS, "max_lora_rank": 16,
-                   "ephemeral_sampler_ttl_seconds": EPHEMERAL_TTL_S, "max_pending_samples": MAX_PENDING_SAMPLES},
+                   "ephemeral_sampler_ttl_seconds": EPHEMERAL_TTL_S, "max_pending_samples": MAX_PENDING_SAMPLES,
+                   "session_timeout_seconds": SESSION_TIMEOUT_S},
     }
 
 

@@ -131,3 +131,15 @@ def test_rest_list_describe_delete(service_client: tinker.ServiceClient, base_ur
             answer = http.delete(f"/api/v1/training_runs/{tc.model_id}/checkpoints/{bad}")
             assert answer.status_code == 400 and "checkpoint_id" in answer.text, (bad, answer.text)
     assert [c.checkpoint_id for c in rest.list_checkpoints(tc.model_id).result().checkpoints] == ["sampler_weights/s1"]
+
+    # Pagination as the CLI does it: offset += page length until total_count.
+    seen, offset = [], 0
+    while True:
+        page = rest.list_training_runs(limit=3, offset=offset).result()
+        seen += [r.training_run_id for r in page.training_runs]
+        offset += len(page.training_runs)
+        if offset >= page.cursor.total_count:
+            break
+    assert tc.model_id in seen and len(seen) == len(set(seen)) == page.cursor.total_count
+    everyone = rest.list_user_checkpoints(limit=1000).result().checkpoints
+    assert sampler in {c.tinker_path for c in everyone} and state not in {c.tinker_path for c in everyone}

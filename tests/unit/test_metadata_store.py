@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Awaitable, Callable, TypeVar
 
@@ -135,3 +136,34 @@ def test_runs_survive_new_engine(tmp_path: Path) -> None:
 
     run_with_store(db, write)
     assert run_with_store(db, read) == _run("sess:train:5")
+
+
+def test_training_runs_page_newest_first(tmp_path: Path) -> None:
+    async def body(store: MetadataStore, _engine) -> None:  # noqa: ANN001
+        for i in range(5):
+            await store.add_training_run(replace(_run(f"sess:train:{i}"), created_at=100.0 + i))
+        first, total = await store.list_training_runs(limit=2, offset=0)
+        assert total == 5 and [r.model_id for r in first] == ["sess:train:4", "sess:train:3"]
+        rest, _ = await store.list_training_runs(limit=10, offset=2)
+        assert [r.model_id for r in rest] == ["sess:train:2", "sess:train:1", "sess:train:0"]
+        assert (await store.list_training_runs(limit=3, offset=5))[0] == []
+
+    run_with_store(tmp_path / "m.db", body)
+
+
+def test_silent_sessions_expire_and_stop_heartbeating(tmp_path: Path) -> None:
+    async def body(store: MetadataStore, _engine) -> None:  # noqa: ANN001
+        silent, alive, closed = [await store.create_session(None, [], {}) for _ in range(3)]
+        await store.finish_session(closed, "success")
+        cutoff = time.time() + 1  # everything beats before it...
+        await store.heartbeat(alive)
+        assert sorted(await store.expire_sessions(cutoff - 60)) == []  # ...but nothing is silent for a minute
+        assert sorted(await store.expire_sessions(cutoff)) == sorted([silent, alive])
+        assert await store.expire_sessions(cutoff) == []  # already finished
+        assert await store.heartbeat(silent) is False  # the SDK stops beating on 410
+        await store.add_training_run(_run("x:train:0", session_id=silent))
+        await store.add_training_run(_run("x:train:1", session_id=silent))
+        await store.mark_unloaded("x:train:1")
+        assert [r.model_id for r in await store.loaded_runs_of(silent)] == ["x:train:0"]
+
+    run_with_store(tmp_path / "m.db", body)

@@ -26,7 +26,8 @@ def test_unsafe_names_are_refused(name: str) -> None:
 
 
 @pytest.mark.parametrize("uri", ["s3://x/weights/a", "tinker://m/weights", "tinker://m/bogus/a",
-                                 "tinker:///weights/a", "tinker://m/weights/a/b"])
+                                 "tinker:///weights/a", "tinker://m/weights/a/b", "tinker://../weights/a",
+                                 "tinker://./weights/a", "tinker://m.x/weights/a", "tinker://%2E%2E/weights/a"])
 def test_malformed_uris_are_refused(uri: str) -> None:
     with pytest.raises(UserError):
         parse_tinker_path(uri, field="model_path")
