@@ -40,11 +40,13 @@ async def expire_silent_sessions(services: Services) -> int:
 
 
 async def expire_forever(services: Services) -> None:
-    """Sweep every timeout/4 (at most every 30 s) until cancelled; a failed sweep is logged and retried."""
-    interval = min(30.0, services.config.limits.session_timeout_seconds / 4)
+    """Sweep every timeout/4 (at most every 30 s) until cancelled; a failed sweep is logged and retried.
+    The first sweep waits a whole timeout: clients get that long to reach a (re)started server."""
+    timeout = services.config.limits.session_timeout_seconds
+    await asyncio.sleep(timeout)
     while True:
-        await asyncio.sleep(interval)
         try:
             await expire_silent_sessions(services)
         except Exception:  # noqa: BLE001 - the next sweep retries
             logger.exception("expiring silent sessions failed")
+        await asyncio.sleep(min(30.0, timeout / 4))
