@@ -13,6 +13,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Iterable, Iterator
 
 from app.errors import UserError
 
@@ -72,22 +73,29 @@ class StoredCheckpoint:
                 "tinker_path": self.path.uri, "size_bytes": self.size_bytes, "public": False}
 
 
-def list_checkpoints(root: Path, model_id: str) -> list[StoredCheckpoint]:
-    """The model's complete checkpoints (temporary build directories are skipped), newest first. Blocking."""
-    found = []
+def _stored(root: Path, model_id: str) -> Iterator[StoredCheckpoint]:
+    """The model's complete checkpoints (temporary build directories are skipped), in no order."""
     for kind in KINDS:
         for directory in (root / model_id / kind).glob("[!.]*"):
             if directory.is_dir():
                 files = [f.stat() for f in directory.rglob("*") if f.is_file()]
-                found.append(StoredCheckpoint(CheckpointPath(model_id, kind, directory.name),
-                                              directory.stat().st_mtime, sum(f.st_size for f in files)))
-    return sorted(found, key=lambda c: c.saved_at, reverse=True)
+                yield StoredCheckpoint(CheckpointPath(model_id, kind, directory.name), directory.stat().st_mtime,
+                                       sum(f.st_size for f in files))
+
+
+def _newest_first(checkpoints: Iterable[StoredCheckpoint]) -> list[StoredCheckpoint]:
+    return sorted(checkpoints, key=lambda c: c.saved_at, reverse=True)
+
+
+def list_checkpoints(root: Path, model_id: str) -> list[StoredCheckpoint]:
+    """The model's complete checkpoints, newest first. Blocking."""
+    return _newest_first(_stored(root, model_id))
 
 
 def list_all_checkpoints(root: Path) -> list[StoredCheckpoint]:
     """Every run's checkpoints, newest first. Blocking; scans the whole checkpoint root."""
     runs = [d.name for d in root.iterdir() if d.is_dir()] if root.is_dir() else []
-    return sorted((c for run in runs for c in list_checkpoints(root, run)), key=lambda c: c.saved_at, reverse=True)
+    return _newest_first(c for run in runs for c in _stored(root, run))
 
 
 def delete_checkpoint(root: Path, path: CheckpointPath) -> bool:

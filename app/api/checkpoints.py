@@ -10,9 +10,9 @@ from fastapi import APIRouter
 from app.api.deps import Services, ServicesDep
 from app.api.models import check_optimizer_config, register_model
 from app.api.training import sequenced
-from app.errors import NotFound, UserError
+from app.errors import UserError
 from app.protocol import wire
-from app.storage import CheckpointPath, checkpoint_path, parse_tinker_path
+from app.storage import CheckpointPath, checkpoint_path
 from app.store.metadata import TrainingRun
 from app.trainer_service import CheckpointOp, TrainingOp
 from app.training.checkpoint import read_spec
@@ -34,14 +34,8 @@ async def save_weights(body: wire.SaveWeightsRequest, services: ServicesDep) -> 
 
 async def _training_checkpoint(services: Services, uri: str) -> tuple[CheckpointPath, TrainingRun, AdapterSpec]:
     """The checkpoint at `uri`, the run that saved it and its spec; user errors naming `path` otherwise."""
-    path = parse_tinker_path(uri, field="path")
-    if path.kind != "weights":
-        raise UserError(f"{uri!r} is a {path.kind} path; load a training checkpoint (tinker://.../weights/...) "
-                        "saved with save_state", field="path")
-    try:
-        run = await services.training_run(path.model_id)
-    except NotFound:
-        raise NotFound(f"path {uri!r}: no training run {path.model_id!r}", field="path") from None
+    path, run = await services.saved_by(uri, field="path", kinds=("weights",), hint="load a training checkpoint "
+                                        "(tinker://.../weights/...) saved with save_state")
     spec = await asyncio.to_thread(read_spec, path.directory(services.checkpoint_root))
     return path, run, spec
 
@@ -66,7 +60,7 @@ async def load_weights(body: wire.LoadWeightsRequest, services: ServicesDep) -> 
     return await sequenced(services, "load_weights", body.model_id, body.seq_id, build)
 
 
-async def _create_from_checkpoint(body: wire.LoadWeightsRequest, services: ServicesDep) -> dict:
+async def _create_from_checkpoint(body: wire.LoadWeightsRequest, services: Services) -> dict:
     if body.session_id is None or body.model_seq_id is None:
         raise UserError("creating a model from a checkpoint needs both session_id and model_seq_id",
                         field="model_seq_id")

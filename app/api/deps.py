@@ -12,6 +12,7 @@ from fastapi import Depends, Request
 from app.api.dispatch import SamplerDispatcher, TrainerDispatcher
 from app.config import BaseModelConfig, ServerConfig
 from app.errors import NotFound, UserError
+from app.storage import KINDS, CheckpointPath, parse_tinker_path
 from app.store.futures import FutureStore
 from app.store.metadata import MetadataStore, TrainingRun
 from app.store.samplers import SamplerStore, SamplingSession
@@ -54,6 +55,19 @@ class Services:
             run = await self.metadata.get_training_run(model_id)
             self._runs[model_id] = run
         return run
+
+    async def saved_by(self, uri: str, *, field: str, kinds: tuple[str, ...] = KINDS, hint: str = ""
+                       ) -> tuple[CheckpointPath, TrainingRun]:
+        """A tinker path of one of `kinds` and the run that saved it; user errors naming `field` otherwise
+        (`hint` says what to send instead of another kind)."""
+        path = parse_tinker_path(uri, field=field)
+        if path.kind not in kinds:
+            raise UserError(f"{uri!r} is a {path.kind} checkpoint; {hint}", field=field)
+        try:
+            run = await self.training_run(path.model_id)
+        except NotFound:
+            raise NotFound(f"{field} {uri!r}: no training run {path.model_id!r}", field=field) from None
+        return path, run
 
     async def sampling_session(self, sampling_session_id: str) -> SamplingSession:
         """A live sampling session; using an ephemeral one keeps it from expiring."""

@@ -10,18 +10,17 @@ from fastapi import APIRouter, Query
 from app.api.deps import Services, ServicesDep
 from app.errors import NotFound
 from app.protocol.wire import WeightsInfoRequest
-from app.storage import (checkpoint_path, delete_checkpoint, list_all_checkpoints, list_checkpoints,
-                         parse_tinker_path)
+from app.storage import checkpoint_path, delete_checkpoint, list_all_checkpoints, list_checkpoints
 from app.store.metadata import TrainingRun
 
 router = APIRouter(prefix="/api/v1")
 
 
-async def _run(services: Services, run_id: str, field: str = "run_id") -> TrainingRun:
+async def _run(services: Services, run_id: str) -> TrainingRun:
     try:
         return await services.training_run(run_id)
     except NotFound as exc:
-        raise NotFound(f"training run {run_id!r} does not exist", field=field) from exc
+        raise NotFound(f"training run {run_id!r} does not exist", field="run_id") from exc
 
 
 def _run_view(run: TrainingRun) -> dict:
@@ -74,8 +73,7 @@ async def delete_run_checkpoint(run_id: str, checkpoint_id: str, services: Servi
 
 @router.post("/weights_info")
 async def weights_info(body: WeightsInfoRequest, services: ServicesDep) -> dict:
-    path = parse_tinker_path(body.tinker_path, field="tinker_path")
-    run = await _run(services, path.model_id, field="tinker_path")
+    path, run = await services.saved_by(body.tinker_path, field="tinker_path")
     if not await asyncio.to_thread(path.directory(services.checkpoint_root).is_dir):
         raise NotFound(f"{body.tinker_path!r} does not exist", field="tinker_path")
     lora = run.lora_config

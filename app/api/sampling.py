@@ -11,7 +11,6 @@ from app.api.deps import Services, ServicesDep
 from app.errors import NotFound, UserError
 from app.protocol.wire import CreateSamplingSessionRequest, SampleRequest
 from app.sampling.params import sample_args
-from app.storage import parse_tinker_path
 from app.store.samplers import SamplingSession, sampling_session_id_for
 
 router = APIRouter(prefix="/api/v1")
@@ -20,14 +19,9 @@ router = APIRouter(prefix="/api/v1")
 async def _adapter_of(services: Services, model_path: str) -> tuple[str, str]:
     """(base model, adapter directory) of saved sampler weights or a training checkpoint (both hold a PEFT
     adapter); a user error if there is none."""
-    path = parse_tinker_path(model_path, field="model_path")
-    if path.kind not in ("sampler_weights", "weights"):
-        raise UserError(f"{model_path!r} is a {path.kind} checkpoint; sample from sampler_weights "
-                        "(save_weights_for_sampler) or weights (save_state)", field="model_path")
-    try:
-        run = await services.training_run(path.model_id)
-    except NotFound:
-        raise NotFound(f"model_path {model_path!r}: no training run {path.model_id!r}", field="model_path") from None
+    path, run = await services.saved_by(model_path, field="model_path", kinds=("sampler_weights", "weights"),
+                                        hint="sample from sampler_weights (save_weights_for_sampler) or weights "
+                                             "(save_state)")
     if run.role == "critic":
         raise UserError(f"model_path {model_path!r} belongs to a critic, which predicts values and cannot be "
                         "sampled; sample from its policy", field="model_path")

@@ -12,7 +12,7 @@ import numpy as np
 from app.config import LimitsConfig
 from app.errors import LimitExceeded, UserError
 from app.training.batch import ForwardBackwardInput, PackedBatch
-from app.training.losses import get_loss, loss_for_role, resolve_config
+from app.training.losses import LossSpec, get_loss, loss_for_role, resolve_config
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ def validate_forward_backward(inp: ForwardBackwardInput, limits: LimitsConfig, m
     empty = np.flatnonzero(batch.lengths == 0)
     if empty.size:
         raise UserError(f"data[{int(empty[0])}].model_input is empty", field=f"data[{int(empty[0])}].model_input")
-    _check_input_names(inp, loss_fn)
+    _check_input_names(inp, loss_fn, spec)
     targets = batch.loss_inputs.get("target_tokens")
     if targets is not None and targets.ndim == 2 and not spec.allows_2d_targets:
         raise UserError(f"loss_fn {loss_fn!r} takes 1-D target_tokens", field="loss_fn_inputs.target_tokens")
@@ -61,9 +61,8 @@ def validate_forward_backward(inp: ForwardBackwardInput, limits: LimitsConfig, m
     return ValidLoss(loss_fn, config)
 
 
-def _check_input_names(inp: ForwardBackwardInput, loss_fn: str) -> None:
+def _check_input_names(inp: ForwardBackwardInput, loss_fn: str, spec: LossSpec) -> None:
     """Every required input present (a critic's forward may send none), nothing the loss would ignore."""
-    spec = get_loss(loss_fn)
     present = set(inp.batch.loss_inputs)
     prediction_only = inp.forward_only and not spec.forward_needs_inputs and not present & spec.required_inputs
     missing = sorted(spec.required_inputs - present)

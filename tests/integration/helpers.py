@@ -72,3 +72,21 @@ def train_steps(tc: tinker.TrainingClient, data: list[types.Datum], steps: int, 
 
 def new_client(service_client: tinker.ServiceClient, seed: int, rank: int = 8) -> tinker.TrainingClient:
     return service_client.create_lora_training_client(base_model="tinker-serve/tiny", rank=rank, seed=seed).result()
+
+
+def critic_datums(tokenizer, values: list[np.ndarray] | None = None) -> list[types.Datum]:
+    """Four sentences; with `values`, the value loss's inputs: returns +1 on even token ids, -1 on odd ones."""
+    datums = []
+    for i, text in enumerate(SENTENCES[:4]):
+        ids = np.asarray(tokenizer.encode(text)[:-1], dtype=np.int64)
+        inputs = {} if values is None else {"values": values[i].astype(np.float32), "returns": parity_returns(ids)}
+        datums.append(types.Datum(model_input=types.ModelInput.from_ints(ids.tolist()), loss_fn_inputs=inputs))
+    return datums
+
+
+def parity_returns(ids: np.ndarray) -> np.ndarray:
+    return np.where(ids % 2 == 0, 1.0, -1.0).astype(np.float32)
+
+
+def values_of(result: types.ForwardBackwardOutput) -> list[np.ndarray]:
+    return [np.asarray(out["values"].to_numpy()) for out in result.loss_fn_outputs]

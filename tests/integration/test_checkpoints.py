@@ -13,8 +13,7 @@ import tinker
 from tinker import types
 
 from tests.integration.conftest import BASE_MODEL
-from tests.integration.helpers import logprobs_of, new_client, sft_datums
-from tests.integration.test_critics import critic_datums, values_of
+from tests.integration.helpers import critic_datums, logprobs_of, new_client, sft_datums, values_of
 
 ADAM = types.AdamParams(learning_rate=1e-2)
 
