@@ -36,9 +36,16 @@ class LimitsConfig(_Strict):
     default_sample_tokens: int = Field(256, ge=1)  # when a request leaves max_tokens out
     max_topk_logprobs: int = Field(20, ge=0)  # topk_prompt_logprobs and topk_sample_logprobs
     max_pending_samples: int = Field(512, ge=1)  # per base model and ingress replica; beyond it asample gets 429
+    sample_timeout_seconds: float = Field(900.0, ge=10)  # a sample still pending this long is failed (its
+    # sampler died along with the ingress that would have noticed)
     ephemeral_sampler_ttl_seconds: float = Field(3600.0, gt=0)  # unused this long, an ephemeral sampler expires
     session_timeout_seconds: float = Field(300.0, ge=30)  # silent this long (SDKs beat every 10 s), a session
     # expires and its models are unloaded; their checkpoints stay
+    min_checkpoint_ttl_seconds: int = Field(3600, ge=1)  # ttl_seconds below it are refused (the hosted minimum)
+    max_checkpoint_ttl_seconds: int = Field(10 * 365 * 86400, ge=1)
+    checkpoint_sweep_seconds: float = Field(60.0, gt=0)  # how often expired checkpoints' files are removed
+    download_url_ttl_seconds: int = Field(3600, ge=60)  # external_weights_urls stay valid this long
+    max_user_metadata_bytes: int = Field(16384, ge=2)  # a checkpoint's user_metadata, as JSON
 
 
 class SamplerConfig(_Strict):
@@ -120,6 +127,9 @@ class AuthConfig(_Strict):
 class ServerConfig(_Strict):
     state_dir: str = "state"
     database_url: str | None = None  # default: SQLite file under state_dir; postgresql+asyncpg://... works
+    # Checkpoints: default {state_dir}/checkpoints; any pyarrow.fs URI on clusters, e.g.
+    # s3://bucket/prefix?region=us-east-1 (credentials from AWS_* environment variables, never here)
+    storage_uri: str | None = None
     base_models: list[BaseModelConfig]
     limits: LimitsConfig = LimitsConfig()
     auth: AuthConfig = AuthConfig()
@@ -132,6 +142,8 @@ class ServerConfig(_Strict):
             raise ValueError("base_models must list at least one model")
         if len(set(names)) != len(names):
             raise ValueError(f"base_models names must be unique, got {names}")
+        if self.limits.min_checkpoint_ttl_seconds > self.limits.max_checkpoint_ttl_seconds:
+            raise ValueError("limits.min_checkpoint_ttl_seconds exceeds limits.max_checkpoint_ttl_seconds")
         if self.auth.mode == "api_keys" and not self.auth.load_keys():
             raise ValueError(
                 f"auth.mode is api_keys but no keys are configured: set {API_KEYS_ENV} or auth.api_keys_file"
@@ -145,11 +157,18 @@ class ServerConfig(_Strict):
             m.model_copy(update={"path": str(Path(m.path).resolve()) if m.embedded_preset else _abs_if_local(m.path)})
             for m in self.base_models
         ]
-        return self.model_copy(update={"state_dir": state, "base_models": models})
+        storage = self.storage_uri if self.storage_uri and "://" in self.storage_uri else \
+            str(Path(self.storage_uri or Path(state) / "checkpoints").resolve())
+        return self.model_copy(update={"state_dir": state, "base_models": models, "storage_uri": storage})
 
     @property
     def db_url(self) -> str:
         return self.database_url or f"sqlite+aiosqlite:///{Path(self.state_dir).resolve() / 'tinker_serve.db'}"
+
+    @property
+    def checkpoint_uri(self) -> str:
+        """Where checkpoints are stored: `storage_uri`, or the local directory {state_dir}/checkpoints."""
+        return self.storage_uri or str(Path(self.state_dir).resolve() / "checkpoints")
 
     def base_model(self, name: str) -> BaseModelConfig | None:
         return next((m for m in self.base_models if m.name == name), None)

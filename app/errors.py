@@ -41,6 +41,10 @@ class Unauthorized(UserError):
     status_code = 401
 
 
+class Forbidden(UserError):
+    status_code = 403
+
+
 class ServerError(TinkerServeError):
     """Something failed on our side (worker died, storage failed)."""
 

@@ -1,16 +1,21 @@
-"""The sampler behind one base model: loads adapters by directory, samples, and writes each future's outcome."""
+"""The sampler behind one base model: loads adapters by storage location, samples, and writes each future's
+outcome."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import os
+import shutil
+from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from app.errors import ServerError, TinkerServeError, UserError
 from app.sampling.engine import SamplerEngine
 from app.sampling.params import SampleArgs
 from app.sampling.response import encode_sample_response
+from app.storage.objects import ObjectStorage
 from app.store.futures import PROTO_CONTENT_TYPE, FutureStore
 
 logger = logging.getLogger("tinker_serve.sampler")
@@ -20,41 +25,47 @@ AdapterLoader = Callable[[str], Awaitable["LoadedAdapter"]]
 
 @dataclass(frozen=True)
 class LoadedAdapter:
-    directory: str
+    location: str
+    directory: Path  # local files (a download, for object storage)
     lora: Any  # the engine's handle (a vLLM LoRARequest)
-    version: int  # mtime of the weights file when loaded
-
-
-def _version(directory: str) -> int:
-    try:
-        return os.stat(os.path.join(directory, "adapter_model.safetensors")).st_mtime_ns
-    except FileNotFoundError:
-        raise UserError(f"sampler weights at {directory} no longer exist (deleted or expired)",
-                        field="model_path") from None
 
 
 class SamplerService:
-    def __init__(self, engine: SamplerEngine, futures: FutureStore) -> None:
+    def __init__(self, engine: SamplerEngine, futures: FutureStore, storage: ObjectStorage, cache_dir: Path,
+                 max_cached: int) -> None:
         self._engine = engine
         self._futures = futures
-        self._adapters: dict[str, LoadedAdapter] = {}
+        self._storage = storage
+        self._cache_dir = cache_dir
+        self._max_cached = max_cached
+        self._adapters: OrderedDict[str, LoadedAdapter] = OrderedDict()
 
-    async def adapter(self, directory: str) -> LoadedAdapter:
-        """The adapter at `directory`, loaded again (under a new id) if its files changed since."""
-        version = _version(directory)
-        loaded = self._adapters.get(directory)
-        if loaded is None or loaded.version != version:
-            loaded = LoadedAdapter(directory, await self._engine.load_adapter(directory), version)
-            self._adapters[directory] = loaded
+    async def adapter(self, location: str) -> LoadedAdapter:
+        """The adapter stored at `location` (locations never change, so one load serves for good). Downloads
+        from object storage are kept for the `max_cached` most recently used adapters."""
+        loaded = self._adapters.get(location)
+        if loaded is not None:
+            self._adapters.move_to_end(location)
+            return loaded
+        try:
+            directory = await asyncio.to_thread(self._storage.fetch, location, self._cache_dir)
+        except FileNotFoundError:
+            raise UserError("these sampler weights no longer exist (deleted or expired)", field="model_path") from None
+        loaded = LoadedAdapter(location, directory, await self._engine.load_adapter(str(directory)))
+        self._adapters[location] = loaded
+        while len(self._adapters) > self._max_cached:
+            _, evicted = self._adapters.popitem(last=False)
+            if not self._storage.is_local:  # vLLM reads the files again if it evicts the adapter itself
+                await asyncio.to_thread(shutil.rmtree, evicted.directory, ignore_errors=True)
         return loaded
 
-    async def sample(self, request_id: str, args: SampleArgs, adapter_dir: str | None,
+    async def sample(self, request_id: str, args: SampleArgs, adapter_location: str | None,
                      register: AdapterLoader | None = None) -> None:
         """Sample and write the outcome. `register` (Serve's multiplexing) is told first which adapter is used."""
         try:
-            if adapter_dir and register is not None:
-                await register(adapter_dir)
-            adapter = await self.adapter(adapter_dir) if adapter_dir else None
+            if adapter_location and register is not None:
+                await register(adapter_location)
+            adapter = await self.adapter(adapter_location) if adapter_location else None
             result = await self._engine.sample(args, adapter.lora if adapter else None)
             payload = encode_sample_response(result, topk_prompt=args.topk_prompt_logprobs,
                                              topk_sample=args.topk_sample_logprobs)

@@ -6,15 +6,19 @@ writes each future's outcome to the store, so results survive an ingress restart
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from typing import Awaitable, Union
 
 from app.config import LimitsConfig
-from app.errors import GroupRestarted, LimitExceeded, ServerError, TinkerServeError
+from app.errors import GroupRestarted, LimitExceeded, ServerError, TinkerServeError, UserError
 from app.protocol.codec import encode_forward_backward_output
 from app.scheduling import SeqScheduler
+from app.storage.objects import ObjectStorage
+from app.store.checkpoints import CheckpointRecord, CheckpointStore
 from app.store.futures import JSON_CONTENT_TYPE, PROTO_CONTENT_TYPE, FutureStore
 from app.store.metadata import MetadataStore
 from app.training.lora import AdapterSpec
@@ -40,19 +44,20 @@ class OptimStepOp:
 
 @dataclass(frozen=True)
 class CheckpointOp:
-    """As of every earlier seq_id: save sampler weights (SAVE_ADAPTER) or a training checkpoint (SAVE_STATE),
-    or load one (LOAD_STATE); then answer `result`."""
+    """As of every earlier seq_id: save sampler weights (SAVE_ADAPTER) or a training checkpoint (SAVE_STATE) at
+    storage `location`, or load one (LOAD_STATE); then answer `result`. A save with `record` becomes a visible
+    checkpoint once written (replacing one of the same name only with `overwrite`)."""
 
     request_id: str
     action: CommandKind
-    directory: str
+    location: str
     result: dict
     with_optimizer: bool = False
+    record: CheckpointRecord | None = None
     overwrite: bool = False
 
     def command(self, model_id: str) -> Command:
-        return Command(self.action, model_id, directory=self.directory, with_optimizer=self.with_optimizer,
-                       overwrite=self.overwrite)
+        return Command(self.action, model_id, location=self.location, with_optimizer=self.with_optimizer)
 
 
 @dataclass(frozen=True)
@@ -76,9 +81,11 @@ def _first_error(per_rank: list) -> dict | None:
 
 class TrainerService:
     def __init__(self, name: str, limits: LimitsConfig, group: WorkerGroup, futures: FutureStore,
-                 metadata: MetadataStore) -> None:
+                 metadata: MetadataStore, checkpoints: CheckpointStore, storage: ObjectStorage) -> None:
         self.name = name
         self._metadata = metadata
+        self._checkpoints = checkpoints
+        self._storage = storage
         self._limits = limits
         self._group = group
         self._futures = futures
@@ -97,6 +104,10 @@ class TrainerService:
 
     def check_health(self) -> None:
         self._group.check_health()
+
+    async def stop(self) -> None:
+        """End the workers' loops, so Ray Train ends the run and releases its placement group."""
+        await self._group.stop()
 
     async def worker_pids(self) -> list[int]:
         """The process id of each rank, in rank order."""
@@ -177,9 +188,22 @@ class TrainerService:
             result = merge_shards(op.args.batch.offsets, per_rank)
             await self._futures.complete(op.request_id, encode_forward_backward_output(result), PROTO_CONTENT_TYPE)
         elif isinstance(op, CheckpointOp):
+            if op.record is not None:
+                await self._commit(op, size_bytes=per_rank[0])
             await self._futures.complete(op.request_id, _json(op.result), JSON_CONTENT_TYPE)
         else:
             await self._futures.complete(op.request_id, _json({"metrics": per_rank[0]}), JSON_CONTENT_TYPE)
+
+    async def _commit(self, op: CheckpointOp, size_bytes: int) -> None:
+        """Make a written checkpoint visible; the files it replaced, or its own if refused, are removed."""
+        try:
+            replaced = await self._checkpoints.commit(
+                replace(op.record, size_bytes=size_bytes, created_at=time.time()), op.overwrite)
+        except UserError:
+            await asyncio.to_thread(self._storage.delete, op.location)
+            raise
+        if replaced is not None:
+            await asyncio.to_thread(self._storage.delete, replaced)
 
     def _lose_all_models(self, reason: Exception) -> None:
         logger.error("worker group restarted; %d models lost: %s", len(self._models), reason)

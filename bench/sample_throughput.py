@@ -29,6 +29,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from app.models.embedded import build_embedded_model  # noqa: E402
+from tests.integration.helpers import stored_directory  # noqa: E402
 
 RANK = 8
 KV_CACHE_MIB = 256
@@ -193,7 +194,7 @@ def main() -> None:
     batch = prompts(args.prompts, vocab)
     tc, _ = trained_client(service, name, batch[0])
     adapter_path = tc.save_weights_for_sampler("bench").result().path
-    adapter_dir = str(state_dir / "checkpoints" / adapter_path.removeprefix("tinker://"))
+    adapter_dir = str(stored_directory(state_dir, adapter_path))
     sdk = sdk_sampler(service.create_sampling_client(model_path=adapter_path).result())
     loop = asyncio.new_event_loop()
     llm, raw = loop.run_until_complete(raw_engine(path, adapter_dir, max_model_len=2048))

@@ -102,11 +102,11 @@ class ServeSamplerDispatcher(SamplerDispatcher):
     def release(self, base_model: str) -> None:
         self._admitted[base_model] -= 1
 
-    def sample(self, base_model: str, request_id: str, adapter_dir: str | None, args: SampleArgs) -> None:
+    def sample(self, base_model: str, request_id: str, adapter_location: str | None, args: SampleArgs) -> None:
         self._admitted[base_model] -= 1  # from here on it counts as in flight
         handle = self._calls.handle(base_model)
-        if adapter_dir:
-            handle = handle.options(multiplexed_model_id=adapter_dir)
+        if adapter_location:
+            handle = handle.options(multiplexed_model_id=adapter_location)
         self._calls.track(base_model, request_id, handle.sample.remote(request_id, args))
 
     async def ready(self) -> dict[str, bool]:

@@ -9,13 +9,18 @@ from ray.serve.handle import DeploymentHandle
 
 from app.api.deps import Services
 from app.api.main import create_api
-from app.api.sessions import expire_forever
+from app.api.retention import remove_expired_checkpoints
+from app.api.sessions import expire_silent_sessions
 from app.config import ServerConfig
-from app.sampling.expiry import sweep_forever
+from app.sampling.expiry import fail_stale_samples, sweep_expired_samplers
+from app.storage.objects import ObjectStorage
+from app.store.checkpoints import CheckpointStore
 from app.store.db import create_tables, make_engine
 from app.store.futures import FutureStore
 from app.store.metadata import MetadataStore
 from app.store.samplers import SamplerStore
+from app.store.settings import shared_secret
+from app.sweeps import sweep_forever
 from app.training.validation import ModelLimits
 from deployments.dispatch import ServeSamplerDispatcher, ServeTrainerDispatcher
 
@@ -34,16 +39,26 @@ class Ingress:
         # Completions dispatched by this replica wake its long-polls at once; polling the row is for futures
         # that another replica (or a restarted trainer) finishes, so one replica polls rarely.
         futures = FutureStore(engine, poll_interval_s=5.0 if cfg.ingress_replicas == 1 else 1.0)
-        sampler_store = SamplerStore(engine)
-        self._services = Services(
-            config=cfg, futures=futures, metadata=MetadataStore(engine),
-            trainers=ServeTrainerDispatcher(trainers, futures),
+        sampler_store, storage, limits = SamplerStore(engine), ObjectStorage(cfg.checkpoint_uri), cfg.limits
+        self._services = services = Services(
+            config=cfg, futures=futures, metadata=MetadataStore(engine), checkpoints=CheckpointStore(engine),
+            storage=storage, trainers=ServeTrainerDispatcher(trainers, futures),
             sampler_store=sampler_store, samplers=ServeSamplerDispatcher(samplers, futures),
             model_limits={name: ModelLimits(**limits) for name, limits in model_limits.items()},
-            api_keys=cfg.auth.load_keys(),
+            api_keys=cfg.auth.load_keys(), url_signing_key=await shared_secret(engine, "url_signing_key"),
         )
-        self._sweepers = [asyncio.create_task(sweep_forever(sampler_store, cfg.limits.ephemeral_sampler_ttl_seconds)),
-                          asyncio.create_task(expire_forever(self._services))]
+        sampler_ttl = limits.ephemeral_sampler_ttl_seconds
+        self._sweepers = [asyncio.create_task(sweep) for sweep in (
+            sweep_forever("expired ephemeral samplers", lambda: sweep_expired_samplers(sampler_store, storage, sampler_ttl),
+                          min(60.0, sampler_ttl / 4)),
+            # the first session sweep waits a whole timeout: clients get that long to reach a (re)started server
+            sweep_forever("silent sessions", lambda: expire_silent_sessions(services),
+                          min(30.0, limits.session_timeout_seconds / 4), first_delay_s=limits.session_timeout_seconds),
+            sweep_forever("expired checkpoints", lambda: remove_expired_checkpoints(services),
+                          limits.checkpoint_sweep_seconds),
+            sweep_forever("stale sample futures", lambda: fail_stale_samples(futures, limits.sample_timeout_seconds),
+                          min(60.0, limits.sample_timeout_seconds / 4)),
+        )]
 
     def __serve_build_asgi_app__(self) -> Any:
         """Serve calls this after the constructor: the API, bound to this replica's collaborators."""

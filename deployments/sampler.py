@@ -11,6 +11,7 @@ from app.config import ServerConfig
 from app.sampler_service import LoadedAdapter, SamplerService
 from app.sampling.engine import SamplerEngine
 from app.sampling.params import SampleArgs
+from app.storage.objects import ObjectStorage
 from app.store.db import create_tables, make_engine
 from app.store.futures import FutureStore
 
@@ -44,22 +45,23 @@ class Sampler:
         engine = make_engine(cfg.db_url)
         await create_tables(engine)
         replica = serve.get_replica_context().replica_id.unique_id
+        work_dir = Path(cfg.state_dir) / "sampler" / replica
         sampler = await SamplerEngine.start(base.path, base.sampler, max_lora_rank=cfg.limits.max_lora_rank,
-                                            max_model_len=max_model_len,
-                                            work_dir=Path(cfg.state_dir) / "sampler" / replica)
+                                            max_model_len=max_model_len, work_dir=work_dir)
         self._engine = sampler
-        self._service = SamplerService(sampler, FutureStore(engine))
+        self._service = SamplerService(sampler, FutureStore(engine), ObjectStorage(cfg.checkpoint_uri),
+                                       cache_dir=work_dir / "adapters", max_cached=4 * base.sampler.max_cpu_loras)
 
-        async def register(adapter_dir: str) -> LoadedAdapter:
-            return await self._service.adapter(adapter_dir)
+        async def register(adapter_location: str) -> LoadedAdapter:
+            return await self._service.adapter(adapter_location)
 
         # Serve routes requests for an adapter to replicas that registered it here; vLLM's own LRU
         # (max_cpu_loras, plus the pinned zero adapter) bounds what stays loaded.
         self._register = serve.multiplexed(max_num_models_per_replica=base.sampler.max_cpu_loras - 1)(register)
 
     async def sample(self, request_id: str, args: SampleArgs) -> None:
-        adapter_dir = serve.get_multiplexed_model_id() or None
-        await self._service.sample(request_id, args, adapter_dir, register=self._register)
+        adapter_location = serve.get_multiplexed_model_id() or None
+        await self._service.sample(request_id, args, adapter_location, register=self._register)
 
     async def ping(self) -> bool:
         return True

@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from app.config import ServerConfig
+from app.storage.objects import ObjectStorage
+from app.store.checkpoints import CheckpointStore
 from app.store.db import create_tables, make_engine
 from app.store.futures import FutureStore
 from app.store.metadata import MetadataStore
@@ -33,8 +35,9 @@ class Trainer:
         engine = make_engine(cfg.db_url)
         await create_tables(engine)
         group = TorchTrainerGroup(trainer, base.path, base.trainer_groups()[trainer], f"{cfg.state_dir}/ray_train",
-                                  command_timeout_s=cfg.limits.command_timeout_seconds)
-        self._service = TrainerService(trainer, cfg.limits, group, FutureStore(engine), MetadataStore(engine))
+                                  checkpoint_uri=cfg.checkpoint_uri, command_timeout_s=cfg.limits.command_timeout_seconds)
+        self._service = TrainerService(trainer, cfg.limits, group, FutureStore(engine), MetadataStore(engine),
+                                       CheckpointStore(engine), ObjectStorage(cfg.checkpoint_uri))
         await self._service.start()
 
     async def create_model(self, request_id: str, model_id: str, spec: AdapterSpec,
@@ -55,3 +58,8 @@ class Trainer:
 
     def check_health(self) -> None:
         self._service.check_health()
+
+    async def __del__(self) -> None:
+        """Serve calls this on replica shutdown. Ending the run releases its placement group; if the replica
+        dies instead, Ray Train's cleaner does that, which needs Ray's state API (the dashboard)."""
+        await self._service.stop()

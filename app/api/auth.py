@@ -10,6 +10,7 @@ from fastapi import Request
 from app.errors import Unauthorized
 
 OPEN_PATHS = frozenset({"/api/v1/healthz", "/ready", "/docs", "/openapi.json"})
+SIGNED_PREFIXES = ("/api/v1/downloads/",)  # a signature in the URL authorises these (app.api.downloads)
 
 
 def _is_loopback(host: str | None) -> bool:
@@ -20,7 +21,7 @@ def _is_loopback(host: str | None) -> bool:
 
 
 def check_api_key(request: Request, mode: str, keys: frozenset[str]) -> None:
-    if request.url.path in OPEN_PATHS:
+    if request.url.path in OPEN_PATHS or request.url.path.startswith(SIGNED_PREFIXES):
         return
     key = request.headers.get("x-api-key", "")
     if mode == "any_tml_key_on_loopback":

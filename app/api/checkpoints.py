@@ -1,43 +1,136 @@
-"""Training checkpoints: save_weights (save_state) and load_weights (load_state, and creating a training
-client from a checkpoint)."""
+"""Saving and loading, all sequenced with the model's training: save_weights (save_state),
+save_weights_for_sampler (named, or ephemeral for save_weights_and_get_sampling_client), save_weights_external
+(an export to download), and load_weights (load_state, and creating a training client from a checkpoint)."""
 
 from __future__ import annotations
 
-import asyncio
+import json
+import time
 
 from fastapi import APIRouter
 
 from app.api.deps import Services, ServicesDep
 from app.api.models import check_optimizer_config, register_model
 from app.api.training import sequenced
-from app.errors import UserError
+from app.config import LimitsConfig
+from app.errors import LimitExceeded, UserError
 from app.protocol import wire
-from app.storage import CheckpointPath, checkpoint_path
+from app.storage.paths import checkpoint_path
+from app.store.checkpoints import CheckpointRecord
 from app.store.metadata import TrainingRun
+from app.store.samplers import SamplingSession, sampling_session_id_for
 from app.trainer_service import CheckpointOp, TrainingOp
-from app.training.checkpoint import read_spec
 from app.training.lora import AdapterSpec
 from app.workers.commands import CommandKind
 
 router = APIRouter(prefix="/api/v1")
 
 
+def checkpoint_expiry(limits: LimitsConfig, ttl_seconds: int | None) -> float | None:
+    """When a checkpoint given `ttl_seconds` expires (None: never); a user error outside the configured bounds."""
+    if ttl_seconds is None:
+        return None
+    low, high = limits.min_checkpoint_ttl_seconds, limits.max_checkpoint_ttl_seconds
+    if not low <= ttl_seconds <= high:
+        raise UserError(f"ttl_seconds must be between {low} and {high} (limits.min/max_checkpoint_ttl_seconds), "
+                        f"got {ttl_seconds}; leave it out to keep the checkpoint until deleted", field="ttl_seconds")
+    return time.time() + ttl_seconds
+
+
+def _user_metadata(limits: LimitsConfig, metadata: dict | None) -> dict[str, str]:
+    for key, value in (metadata or {}).items():
+        if not isinstance(value, str):
+            raise UserError(f"user_metadata values must be strings; {key!r} is {type(value).__name__}",
+                            field=f"user_metadata.{key}")
+    size = len(json.dumps(metadata or {}))
+    if size > limits.max_user_metadata_bytes:
+        raise LimitExceeded(f"user_metadata is {size} bytes as JSON, over limits.max_user_metadata_bytes="
+                            f"{limits.max_user_metadata_bytes}", field="user_metadata")
+    return dict(metadata or {})
+
+
+async def _new_checkpoint(services: Services, model_id: str, kind: str, name: str, ttl_seconds: int | None,
+                          user_metadata: dict | None = None, overwrite: bool = False) -> CheckpointRecord:
+    """The record of a save about to be written: name, TTL and metadata checked, and an existing checkpoint
+    of that name refused unless `overwrite` (the trainer checks again when it commits)."""
+    path = checkpoint_path(model_id, kind, name)
+    record = CheckpointRecord(path, path.new_location(), 0, 0.0, checkpoint_expiry(services.config.limits, ttl_seconds),
+                              False, _user_metadata(services.config.limits, user_metadata))
+    if not overwrite and await services.checkpoints.find(path) is not None:
+        raise UserError(f"checkpoint {path.uri!r} already exists; choose another name"
+                        + (" (or save_state with overwrite=True)" if kind == "weights" else ""), field="path")
+    return record
+
+
+def _save(request_id: str, action: CommandKind, record: CheckpointRecord, kind: str, overwrite: bool = False
+          ) -> CheckpointOp:
+    return CheckpointOp(request_id, action, record.location, {"path": record.path.uri, "type": kind},
+                        record=record, overwrite=overwrite)
+
+
 @router.post("/save_weights")
 async def save_weights(body: wire.SaveWeightsRequest, services: ServicesDep) -> dict:
     async def build(request_id: str, _: TrainingRun) -> TrainingOp:
-        target = checkpoint_path(body.model_id, "weights", body.path)
-        return CheckpointOp(request_id, CommandKind.SAVE_STATE, str(target.directory(services.checkpoint_root)),
-                            {"path": target.uri, "type": "save_weights"}, overwrite=body.overwrite)
+        record = await _new_checkpoint(services, body.model_id, "weights", body.path, body.ttl_seconds,
+                                       body.user_metadata, body.overwrite)
+        return _save(request_id, CommandKind.SAVE_STATE, record, "save_weights", body.overwrite)
 
     return await sequenced(services, "save_weights", body.model_id, body.seq_id, build)
 
 
-async def _training_checkpoint(services: Services, uri: str) -> tuple[CheckpointPath, TrainingRun, AdapterSpec]:
+def _refuse_critic(run: TrainingRun) -> None:
+    if run.role == "critic":
+        raise UserError(f"model {run.model_id!r} is a critic: critics predict values and cannot be sampled, "
+                        "so they have no sampler weights", field="model_id")
+
+
+@router.post("/save_weights_for_sampler")
+async def save_weights_for_sampler(body: wire.SaveWeightsForSamplerRequest, services: ServicesDep) -> dict:
+    async def build(request_id: str, run: TrainingRun) -> TrainingOp:
+        _refuse_critic(run)
+        if body.path is not None:
+            record = await _new_checkpoint(services, body.model_id, "sampler_weights", body.path, body.ttl_seconds,
+                                           body.user_metadata)
+            return _save(request_id, CommandKind.SAVE_ADAPTER, record, "save_weights_for_sampler")
+        if body.sampling_session_seq_id is None:
+            raise UserError("send a path (a name) or a sampling_session_seq_id", field="sampling_session_seq_id")
+        sampler_id = sampling_session_id_for(run.session_id, body.sampling_session_seq_id)
+        location = f"ephemeral/{sampler_id}"
+        await services.sampler_store.create(SamplingSession(
+            sampling_session_id=sampler_id, session_id=run.session_id, base_model=run.base_model, model_path=None,
+            adapter_location=location, ephemeral=True, last_used_at=time.time()))
+        return CheckpointOp(request_id, CommandKind.SAVE_ADAPTER, location,
+                            {"sampling_session_id": sampler_id, "type": "save_weights_for_sampler"})
+
+    return await sequenced(services, "save_weights_for_sampler", body.model_id, body.seq_id, build)
+
+
+@router.post("/save_weights_external")
+async def save_weights_external(body: wire.SaveWeightsExternalRequest, services: ServicesDep) -> dict:
+    """An export to download through external_weights_urls: a PEFT adapter directory (Hugging Face format); a
+    critic's also holds its value head and spec, as its training checkpoint does."""
+    async def build(request_id: str, run: TrainingRun) -> TrainingOp:
+        if body.age_encryption_recipients:
+            raise UserError("age encryption of exports is not supported by this server; leave "
+                            "age_encryption_recipients out", field="age_encryption_recipients")
+        record = await _new_checkpoint(services, body.model_id, "external_weights", body.path, body.ttl_seconds)
+        action = CommandKind.SAVE_STATE if run.role == "critic" else CommandKind.SAVE_ADAPTER
+        return _save(request_id, action, record, "save_weights_external")
+
+    return await sequenced(services, "save_weights_external", body.model_id, body.seq_id, build)
+
+
+async def _training_checkpoint(services: Services, uri: str) -> tuple[CheckpointRecord, TrainingRun, AdapterSpec]:
     """The checkpoint at `uri`, the run that saved it and its spec; user errors naming `path` otherwise."""
-    path, run = await services.saved_by(uri, field="path", kinds=("weights",), hint="load a training checkpoint "
-                                        "(tinker://.../weights/...) saved with save_state")
-    spec = await asyncio.to_thread(read_spec, path.directory(services.checkpoint_root))
-    return path, run, spec
+    record, run = await services.saved_by(uri, field="path", kinds=("weights",), hint="load a training checkpoint "
+                                          "(tinker://.../weights/...) saved with save_state")
+    return record, run, AdapterSpec(**run.lora_config, role=run.role)
+
+
+def _load(request_id: str, record: CheckpointRecord, model_id: str, with_optimizer: bool) -> CheckpointOp:
+    return CheckpointOp(request_id, CommandKind.LOAD_STATE, record.location,
+                        {"path": record.path.uri, "model_id": model_id, "type": "load_weights"},
+                        with_optimizer=with_optimizer)
 
 
 @router.post("/load_weights")
@@ -52,10 +145,8 @@ async def load_weights(body: wire.LoadWeightsRequest, services: ServicesDep) -> 
         raise UserError("loading into an existing model needs both model_id and seq_id", field="seq_id")
 
     async def build(request_id: str, run: TrainingRun) -> TrainingOp:
-        path, _, _ = await _training_checkpoint(services, body.path)
-        return CheckpointOp(request_id, CommandKind.LOAD_STATE, str(path.directory(services.checkpoint_root)),
-                            {"path": path.uri, "model_id": run.model_id, "type": "load_weights"},
-                            with_optimizer=body.optimizer)
+        record, _, _ = await _training_checkpoint(services, body.path)
+        return _load(request_id, record, run.model_id, body.optimizer)
 
     return await sequenced(services, "load_weights", body.model_id, body.seq_id, build)
 
@@ -65,17 +156,11 @@ async def _create_from_checkpoint(body: wire.LoadWeightsRequest, services: Servi
         raise UserError("creating a model from a checkpoint needs both session_id and model_seq_id",
                         field="model_seq_id")
     check_optimizer_config(body.optimizer_config)
-    path, source, spec = await _training_checkpoint(services, body.path)
+    record, source, spec = await _training_checkpoint(services, body.path)
     if body.base_model is not None and body.base_model != source.base_model:
         raise UserError(f"{body.path!r} was trained on {source.base_model!r}, not {body.base_model!r}",
                         field="base_model")
     base = services.served_base_model(source.base_model)
-    directory = str(path.directory(services.checkpoint_root))
-
-    def load(request_id: str, model_id: str) -> CheckpointOp:
-        return CheckpointOp(request_id, CommandKind.LOAD_STATE, directory,
-                            {"path": path.uri, "model_id": model_id, "type": "load_weights"},
-                            with_optimizer=body.optimizer)
-
     return await register_model(services, "load_weights", body.session_id, body.model_seq_id, base, lambda: spec,
-                                body.user_metadata, load)
+                                body.user_metadata,
+                                lambda request_id, model_id: _load(request_id, record, model_id, body.optimizer))

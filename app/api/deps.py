@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -12,7 +11,9 @@ from fastapi import Depends, Request
 from app.api.dispatch import SamplerDispatcher, TrainerDispatcher
 from app.config import BaseModelConfig, ServerConfig
 from app.errors import NotFound, UserError
-from app.storage import KINDS, CheckpointPath, parse_tinker_path
+from app.storage.objects import ObjectStorage
+from app.storage.paths import KINDS, parse_tinker_path
+from app.store.checkpoints import CheckpointRecord, CheckpointStore
 from app.store.futures import FutureStore
 from app.store.metadata import MetadataStore, TrainingRun
 from app.store.samplers import SamplerStore, SamplingSession
@@ -24,21 +25,16 @@ class Services:
     config: ServerConfig
     futures: FutureStore
     metadata: MetadataStore
+    checkpoints: CheckpointStore
+    storage: ObjectStorage  # checkpoint files (blocking: call through asyncio.to_thread)
     trainers: TrainerDispatcher
     sampler_store: SamplerStore
     samplers: SamplerDispatcher
     model_limits: dict[str, ModelLimits]  # by base model name
     api_keys: frozenset[str]
+    url_signing_key: str  # signs download URLs; shared by every ingress replica (see app.store.settings)
     _runs: dict[str, TrainingRun] = field(default_factory=dict)
     _sampling_sessions: dict[str, SamplingSession] = field(default_factory=dict)
-
-    @property
-    def checkpoint_root(self) -> Path:
-        return Path(self.config.state_dir) / "checkpoints"
-
-    @property
-    def ephemeral_root(self) -> Path:
-        return Path(self.config.state_dir) / "ephemeral_samplers"
 
     def served_base_model(self, name: str) -> BaseModelConfig:
         """The configured base model called `name`; a user error listing the served ones otherwise."""
@@ -57,9 +53,9 @@ class Services:
         return run
 
     async def saved_by(self, uri: str, *, field: str, kinds: tuple[str, ...] = KINDS, hint: str = ""
-                       ) -> tuple[CheckpointPath, TrainingRun]:
-        """A tinker path of one of `kinds` and the run that saved it; user errors naming `field` otherwise
-        (`hint` says what to send instead of another kind)."""
+                       ) -> tuple[CheckpointRecord, TrainingRun]:
+        """The live checkpoint at a tinker path of one of `kinds`, and the run that saved it; user errors
+        naming `field` otherwise (`hint` says what to send instead of another kind)."""
         path = parse_tinker_path(uri, field=field)
         if path.kind not in kinds:
             raise UserError(f"{uri!r} is a {path.kind} checkpoint; {hint}", field=field)
@@ -67,7 +63,7 @@ class Services:
             run = await self.training_run(path.model_id)
         except NotFound:
             raise NotFound(f"{field} {uri!r}: no training run {path.model_id!r}", field=field) from None
-        return path, run
+        return await self.checkpoints.get(path, field=field), run
 
     async def sampling_session(self, sampling_session_id: str) -> SamplingSession:
         """A live sampling session; using an ephemeral one keeps it from expiring."""

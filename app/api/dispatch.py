@@ -41,7 +41,7 @@ class SamplerDispatcher(ABC):
         """Give back an admission that will not be used."""
 
     @abstractmethod
-    def sample(self, base_model: str, request_id: str, adapter_dir: str | None, args: SampleArgs) -> None:
+    def sample(self, base_model: str, request_id: str, adapter_location: str | None, args: SampleArgs) -> None:
         """Send an admitted sample; its admission lasts until the sampler finishes it."""
 
     @abstractmethod

@@ -1,16 +1,22 @@
-"""REST views (RestClient): a training run, its checkpoints, deleting one, describing weights."""
+"""REST views (RestClient): training runs, their checkpoints (list, delete, publish, TTL, download links) and
+describing weights. Checkpoint ids are `{kind}/{name}`, so their routes take a path parameter; the routes
+with a suffix come before the bare delete, which would otherwise swallow them."""
 
 from __future__ import annotations
 
 import asyncio
 from datetime import datetime, timezone
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 
+from app.api.checkpoints import checkpoint_expiry
 from app.api.deps import Services, ServicesDep
-from app.errors import NotFound
-from app.protocol.wire import WeightsInfoRequest
-from app.storage import checkpoint_path, delete_checkpoint, list_all_checkpoints, list_checkpoints
+from app.api.downloads import signed_urls
+from app.api.retention import remove_checkpoint
+from app.errors import NotFound, ServerError, UserError
+from app.protocol.wire import CheckpointTtlRequest, WeightsInfoRequest
+from app.storage.paths import CheckpointPath, checkpoint_path
+from app.store.checkpoints import CheckpointRecord
 from app.store.metadata import TrainingRun
 
 router = APIRouter(prefix="/api/v1")
@@ -21,6 +27,17 @@ async def _run(services: Services, run_id: str) -> TrainingRun:
         return await services.training_run(run_id)
     except NotFound as exc:
         raise NotFound(f"training run {run_id!r} does not exist", field="run_id") from exc
+
+
+async def _path(services: Services, run_id: str, checkpoint_id: str) -> CheckpointPath:
+    """The checkpoint `{kind}/{name}` of a known run; user errors naming `checkpoint_id` when malformed."""
+    run = await _run(services, run_id)
+    kind, _, name = checkpoint_id.partition("/")
+    return checkpoint_path(run.model_id, kind, name, field="checkpoint_id")
+
+
+async def _checkpoint(services: Services, run_id: str, checkpoint_id: str) -> CheckpointRecord:
+    return await services.checkpoints.get(await _path(services, run_id, checkpoint_id), field="checkpoint_id")
 
 
 def _run_view(run: TrainingRun) -> dict:
@@ -48,34 +65,65 @@ async def training_run(run_id: str, services: ServicesDep) -> dict:
 @router.get("/training_runs/{run_id}/checkpoints")
 async def run_checkpoints(run_id: str, services: ServicesDep) -> dict:
     run = await _run(services, run_id)
-    found = await asyncio.to_thread(list_checkpoints, services.checkpoint_root, run.model_id)
-    return {"checkpoints": [c.to_json() for c in found], "cursor": None}
+    return {"checkpoints": [c.to_json() for c in await services.checkpoints.of_run(run.model_id)], "cursor": None}
 
 
 @router.get("/checkpoints")
 async def user_checkpoints(services: ServicesDep, limit: int = Query(100, ge=1, le=1000),
                            offset: int = Query(0, ge=0)) -> dict:
-    """Every run's checkpoints, newest first (a scan of checkpoint storage)."""
-    found = await asyncio.to_thread(list_all_checkpoints, services.checkpoint_root)
-    return {"checkpoints": [c.to_json() for c in found[offset:offset + limit]],
-            "cursor": {"offset": offset, "limit": limit, "total_count": len(found)}}
+    """Every run's live checkpoints, newest first."""
+    found, total = await services.checkpoints.page(limit, offset)
+    return {"checkpoints": [c.to_json() for c in found],
+            "cursor": {"offset": offset, "limit": limit, "total_count": total}}
+
+
+@router.post("/training_runs/{run_id}/checkpoints/{checkpoint_id:path}/publish")
+async def publish(run_id: str, checkpoint_id: str, services: ServicesDep) -> dict:
+    """Mark public (publishing twice is harmless: the SDK retries a 409 for minutes)."""
+    await services.checkpoints.update(await _path(services, run_id, checkpoint_id), public=1)
+    return {"public": True}
+
+
+@router.delete("/training_runs/{run_id}/checkpoints/{checkpoint_id:path}/publish")
+async def unpublish(run_id: str, checkpoint_id: str, services: ServicesDep) -> dict:
+    await services.checkpoints.update(await _path(services, run_id, checkpoint_id), public=0)
+    return {"public": False}
+
+
+@router.put("/training_runs/{run_id}/checkpoints/{checkpoint_id:path}/ttl")
+async def set_ttl(run_id: str, checkpoint_id: str, body: CheckpointTtlRequest, services: ServicesDep) -> dict:
+    """Expire `ttl_seconds` from now; null keeps the checkpoint until deleted."""
+    expires_at = checkpoint_expiry(services.config.limits, body.ttl_seconds)
+    await services.checkpoints.update(await _path(services, run_id, checkpoint_id), expires_at=expires_at)
+    return {"expires_at": expires_at}
+
+
+@router.get("/training_runs/{run_id}/checkpoints/{checkpoint_id:path}/external_weights_urls")
+async def external_weights_urls(run_id: str, checkpoint_id: str, request: Request, services: ServicesDep) -> dict:
+    record = await _checkpoint(services, run_id, checkpoint_id)
+    if record.path.kind != "external_weights":
+        raise UserError(f"{checkpoint_id!r} is not an export; download URLs exist for external_weights "
+                        "checkpoints (save_weights_external)", field="checkpoint_id")
+    try:
+        files = await asyncio.to_thread(services.storage.files, record.location)
+    except FileNotFoundError:
+        raise ServerError(f"the files of {record.path.uri!r} are missing from storage") from None
+    urls, expires = signed_urls(str(request.base_url), services.url_signing_key, record, files,
+                                services.config.limits.download_url_ttl_seconds)
+    return {"urls": urls, "expires": expires.isoformat()}
 
 
 @router.delete("/training_runs/{run_id}/checkpoints/{checkpoint_id:path}")
 async def delete_run_checkpoint(run_id: str, checkpoint_id: str, services: ServicesDep) -> dict:
-    run = await _run(services, run_id)
-    kind, _, name = checkpoint_id.partition("/")
-    path = checkpoint_path(run.model_id, kind, name, field="checkpoint_id")
-    if not await asyncio.to_thread(delete_checkpoint, services.checkpoint_root, path):
+    path = await _path(services, run_id, checkpoint_id)
+    if not await remove_checkpoint(services, path):
         raise NotFound(f"checkpoint {checkpoint_id!r} of {run_id!r} does not exist", field="checkpoint_id")
     return {"deleted": path.uri}
 
 
 @router.post("/weights_info")
 async def weights_info(body: WeightsInfoRequest, services: ServicesDep) -> dict:
-    path, run = await services.saved_by(body.tinker_path, field="tinker_path")
-    if not await asyncio.to_thread(path.directory(services.checkpoint_root).is_dir):
-        raise NotFound(f"{body.tinker_path!r} does not exist", field="tinker_path")
+    _, run = await services.saved_by(body.tinker_path, field="tinker_path")
     lora = run.lora_config
     return {"base_model": run.base_model, "is_lora": True, "lora_rank": run.lora_rank, "train_unembed": False,
             "train_mlp": bool(lora.get("train_mlp", True)), "train_attn": bool(lora.get("train_attn", True))}

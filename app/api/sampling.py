@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from app.api.deps import Services, ServicesDep
-from app.errors import NotFound, UserError
+from app.errors import UserError
 from app.protocol.wire import CreateSamplingSessionRequest, SampleRequest
 from app.sampling.params import sample_args
 from app.store.samplers import SamplingSession, sampling_session_id_for
@@ -17,18 +17,15 @@ router = APIRouter(prefix="/api/v1")
 
 
 async def _adapter_of(services: Services, model_path: str) -> tuple[str, str]:
-    """(base model, adapter directory) of saved sampler weights or a training checkpoint (both hold a PEFT
+    """(base model, adapter location) of saved sampler weights or a training checkpoint (both hold a PEFT
     adapter); a user error if there is none."""
-    path, run = await services.saved_by(model_path, field="model_path", kinds=("sampler_weights", "weights"),
-                                        hint="sample from sampler_weights (save_weights_for_sampler) or weights "
-                                             "(save_state)")
+    record, run = await services.saved_by(model_path, field="model_path", kinds=("sampler_weights", "weights"),
+                                          hint="sample from sampler_weights (save_weights_for_sampler) or weights "
+                                               "(save_state)")
     if run.role == "critic":
         raise UserError(f"model_path {model_path!r} belongs to a critic, which predicts values and cannot be "
                         "sampled; sample from its policy", field="model_path")
-    directory = path.directory(services.checkpoint_root)
-    if not (directory / "adapter_config.json").is_file():
-        raise NotFound(f"model_path {model_path!r} does not exist (never saved, or deleted)", field="model_path")
-    return run.base_model, str(directory)
+    return run.base_model, record.location
 
 
 @router.post("/create_sampling_session")
@@ -37,12 +34,12 @@ async def create_sampling_session(body: CreateSamplingSessionRequest, services: 
         raise UserError("send exactly one of base_model and model_path", field="base_model")
     await services.metadata.require_session(body.session_id)
     if body.model_path is not None:
-        base_model, adapter_dir = await _adapter_of(services, body.model_path)
+        base_model, adapter_location = await _adapter_of(services, body.model_path)
     else:
-        base_model, adapter_dir = services.served_base_model(body.base_model).name, None
+        base_model, adapter_location = services.served_base_model(body.base_model).name, None
     session = await services.sampler_store.create(SamplingSession(
         sampling_session_id=sampling_session_id_for(body.session_id, body.sampling_session_seq_id),
-        session_id=body.session_id, base_model=base_model, model_path=body.model_path, adapter_dir=adapter_dir,
+        session_id=body.session_id, base_model=base_model, model_path=body.model_path, adapter_location=adapter_location,
         ephemeral=False, last_used_at=time.time()))
     return {"sampling_session_id": session.sampling_session_id, "type": "create_sampling_session"}
 
@@ -72,7 +69,7 @@ async def asample(body: SampleRequest, services: ServicesDep) -> JSONResponse:
     try:
         request_id, created = await services.futures.create("sample", session.sampling_session_id, body.seq_id)
         if created:
-            services.samplers.sample(session.base_model, request_id, session.adapter_dir, args)
+            services.samplers.sample(session.base_model, request_id, session.adapter_location, args)
     finally:
         if not created:  # a retried submit (its sample already runs) or a failed create
             services.samplers.release(session.base_model)

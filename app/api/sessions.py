@@ -3,7 +3,6 @@ saved stays in storage). Every ingress replica sweeps for silent sessions; finis
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 
@@ -37,16 +36,3 @@ async def expire_silent_sessions(services: Services) -> int:
         logger.info("session %s expired after %g s without a heartbeat; unloaded %d models", session_id, timeout,
                     unloaded)
     return len(expired)
-
-
-async def expire_forever(services: Services) -> None:
-    """Sweep every timeout/4 (at most every 30 s) until cancelled; a failed sweep is logged and retried.
-    The first sweep waits a whole timeout: clients get that long to reach a (re)started server."""
-    timeout = services.config.limits.session_timeout_seconds
-    await asyncio.sleep(timeout)
-    while True:
-        try:
-            await expire_silent_sessions(services)
-        except Exception:  # noqa: BLE001 - the next sweep retries
-            logger.exception("expiring silent sessions failed")
-        await asyncio.sleep(min(30.0, timeout / 4))

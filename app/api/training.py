@@ -1,4 +1,5 @@
-"""Sequenced training operations: forward / forward_backward (protobuf, or JSON) and optim_step.
+"""Sequenced training operations: forward / forward_backward (protobuf, or JSON) and optim_step (the saves and
+loads, sequenced too, are in app.api.checkpoints).
 
 Every request that carries a seq_id gets a future, even when it is invalid: its future fails with a
 user error and the trainer is told to skip that seq_id, so the model's order never stalls on a gap.
@@ -6,7 +7,6 @@ user error and the trainer is told to skip that seq_id, so the model's order nev
 
 from __future__ import annotations
 
-import time
 from typing import Awaitable, Callable
 
 from fastapi import APIRouter, Request
@@ -17,13 +17,11 @@ from app.api.errors import validation_message
 from app.errors import TinkerServeError, UserError
 from app.protocol import wire
 from app.protocol.codec import decode_forward_backward, peek_sequence
-from app.storage import checkpoint_path
 from app.store.metadata import TrainingRun
-from app.store.samplers import SamplingSession, sampling_session_id_for
-from app.trainer_service import CheckpointOp, ForwardBackwardOp, OptimStepOp, SkipOp, TrainingOp
+from app.trainer_service import ForwardBackwardOp, OptimStepOp, SkipOp, TrainingOp
 from app.training.optim import AdamParams
 from app.training.validation import validate_forward_backward
-from app.workers.commands import CommandKind, ForwardBackwardArgs
+from app.workers.commands import ForwardBackwardArgs
 
 router = APIRouter(prefix="/api/v1")
 
@@ -86,26 +84,3 @@ async def optim_step(body: wire.OptimStepRequest, services: ServicesDep) -> dict
         return OptimStepOp(request_id, AdamParams(**params.model_dump()))
 
     return await sequenced(services, "optim_step", body.model_id, body.seq_id, build)
-
-
-@router.post("/save_weights_for_sampler")
-async def save_weights_for_sampler(body: wire.SaveWeightsForSamplerRequest, services: ServicesDep) -> dict:
-    async def build(request_id: str, run: TrainingRun) -> TrainingOp:
-        if run.role == "critic":
-            raise UserError(f"model {run.model_id!r} is a critic: critics predict values and cannot be sampled, "
-                            "so they have no sampler weights", field="model_id")
-        if body.path is not None:
-            target = checkpoint_path(body.model_id, "sampler_weights", body.path)
-            return CheckpointOp(request_id, CommandKind.SAVE_ADAPTER, str(target.directory(services.checkpoint_root)),
-                                {"path": target.uri, "type": "save_weights_for_sampler"})
-        if body.sampling_session_seq_id is None:
-            raise UserError("send a path (a name) or a sampling_session_seq_id", field="sampling_session_seq_id")
-        sampler_id = sampling_session_id_for(run.session_id, body.sampling_session_seq_id)
-        directory = services.ephemeral_root / sampler_id
-        await services.sampler_store.create(SamplingSession(
-            sampling_session_id=sampler_id, session_id=run.session_id, base_model=run.base_model, model_path=None,
-            adapter_dir=str(directory), ephemeral=True, last_used_at=time.time()))
-        return CheckpointOp(request_id, CommandKind.SAVE_ADAPTER, str(directory),
-                            {"sampling_session_id": sampler_id, "type": "save_weights_for_sampler"})
-
-    return await sequenced(services, "save_weights_for_sampler", body.model_id, body.seq_id, build)

@@ -86,6 +86,19 @@ class SaveWeightsForSamplerRequest(_Lenient):
     path: str | None = None  # a name; absent for the ephemeral form (save_weights_and_get_sampling_client)
     sampling_session_seq_id: int | None = None
     ttl_seconds: int | None = None
+    user_metadata: dict[str, Any] | None = None
+
+
+class SaveWeightsExternalRequest(_Lenient):
+    model_id: str
+    seq_id: int = Field(ge=1)
+    path: str  # a name
+    ttl_seconds: int | None = None
+    age_encryption_recipients: list[str] | None = None
+
+
+class CheckpointTtlRequest(_Lenient):
+    ttl_seconds: int | None = None  # None: never expires
 
 
 class SaveWeightsRequest(_Lenient):

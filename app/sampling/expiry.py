@@ -1,35 +1,29 @@
-"""Expiry of ephemeral samplers: their session rows and adapter directories go once unused past the TTL."""
+"""Expiry in sampling: ephemeral samplers (rows and adapter files) once unused past their TTL, and sample
+futures still pending past the sample timeout (their sampler replica died with the ingress that sent them)."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import shutil
 import time
 
+from app.errors import ServerError
+from app.storage.objects import ObjectStorage
+from app.store.futures import FutureStore
 from app.store.samplers import SamplerStore
 
-logger = logging.getLogger("tinker_serve.sampling")
 
-
-async def sweep_expired_samplers(store: SamplerStore, ttl_s: float) -> int:
+async def sweep_expired_samplers(store: SamplerStore, storage: ObjectStorage, ttl_s: float) -> int:
     """Delete every expired ephemeral sampler; returns how many."""
     expired = await store.expired(ttl_s, time.time())
     for session in expired:
         await store.delete(session.sampling_session_id)
-        if session.adapter_dir:
-            await asyncio.to_thread(shutil.rmtree, session.adapter_dir, ignore_errors=True)
-    if expired:
-        logger.info("expired %d ephemeral samplers unused for %g s", len(expired), ttl_s)
+        if session.adapter_location:
+            await asyncio.to_thread(storage.delete, session.adapter_location)
     return len(expired)
 
 
-async def sweep_forever(store: SamplerStore, ttl_s: float) -> None:
-    """Sweep every ttl/4 (at most every minute) until cancelled; a failed sweep is logged and retried."""
-    interval = min(60.0, ttl_s / 4)
-    while True:
-        await asyncio.sleep(interval)
-        try:
-            await sweep_expired_samplers(store, ttl_s)
-        except Exception:  # noqa: BLE001 - the next sweep retries
-            logger.exception("sweeping expired samplers failed")
+async def fail_stale_samples(futures: FutureStore, timeout_s: float) -> int:
+    """Fail sample futures pending longer than `timeout_s`, so no client waits forever; returns how many."""
+    error = ServerError(f"the sample did not finish within {timeout_s:g} s (limits.sample_timeout_seconds): its "
+                        "sampler probably restarted; send it again")
+    return await futures.fail_stale("sample", time.time() - timeout_s, error.to_body())

@@ -16,7 +16,11 @@ from sqlalchemy import (
     String,
     Table,
     event,
+    insert,
+    inspect,
+    select,
 )
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 metadata = MetaData()
@@ -72,11 +76,39 @@ sampling_sessions = Table(
     Column("session_id", String(64), nullable=False),
     Column("base_model", String(200), nullable=False),
     Column("model_path", String(400)),  # tinker:// path; null for the base model
-    Column("adapter_dir", String(1000)),  # where samplers load the adapter; null for the base model
+    Column("adapter_location", String(1000)),  # the adapter's storage location; null for the base model
     Column("ephemeral", Integer, nullable=False, default=0),
     Column("created_at", Float, nullable=False),
     Column("last_used_at", Float, nullable=False),
 )
+
+checkpoints = Table(
+    "checkpoints",
+    metadata,  # a row is what makes a checkpoint exist: its files are written (at `location`) before it
+    Column("model_id", String(200), primary_key=True),
+    Column("kind", String(32), primary_key=True),
+    Column("name", String(128), primary_key=True),
+    Column("location", String(600), nullable=False),  # under the storage root; written once, never changed
+    Column("size_bytes", BigInteger, nullable=False),
+    Column("created_at", Float, nullable=False, index=True),
+    Column("expires_at", Float, index=True),  # null: never
+    Column("public", Integer, nullable=False, default=0),
+    Column("user_metadata", JSON),
+)
+
+settings = Table(
+    "settings",
+    metadata,  # server-wide values every replica shares (e.g. the download-URL signing key)
+    Column("key", String(64), primary_key=True),
+    Column("value", String(1000), nullable=False),
+)
+
+schema_info = Table("schema_info", metadata, Column("version", Integer, primary_key=True))
+SCHEMA_VERSION = 2  # 1: before checkpoint rows (stops up to 9); bump with every incompatible table change
+
+
+class SchemaMismatch(RuntimeError):
+    """The database was made by another tinker-serve version."""
 
 
 def make_engine(url: str) -> AsyncEngine:
@@ -99,5 +131,24 @@ def make_engine(url: str) -> AsyncEngine:
 
 
 async def create_tables(engine: AsyncEngine) -> None:
+    """Create missing tables, then check the schema version: an older or newer database is refused with a
+    message that says what to do, rather than failing later on a missing column."""
     async with engine.begin() as conn:
+        existing = set(await conn.run_sync(lambda sync: inspect(sync).get_table_names()))
         await conn.run_sync(metadata.create_all)
+        version = await conn.scalar(select(schema_info.c.version))
+    if version is None and "futures" in existing and "schema_info" not in existing:
+        version = 1  # made before versions were recorded
+    if version is None:
+        try:
+            async with engine.begin() as conn:
+                await conn.execute(insert(schema_info).values(version=SCHEMA_VERSION))
+        except IntegrityError:  # another replica recorded it first
+            pass
+        async with engine.connect() as conn:
+            version = await conn.scalar(select(schema_info.c.version))
+    if version != SCHEMA_VERSION:
+        raise SchemaMismatch(
+            f"the state database {engine.url.render_as_string(hide_password=True)} has schema version {version}, "
+            f"and this tinker-serve needs {SCHEMA_VERSION}; start with a fresh state_dir (or database_url), or use the "
+            "tinker-serve version that made it")

@@ -108,6 +108,16 @@ class FutureStore:
             )
         return result.rowcount
 
+    async def fail_stale(self, kind: str, created_before: float, error: dict) -> int:
+        """Fail every pending future of `kind` created before `created_before`; returns how many."""
+        async with self._engine.begin() as conn:
+            result = await conn.execute(
+                update(futures)
+                .where(futures.c.kind == kind, futures.c.state == "pending", futures.c.created_at < created_before)
+                .values(state="failed", error=error, completed_at=time.time())
+            )
+        return result.rowcount
+
     def notify(self, request_id: str) -> None:
         """Wake local waiters of a future finished by this or another process."""
         event = self._local_events.get(request_id)

@@ -1,7 +1,7 @@
-"""Sampling sessions: which base model and which adapter directory a sampler id stands for.
+"""Sampling sessions: which base model and which adapter (a storage location) a sampler id stands for.
 
 Persistent sessions point at saved sampler weights; ephemeral ones (save_weights_and_get_sampling_client)
-own their adapter directory and expire once unused for the configured TTL.
+own their adapter's location and expire once unused for the configured TTL.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ class SamplingSession:
     session_id: str
     base_model: str
     model_path: str | None  # tinker:// path, None for the base model
-    adapter_dir: str | None  # None for the base model
+    adapter_location: str | None  # None for the base model
     ephemeral: bool
     last_used_at: float
 
@@ -36,7 +36,7 @@ def sampling_session_id_for(session_id: str, sampling_session_seq_id: int) -> st
 def _from_row(row: Row) -> SamplingSession:
     return SamplingSession(
         sampling_session_id=row.sampling_session_id, session_id=row.session_id, base_model=row.base_model,
-        model_path=row.model_path, adapter_dir=row.adapter_dir, ephemeral=bool(row.ephemeral),
+        model_path=row.model_path, adapter_location=row.adapter_location, ephemeral=bool(row.ephemeral),
         last_used_at=row.last_used_at,
     )
 
@@ -51,7 +51,8 @@ class SamplerStore:
             async with self._engine.begin() as conn:
                 await conn.execute(insert(sampling_sessions).values(
                     sampling_session_id=session.sampling_session_id, session_id=session.session_id,
-                    base_model=session.base_model, model_path=session.model_path, adapter_dir=session.adapter_dir,
+                    base_model=session.base_model, model_path=session.model_path,
+                    adapter_location=session.adapter_location,
                     ephemeral=int(session.ephemeral), created_at=time.time(), last_used_at=session.last_used_at,
                 ))
             return session

@@ -1,19 +1,16 @@
-"""Training checkpoints on local storage: a PEFT adapter directory plus what resumes training.
+"""Training checkpoint files: a PEFT adapter directory plus what resumes training.
 
-A checkpoint directory holds `adapter_config.json` + `adapter_model.safetensors` (a PEFT adapter, so
+A checkpoint directory (built locally, then stored by app.storage.objects) holds `adapter_config.json` + `adapter_model.safetensors` (a PEFT adapter, so
 samplers and HF tools read it as is), `value_head.safetensors` for critics, `optimizer.pt` (the AdamW
-state) and `tinker_model.json` (the model's AdapterSpec: rank, targets, role). Directories appear
-complete or not at all.
+state) and `tinker_model.json` (the model's AdapterSpec: rank, targets, role).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
 
 import torch
 from peft import PeftModel, set_peft_model_state_dict
@@ -26,22 +23,6 @@ SPEC_FILE = "tinker_model.json"
 VALUE_HEAD_FILE = "value_head.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 ADAPTER_FILE = "adapter_model.safetensors"
-
-
-def write_atomically(directory: str | Path, write: Callable[[Path], None], overwrite: bool = False) -> None:
-    """Run `write(tmp_dir)`, then rename the result to `directory`; an existing checkpoint is refused
-    unless `overwrite`, and then replaced only once the new one is complete."""
-    target = Path(directory)
-    if target.exists() and not overwrite:
-        raise UserError(f"checkpoint {target.name!r} already exists for this model; choose another name",
-                        field="path")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.") as tmp:
-        staged = Path(tmp) / "checkpoint"
-        write(staged)
-        if target.exists():
-            os.rename(target, Path(tmp) / "replaced")  # removed with the temporary directory
-        os.rename(staged, target)
 
 
 def write_adapter(model: PeftModel, adapter: str, out: Path) -> None:
@@ -66,8 +47,8 @@ def read_spec(directory: str | Path, *, field: str = "path") -> AdapterSpec:
     try:
         raw = json.loads((Path(directory) / SPEC_FILE).read_text())
     except (OSError, ValueError):
-        raise NotFound(f"no training checkpoint at {Path(directory).name!r} (never saved, deleted, or a "
-                       "sampler-weights path)", field=field) from None
+        raise NotFound("no training checkpoint there (never saved, deleted, or a sampler-weights path)",
+                       field=field) from None
     return AdapterSpec(**raw)
 
 
@@ -78,7 +59,7 @@ def load_state(model: PeftModel, adapter: str, value_head: torch.nn.Module | Non
     weights = load_file(str(directory / ADAPTER_FILE), device=str(device))
     result = set_peft_model_state_dict(model, weights, adapter_name=adapter)
     if result.unexpected_keys:
-        raise UserError(f"checkpoint {directory.name!r} does not fit this model: unexpected "
+        raise UserError("the checkpoint does not fit this model: unexpected "
                         f"{result.unexpected_keys[:3]}", field="path")
     if value_head is not None:
         value_head.load_state_dict(load_file(str(directory / VALUE_HEAD_FILE), device=str(device)))

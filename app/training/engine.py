@@ -89,6 +89,10 @@ class TrainingEngine:
     def has_model(self, model_id: str) -> bool:
         return model_id in self._models
 
+    def require_model(self, model_id: str) -> None:
+        """NotFound unless the model is loaded here."""
+        self._model(model_id)
+
     def _model(self, model_id: str) -> _Model:
         model = self._models.get(model_id)
         if model is None:
@@ -165,29 +169,24 @@ class TrainingEngine:
         norm = apply_step(model.optimizer, model.params, hp)
         return {"grad_norm:mean": norm}
 
-    # -- checkpoints (rank 0 writes: ranks hold identical weights and optimizer state) -----------
-    def save_adapter(self, model_id: str, directory: str) -> None:
+    # -- checkpoints: `out` is a directory to create, `directory` a local one to read -----------------
+    def save_adapter(self, model_id: str, out: Path) -> None:
         """Write the model's adapter as a PEFT adapter directory (what samplers load)."""
-        model = self._model(model_id)
-        if self.rank == 0:
-            checkpoint.write_atomically(
-                directory, lambda out: checkpoint.write_adapter(self.pool.model, model.name, out))
+        checkpoint.write_adapter(self.pool.model, self._model(model_id).name, out)
 
-    def save_state(self, model_id: str, directory: str, overwrite: bool = False) -> None:
+    def save_state(self, model_id: str, out: Path) -> None:
         """Write a training checkpoint: adapter, value head, optimizer state and spec."""
         model = self._model(model_id)
-        if self.rank == 0:
-            checkpoint.write_atomically(directory, lambda out: checkpoint.write_state(
-                self.pool.model, model.name, model.spec, model.value_head, model.optimizer, out), overwrite)
+        checkpoint.write_state(self.pool.model, model.name, model.spec, model.value_head, model.optimizer, out)
 
-    def load_state(self, model_id: str, directory: str, with_optimizer: bool) -> None:
+    def load_state(self, model_id: str, directory: Path, with_optimizer: bool) -> None:
         """Replace the model's weights (and optimizer state, or else a fresh optimizer) with a checkpoint's.
         Its spec must match the model's: same rank, adapted layers and role."""
         model = self._model(model_id)
         saved = checkpoint.read_spec(directory)
         if (saved.rank, saved.target_modules(), saved.role, saved.alpha) != \
                 (model.spec.rank, model.spec.target_modules(), model.spec.role, model.spec.alpha):
-            raise UserError(f"checkpoint {Path(directory).name!r} holds a rank-{saved.rank} {saved.role} adapting "
+            raise UserError(f"the checkpoint holds a rank-{saved.rank} {saved.role} adapting "
                             f"{saved.target_modules()}; this model is a rank-{model.spec.rank} {model.spec.role} "
                             f"adapting {model.spec.target_modules()}", field="path")
         if not with_optimizer:

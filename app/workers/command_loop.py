@@ -10,6 +10,7 @@ import ray
 import ray.train
 import torch
 
+from app.storage.objects import ObjectStorage
 from app.training.engine import TrainingEngine, load_base_model
 from app.workers.commands import execute
 from app.workers.mailbox import STOP
@@ -18,13 +19,14 @@ logger = logging.getLogger("tinker_serve.worker")
 
 
 def command_loop(config: dict) -> None:
-    """Runs on every rank. `config`: mailbox (actor handle), base_path (absolute), threads, use_gpu."""
+    """Runs on every rank. `config`: mailbox (actor handle), base_path (absolute), storage_uri, threads, use_gpu."""
     ctx = ray.train.get_context()
     rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
     torch.set_num_threads(config["threads"])
     device = str(ray.train.torch.get_device()) if config["use_gpu"] else "cpu"
     engine = TrainingEngine(load_base_model(config["base_path"], device=device), rank=rank,
                             world_size=world_size, device=device)
+    storage = ObjectStorage(config["storage_uri"])
     mailbox = config["mailbox"]
     identity = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
     ray.get(mailbox.register.remote(rank, identity))
@@ -36,5 +38,5 @@ def command_loop(config: dict) -> None:
         msg_id, commands = message
         if commands == STOP:
             return
-        results = [execute(engine, cmd) for cmd in commands]
+        results = [execute(engine, storage, cmd) for cmd in commands]
         mailbox.reply.remote(msg_id, rank, results)

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import traceback
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 from typing import Any, Union
 
 import ray
 
-from app.errors import ServerError, TinkerServeError
+from app.errors import NotFound, ServerError, TinkerServeError
+from app.storage.objects import ObjectStorage
 from app.training.batch import PackedBatch
 from app.training.engine import TrainingEngine
 from app.training.lora import AdapterSpec
@@ -43,9 +46,8 @@ class Command:
     spec: AdapterSpec | None = None
     fwdbwd: ForwardBackwardArgs | None = None
     adam: AdamParams | None = None
-    directory: str = ""  # SAVE_ADAPTER, SAVE_STATE, LOAD_STATE: the checkpoint's absolute directory
+    location: str = ""  # SAVE_ADAPTER, SAVE_STATE, LOAD_STATE: the checkpoint's storage location
     with_optimizer: bool = False  # LOAD_STATE: restore the optimizer state too
-    overwrite: bool = False  # SAVE_STATE: replace a checkpoint of the same name
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,26 @@ class CommandError:
     error: dict[str, str]
 
 
-def execute(engine: TrainingEngine, cmd: Command) -> Any:
+def _save(engine: TrainingEngine, storage: ObjectStorage, cmd: Command) -> int:
+    """Store the model's adapter (or whole training state) at the command's location; returns its size.
+    Rank 0 writes (ranks hold identical weights and optimizer state); the others only check the model."""
+    save = engine.save_adapter if cmd.kind is CommandKind.SAVE_ADAPTER else engine.save_state
+    if engine.rank != 0:
+        engine.require_model(cmd.model_id)
+        return 0
+    return storage.write(cmd.location, lambda out: save(cmd.model_id, out))
+
+
+def _load(engine: TrainingEngine, storage: ObjectStorage, cmd: Command) -> None:
+    with tempfile.TemporaryDirectory(prefix="tinker-serve-load-") as cache:  # object stores download here
+        try:
+            directory = storage.fetch(cmd.location, Path(cache))
+        except FileNotFoundError:
+            raise NotFound("the checkpoint's files are gone from storage (deleted or expired)", field="path") from None
+        engine.load_state(cmd.model_id, directory, cmd.with_optimizer)
+
+
+def execute(engine: TrainingEngine, storage: ObjectStorage, cmd: Command) -> Any:
     """Run one command on this rank; errors come back as CommandError instead of killing the loop."""
     try:
         if cmd.kind is CommandKind.FORWARD_BACKWARD:
@@ -64,12 +85,10 @@ def execute(engine: TrainingEngine, cmd: Command) -> Any:
             return engine.forward_backward(cmd.model_id, args.loss_fn, args.loss_config, batch, args.forward_only)
         if cmd.kind is CommandKind.OPTIM_STEP:
             return engine.optim_step(cmd.model_id, cmd.adam)
-        if cmd.kind is CommandKind.SAVE_ADAPTER:
-            return engine.save_adapter(cmd.model_id, cmd.directory)
-        if cmd.kind is CommandKind.SAVE_STATE:
-            return engine.save_state(cmd.model_id, cmd.directory, cmd.overwrite)
+        if cmd.kind in (CommandKind.SAVE_ADAPTER, CommandKind.SAVE_STATE):
+            return _save(engine, storage, cmd)
         if cmd.kind is CommandKind.LOAD_STATE:
-            return engine.load_state(cmd.model_id, cmd.directory, cmd.with_optimizer)
+            return _load(engine, storage, cmd)
         if cmd.kind is CommandKind.CREATE_MODEL:
             return engine.create_model(cmd.model_id, cmd.spec)
         if cmd.kind is CommandKind.REMOVE_MODEL:

@@ -59,11 +59,12 @@ class WorkerGroup(ABC):
 
 class TorchTrainerGroup(WorkerGroup):
     def __init__(self, name: str, base_path: str, shape: WorkerGroupConfig, storage_dir: str, *,
-                 command_timeout_s: float, startup_timeout_s: float = 600.0, max_failures: int = 2) -> None:
+                 checkpoint_uri: str, command_timeout_s: float, startup_timeout_s: float = 600.0, max_failures: int = 2) -> None:
         self._name = name
         self._base_path = base_path
         self._shape = shape
         self._storage_dir = str(Path(storage_dir).resolve())
+        self._checkpoint_uri = checkpoint_uri
         self._command_timeout_s = command_timeout_s
         self._startup_timeout_s = startup_timeout_s
         self._max_failures = max_failures
@@ -86,6 +87,7 @@ class TorchTrainerGroup(WorkerGroup):
         trainer = TorchTrainer(
             command_loop,
             train_loop_config={"mailbox": self._mailbox, "base_path": self._base_path,
+                               "storage_uri": self._checkpoint_uri,
                                "threads": self._shape.torch_threads_per_worker, "use_gpu": self._shape.use_gpu},
             scaling_config=ScalingConfig(num_workers=self.world_size, use_gpu=self._shape.use_gpu,
                                          resources_per_worker={"CPU": self._shape.cpus_per_worker}),

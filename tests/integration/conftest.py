@@ -16,6 +16,7 @@ from app.models.embedded import build_embedded_model
 from app.training.engine import load_base_model
 from deployments.builder import build_app
 from tests.conftest import ROOT, TINY_MODEL
+from tests.s3 import S3_ENV
 
 BASE_MODEL = "tinker-serve/tiny"
 CHUNK_LEN = 4  # the server tells clients to send at most 4 datums per forward_backward request
@@ -24,6 +25,7 @@ EPHEMERAL_TTL_S = 15.0  # short, so one test can watch an ephemeral sampler expi
 MAX_LORAS = 2  # fewer vLLM LoRA slots than adapters in use: the scheduler must rotate them
 MAX_PENDING_SAMPLES = 16  # beyond it asample answers 429
 SESSION_TIMEOUT_S = 45.0  # a session silent this long expires (the SDK beats every 10 s)
+MIN_CHECKPOINT_TTL_S = 2  # the hosted minimum is an hour: short, so a test can watch checkpoints expire
 
 
 def _free_port() -> int:
@@ -42,8 +44,37 @@ def server_config(state_dir: Path) -> dict:
                          "sampler": {"kv_cache_mib": 64, "max_loras": MAX_LORAS, "max_cpu_loras": 6}}],
         "limits": {"fwdbwd_max_chunk_len": CHUNK_LEN, "max_tokens_per_datum": MAX_TOKENS, "max_lora_rank": 16,
                    "ephemeral_sampler_ttl_seconds": EPHEMERAL_TTL_S, "max_pending_samples": MAX_PENDING_SAMPLES,
-                   "session_timeout_seconds": SESSION_TIMEOUT_S},
+                   "session_timeout_seconds": SESSION_TIMEOUT_S, "min_checkpoint_ttl_seconds": MIN_CHECKPOINT_TTL_S,
+                   "checkpoint_sweep_seconds": 1},
     }
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules that replace the shared Serve app run last, in this order."""
+    last = ("test_worker_failure.py", "test_object_storage.py")
+    items.sort(key=lambda item: last.index(item.path.name) + 1 if item.path.name in last else 0)
+
+
+def wait_ready(url: str, budget_s: float = 300) -> None:
+    deadline = time.monotonic() + budget_s
+    while httpx.get(f"{url}/ready", timeout=10).status_code != 200:
+        assert time.monotonic() < deadline, "the Serve app never became ready"
+        time.sleep(1)
+
+
+def replace_app(config: dict, url: str) -> None:
+    """Delete the shared Serve app and start one with `config` in its place (clients keep the same URL)."""
+    serve.delete("tinker", _blocking=False)  # the trainers' graceful shutdown waits up to 60 s for a submit
+    deadline = time.monotonic() + 240       # left waiting, so this can take longer than serve's own wait
+    while "tinker" in serve.status().applications:
+        assert time.monotonic() < deadline, "the app was never deleted"
+        time.sleep(2)
+    deadline = time.monotonic() + 120  # the trainers end their Ray Train runs, which frees their placement groups
+    while ray.available_resources().get("CPU", 0) < ray.cluster_resources()["CPU"]:
+        assert time.monotonic() < deadline, f"the deleted app still holds CPUs: {ray.util.placement_group_table()}"
+        time.sleep(1)
+    serve.run(build_app(config), name="tinker", route_prefix="/")
+    wait_ready(url)
 
 
 @pytest.fixture(scope="session")
@@ -55,17 +86,14 @@ def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def base_url(state_dir: Path) -> str:
     build_embedded_model("tiny", TINY_MODEL)
     ray_tmp = Path("/tmp") / f"tsray-{int(time.time())}"  # short: Ray's socket paths have a length limit
-    ray.init(num_cpus=8, include_dashboard=False, _temp_dir=str(ray_tmp),
-             runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled"}})
+    ray.init(num_cpus=8, include_dashboard=False, _temp_dir=str(ray_tmp),  # S3_ENV: for test_object_storage
+             runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled", **S3_ENV}})
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     started = time.monotonic()
     serve.run(build_app(server_config(state_dir)), name="tinker", route_prefix="/")
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while httpx.get(f"{url}/ready", timeout=10).status_code != 200:
-        assert time.monotonic() < deadline, "the Serve app never became ready"
-        time.sleep(1)
+    wait_ready(url)
     print(f"\nServe app ready in {time.monotonic() - started:.1f} s at {url}")
     yield url
     serve.shutdown()

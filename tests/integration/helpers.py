@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import sqlite3
+from pathlib import Path
+
 import numpy as np
 import tinker
 import torch
 from tinker import types
 
+from app.storage.paths import parse_tinker_path
 from app.training.batch import PackedBatch
 from app.training.engine import TrainingEngine
 from app.training.lora import AdapterSpec
@@ -90,3 +94,12 @@ def parity_returns(ids: np.ndarray) -> np.ndarray:
 
 def values_of(result: types.ForwardBackwardOutput) -> list[np.ndarray]:
     return [np.asarray(out["values"].to_numpy()) for out in result.loss_fn_outputs]
+
+
+def stored_directory(state_dir: Path, uri: str) -> Path:
+    """Where the checkpoint at `uri` lives in the default local storage (read from the SQLite file)."""
+    path = parse_tinker_path(uri)
+    with sqlite3.connect(state_dir / "tinker_serve.db") as db:
+        (location,) = db.execute("SELECT location FROM checkpoints WHERE model_id = ? AND kind = ? AND name = ?",
+                                 (path.model_id, path.kind, path.name)).fetchone()
+    return state_dir / "checkpoints" / location

@@ -1,19 +1,33 @@
-"""Training checkpoints through the SDK: save_state, create_training_client_from_state[_with_optimizer] and
-load_state reproduce outputs exactly (and, with the optimizer, the next step); critics included."""
+"""Checkpoints through the SDK: save_state, create_training_client_from_state[_with_optimizer] and load_state
+reproduce outputs exactly (and, with the optimizer, the next step), critics included; the RestClient's list,
+delete, publish, TTL and pagination; exports downloaded by signed URL and by the `tinker` CLI; and names that
+try to leave the storage root."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 import tinker
+from safetensors.torch import load_file
 from tinker import types
 
-from tests.integration.conftest import BASE_MODEL
-from tests.integration.helpers import critic_datums, logprobs_of, new_client, sft_datums, values_of
+from tests.integration.conftest import BASE_MODEL, MIN_CHECKPOINT_TTL_S
+from tests.integration.helpers import (
+    critic_datums,
+    logprobs_of,
+    new_client,
+    sft_datums,
+    stored_directory,
+    values_of,
+)
 
 ADAM = types.AdamParams(learning_rate=1e-2)
 
@@ -142,3 +156,112 @@ def test_rest_list_describe_delete(service_client: tinker.ServiceClient, base_ur
     assert tc.model_id in seen and len(seen) == len(set(seen)) == page.cursor.total_count
     everyone = rest.list_user_checkpoints(limit=1000).result().checkpoints
     assert sampler in {c.tinker_path for c in everyone} and state not in {c.tinker_path for c in everyone}
+
+
+def test_publish_ttl_expiry_and_metadata(service_client: tinker.ServiceClient, state_dir: Path) -> None:
+    tc = new_client(service_client, seed=56)
+    rest = service_client.create_rest_client()
+    with pytest.raises(tinker.RequestFailedError, match="ttl_seconds") as info:
+        tc.save_state("too-short", ttl_seconds=MIN_CHECKPOINT_TTL_S - 1).result()
+    assert info.value.category is types.RequestErrorCategory.User
+    path = tc.save_state("kept", ttl_seconds=3600, user_metadata={"step": "3"}).result().path
+    (listed,) = rest.list_checkpoints(tc.model_id).result().checkpoints
+    assert (listed.user_metadata, listed.public) == ({"step": "3"}, False)
+    assert 3500 < (listed.expires_at - listed.time).total_seconds() < 3700
+
+    rest.publish_checkpoint_from_tinker_path(path).result()
+    rest.publish_checkpoint_from_tinker_path(path).result()  # twice is harmless
+    assert rest.list_checkpoints(tc.model_id).result().checkpoints[0].public is True
+    rest.unpublish_checkpoint_from_tinker_path(path).result()
+    assert rest.list_checkpoints(tc.model_id).result().checkpoints[0].public is False
+    rest.set_checkpoint_ttl_from_tinker_path(path, None).result()
+    assert rest.list_checkpoints(tc.model_id).result().checkpoints[0].expires_at is None
+    with pytest.raises(tinker.BadRequestError, match="ttl_seconds"):
+        rest.set_checkpoint_ttl_from_tinker_path(path, 1).result()
+    with pytest.raises(tinker.NotFoundError, match="checkpoint_id"):
+        rest.publish_checkpoint_from_tinker_path(f"tinker://{tc.model_id}/weights/never").result()
+
+    # Expiry: invisible at once when the TTL passes, files removed by the next sweep (every second here).
+    directory = stored_directory(state_dir, path)
+    rest.set_checkpoint_ttl_from_tinker_path(path, MIN_CHECKPOINT_TTL_S).result()
+    assert directory.is_dir()
+    time.sleep(MIN_CHECKPOINT_TTL_S + 0.5)
+    assert rest.list_checkpoints(tc.model_id).result().checkpoints == []
+    with pytest.raises(tinker.NotFoundError, match="expired"):
+        service_client.create_training_client_from_state(path).result()
+    deadline = time.monotonic() + 10
+    while directory.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not directory.exists(), "the expired checkpoint's files were not swept"
+    assert tc.save_state("kept").result().path == path  # the name is free again
+
+
+def test_export_and_cli_download(service_client: tinker.ServiceClient, base_url: str, state_dir: Path,
+                                 tmp_path: Path) -> None:
+    tc = new_client(service_client, seed=57)
+    tc.forward_backward(sft_datums(tc.get_tokenizer()), "cross_entropy").result()
+    tc.optim_step(ADAM).result()
+    state = tc.save_state("final").result().path
+    export = tc.save_weights_external("e1").result().path
+    assert export == f"tinker://{tc.model_id}/external_weights/e1"
+    rest = service_client.create_rest_client()
+    signed = rest.get_external_weights_urls(export).result()
+    assert sorted(signed.urls) == ["adapter_config.json", "adapter_model.safetensors"]
+    with httpx.Client(timeout=30) as plain:  # no API key: the signature authorises
+        weights = plain.get(signed.urls["adapter_model.safetensors"])
+        assert weights.status_code == 200
+        assert weights.content == (stored_directory(state_dir, export) / "adapter_model.safetensors").read_bytes()
+        tampered = signed.urls["adapter_config.json"].replace("adapter_config.json", "adapter_model.safetensors")
+        assert plain.get(tampered).status_code == 403
+        # Only exports have download links (the SDK checks this too; other clients meet the server's check).
+        refused = plain.get(f"{base_url}/api/v1/training_runs/{tc.model_id}/checkpoints/weights/final/"
+                            "external_weights_urls", headers={"X-API-Key": "tml-integration-tests"})
+        assert refused.status_code == 400 and refused.json()["field"] == "checkpoint_id"
+    with pytest.raises(tinker.RequestFailedError, match="age_encryption_recipients"):
+        tc.save_weights_external("e2", age_encryption_recipients=["age1xyz"]).result()
+
+    # The CLI downloads a training checkpoint by exporting it through a temporary model, then deletes the export.
+    env = {**os.environ, "TINKER_BASE_URL": base_url, "TINKER_API_KEY": "tml-integration-tests"}
+    done = subprocess.run([str(Path(sys.executable).parent / "tinker"), "checkpoint", "download", state,
+                           "--output", str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (downloaded,) = tmp_path.iterdir()
+    got = load_file(str(downloaded / "adapter_model.safetensors"))
+    want = load_file(str(stored_directory(state_dir, state) / "adapter_model.safetensors"))
+    assert got.keys() == want.keys() and all(np.array_equal(got[k].numpy(), want[k].numpy()) for k in want)
+    assert [c.checkpoint_id for c in rest.list_user_checkpoints(limit=1000).result().checkpoints
+            if c.checkpoint_id == "external_weights/download"] == []  # the CLI's temporary export is gone
+
+
+@pytest.mark.parametrize("field, call", [
+    ("path", lambda tc, sc, rest: tc.save_state("../escape").result()),
+    ("path", lambda tc, sc, rest: tc.save_state("/etc/passwd").result()),
+    ("path", lambda tc, sc, rest: tc.save_weights_for_sampler("..").result()),
+    ("path", lambda tc, sc, rest: tc.save_weights_external("a/../../b").result()),
+    ("path", lambda tc, sc, rest: tc.load_state(f"tinker://{tc.model_id}/weights/..").result()),
+    ("path", lambda tc, sc, rest: sc.create_training_client_from_state("tinker://../weights/x").result()),
+    ("model_path", lambda tc, sc, rest: sc.create_sampling_client(model_path="tinker://m/sampler_weights/%2E%2E").result()),
+    ("tinker_path", lambda tc, sc, rest: rest.get_weights_info_by_tinker_path("tinker://..%2F/weights/x").result()),
+    ("tinker_path", lambda tc, sc, rest: rest.get_training_run_by_tinker_path("tinker://../weights/x").result()),
+])
+def test_traversal_in_every_name_field_is_refused(service_client: tinker.ServiceClient, state_dir: Path, field, call):
+    tc = _traversal_client(service_client)
+    before = sorted(p.relative_to(state_dir) for p in state_dir.rglob("*"))
+    with pytest.raises((tinker.APIStatusError, tinker.RequestFailedError, ValueError)) as info:
+        call(tc, service_client, service_client.create_rest_client())
+    error = info.value  # a ValueError is the SDK refusing it before sending
+    if isinstance(error, tinker.APIStatusError):  # (a URL path with `..` is normalised, so no route names a field)
+        assert error.status_code in (400, 404) and error.body.get("field", field) == field, error.body
+    elif isinstance(error, tinker.RequestFailedError):
+        assert error.category is types.RequestErrorCategory.User and "checkpoint name" in error.message
+    created = {p for p in sorted(p.relative_to(state_dir) for p in state_dir.rglob("*")) if p not in before}
+    assert not {p for p in created if "checkpoints" in p.parts}, created
+
+
+_TRAVERSAL_CLIENT: list[tinker.TrainingClient] = []
+
+
+def _traversal_client(service_client: tinker.ServiceClient) -> tinker.TrainingClient:
+    if not _TRAVERSAL_CLIENT:
+        _TRAVERSAL_CLIENT.append(new_client(service_client, seed=58, rank=4))
+    return _TRAVERSAL_CLIENT[0]

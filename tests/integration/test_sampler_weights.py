@@ -9,10 +9,9 @@ import tinker
 import torch
 from peft import PeftModel
 
-from app.storage import parse_tinker_path
 from app.training.engine import load_base_model
 from tests.conftest import TINY_MODEL
-from tests.integration.helpers import logprobs_of, new_client, packed, sft_datums, train_steps
+from tests.integration.helpers import logprobs_of, new_client, packed, sft_datums, stored_directory, train_steps
 
 
 def _peft_logprobs(adapter_dir, data) -> np.ndarray:
@@ -36,7 +35,7 @@ def test_saved_sampler_weights_reproduce_trainer_logprobs(service_client, state_
     train_steps(tc, data, 1)
     uri = saved.result().path
     assert uri == f"tinker://{tc.model_id}/sampler_weights/after-2-steps"
-    directory = parse_tinker_path(uri).directory(state_dir / "checkpoints")
+    directory = stored_directory(state_dir, uri)
     assert (directory / "adapter_config.json").exists() and (directory / "adapter_model.safetensors").exists()
 
     fresh = new_client(service_client, seed=51)  # same seed, exactly 2 steps: what the save must hold

@@ -139,7 +139,7 @@ def test_ephemeral_sampler_expires_and_persistent_one_survives(trained, prompt, 
     ephemeral = trained.save_weights_and_get_sampling_client().result()
     persistent_path = trained.save_weights_for_sampler("survivor").result().path
     ephemeral.sample(model_input, 1, params).result()
-    ephemeral_dirs = list((state_dir / "ephemeral_samplers").iterdir())
+    ephemeral_dirs = list((state_dir / "checkpoints" / "ephemeral").iterdir())
     assert ephemeral_dirs
     time.sleep(EPHEMERAL_TTL_S + 1)
     started = time.monotonic()

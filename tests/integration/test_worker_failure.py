@@ -1,7 +1,8 @@
-"""Failure injection (runs last: it restarts the shared worker group, then the whole app).
+"""Failure injection (runs last: it restarts the shared worker group, the ingress, then the whole app).
 
 A training worker is killed: in-flight work fails promptly with a clear error instead of hanging, and
-after Ray Train restarts the group, new models train again. The Serve app is stopped and started again
+after Ray Train restarts the group, new models train again. The ingress replica is killed: work already
+queued finishes and its futures are answered by the new replica. The Serve app is stopped and started again
 on the same state: runs, checkpoints and finished futures survive, futures left waiting are failed, and
 a model comes back from its checkpoint."""
 
@@ -15,11 +16,11 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import ray
 import tinker
 from ray import serve
 
-from deployments.builder import build_app
-from tests.integration.conftest import BASE_MODEL, server_config
+from tests.integration.conftest import BASE_MODEL, replace_app, server_config
 from tests.integration.helpers import logprobs_of, new_client, sft_datums, train_steps
 
 RESTART_BUDGET_S = 180.0  # Ray Train detects the death, restarts both ranks, reloads the base model
@@ -53,6 +54,23 @@ def _retrieve(http: httpx.Client, request_id: str) -> dict:
     return http.post("/api/v1/retrieve_future", json={"request_id": request_id}).json()
 
 
+def test_ingress_restart_loses_nothing(service_client, base_url: str):
+    """Only the HTTP front dies: work queued on the trainer finishes and every future is still answered."""
+    tc = new_client(service_client, seed=45)
+    data = sft_datums(tc.get_tokenizer())
+    before = tc.forward_backward(data, "cross_entropy").result().metrics["loss:sum"]
+    in_flight = [tc.optim_step(tinker.types.AdamParams(learning_rate=1e-2)), tc.forward(data, "cross_entropy")]
+    (replica,) = [a for a in ray.util.list_named_actors(all_namespaces=True) if "#Ingress#" in a["name"]]
+    ray.kill(ray.get_actor(replica["name"], namespace=replica["namespace"]), no_restart=True)
+    started = time.monotonic()
+    after = in_flight[1].result().metrics["loss:sum"]  # the SDK retries until the new ingress answers
+    assert after < before and in_flight[0].result() is not None
+    assert time.monotonic() - started < 120
+    (new,) = [a for a in ray.util.list_named_actors(all_namespaces=True) if "#Ingress#" in a["name"]]
+    assert new["name"] != replica["name"]
+    assert service_client.create_rest_client().get_training_run(tc.model_id).result().training_run_id == tc.model_id
+
+
 def test_app_restart_keeps_what_was_saved(service_client, base_url: str, state_dir: Path):
     tc = new_client(service_client, seed=43)
     data = sft_datums(tc.get_tokenizer())
@@ -67,16 +85,7 @@ def test_app_restart_keeps_what_was_saved(service_client, base_url: str, state_d
                                                         "adam_params": {"learning_rate": 1e-3}}).json()
         assert _retrieve(http, waiting["request_id"])["type"] == "try_again"
 
-        serve.delete("tinker", _blocking=False)  # the trainers' graceful shutdown waits up to 60 s for the
-        deadline = time.monotonic() + 240         # submit left waiting, so this takes longer than serve's own wait
-        while "tinker" in serve.status().applications:
-            assert time.monotonic() < deadline, "the app was never deleted"
-            time.sleep(2)
-        serve.run(build_app(server_config(state_dir)), name="tinker", route_prefix="/")
-        deadline = time.monotonic() + 300
-        while http.get("/ready").status_code != 200:
-            assert time.monotonic() < deadline, "the app never became ready again"
-            time.sleep(1)
+        replace_app(server_config(state_dir), base_url)
 
         assert _retrieve(http, finished.json()["request_id"]) == finished_result
         failed = _retrieve(http, waiting["request_id"])

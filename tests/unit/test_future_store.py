@@ -77,6 +77,27 @@ def test_complete_and_fail(db: Path) -> None:
     run_with_store(db, body)
 
 
+def test_stale_samples_are_failed_and_nothing_else(db: Path) -> None:
+    from app.sampling.expiry import fail_stale_samples
+
+    async def body(store: FutureStore) -> None:
+        stale, _ = await store.create("sample", "s:sample:0", 1)
+        done, _ = await store.create("sample", "s:sample:0", 2)
+        await store.complete(done, b"x", PROTO_CONTENT_TYPE)
+        training, _ = await store.create("optim_step", "m", 1)
+        await asyncio.sleep(0.3)
+        fresh, _ = await store.create("sample", "s:sample:0", 3)
+        assert await fail_stale_samples(store, timeout_s=0.2) == 1
+        failed = await store.get(stale)
+        assert isinstance(failed, Failed) and "limits.sample_timeout_seconds" in failed.error["error"]
+        assert failed.error["category"] == "server"
+        for untouched in (fresh, training):
+            assert isinstance(await store.get(untouched), Pending)
+        assert isinstance(await store.get(done), Completed)
+
+    run_with_store(db, body)
+
+
 def test_finished_future_is_not_changed_later(db: Path) -> None:
     async def body(store: FutureStore) -> None:
         rid, _ = await store.create("optim_step", "m", 1)

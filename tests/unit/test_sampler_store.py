@@ -1,4 +1,4 @@
-"""SamplerStore and the expiry sweep over a real SQLite file and real directories."""
+"""SamplerStore and the expiry sweep over a real SQLite file and real local storage."""
 
 from __future__ import annotations
 
@@ -10,13 +10,15 @@ import pytest
 
 from app.errors import NotFound
 from app.sampling.expiry import sweep_expired_samplers
+from app.storage.objects import ObjectStorage
 from app.store.db import create_tables, make_engine
 from app.store.samplers import SamplerStore, SamplingSession, sampling_session_id_for
 
 
-def _session(sid: str, *, ephemeral: bool, last_used_at: float, adapter_dir: str | None = None) -> SamplingSession:
+def _session(sid: str, *, ephemeral: bool, last_used_at: float, location: str | None = None) -> SamplingSession:
     return SamplingSession(sampling_session_id=sid, session_id="sess", base_model="tinker-serve/tiny",
-                           model_path=None, adapter_dir=adapter_dir, ephemeral=ephemeral, last_used_at=last_used_at)
+                           model_path=None, adapter_location=location, ephemeral=ephemeral,
+                           last_used_at=last_used_at)
 
 
 def run(db: Path, body) -> object:  # noqa: ANN001
@@ -37,7 +39,7 @@ def test_ids_follow_the_hosted_convention() -> None:
 
 def test_create_is_idempotent_and_get_round_trips(tmp_path: Path) -> None:
     async def body(store: SamplerStore) -> None:
-        first = _session("s:sample:0", ephemeral=False, last_used_at=10.0, adapter_dir="/a")
+        first = _session("s:sample:0", ephemeral=False, last_used_at=10.0, location="m/sampler_weights/a/v1")
         assert await store.create(first) == first
         retried = await store.create(_session("s:sample:0", ephemeral=True, last_used_at=99.0))
         assert retried == first  # a retried create keeps what was stored
@@ -48,20 +50,19 @@ def test_create_is_idempotent_and_get_round_trips(tmp_path: Path) -> None:
     run(tmp_path / "db.sqlite", body)
 
 
-def test_sweep_removes_only_expired_ephemeral_sessions_and_their_directories(tmp_path: Path) -> None:
+def test_sweep_removes_only_expired_ephemeral_sessions_and_their_files(tmp_path: Path) -> None:
     now = time.time()
-    dirs = {name: tmp_path / name for name in ("old", "fresh", "named")}
-    for d in dirs.values():
-        d.mkdir()
-        (d / "adapter_model.safetensors").write_bytes(b"x")
+    storage = ObjectStorage(str(tmp_path / "storage"))
+    for name in ("old", "fresh", "named"):
+        storage.write(f"ephemeral/{name}", lambda out: (out.mkdir(), (out / "adapter_model.safetensors").write_bytes(b"x")))
 
     async def body(store: SamplerStore) -> list[str]:
-        await store.create(_session("old", ephemeral=True, last_used_at=now - 100, adapter_dir=str(dirs["old"])))
-        await store.create(_session("fresh", ephemeral=True, last_used_at=now - 100, adapter_dir=str(dirs["fresh"])))
-        await store.create(_session("named", ephemeral=False, last_used_at=now - 100, adapter_dir=str(dirs["named"])))
+        await store.create(_session("old", ephemeral=True, last_used_at=now - 100, location="ephemeral/old"))
+        await store.create(_session("fresh", ephemeral=True, last_used_at=now - 100, location="ephemeral/fresh"))
+        await store.create(_session("named", ephemeral=False, last_used_at=now - 100, location="ephemeral/named"))
         await store.touch("fresh", now)
-        assert await sweep_expired_samplers(store, ttl_s=50) == 1
-        assert await sweep_expired_samplers(store, ttl_s=50) == 0
+        assert await sweep_expired_samplers(store, storage, ttl_s=50) == 1
+        assert await sweep_expired_samplers(store, storage, ttl_s=50) == 0
         kept = []
         for sid in ("old", "fresh", "named"):
             try:
@@ -71,4 +72,6 @@ def test_sweep_removes_only_expired_ephemeral_sessions_and_their_directories(tmp
         return kept
 
     assert run(tmp_path / "db.sqlite", body) == ["fresh", "named"]
-    assert not dirs["old"].exists() and dirs["fresh"].exists() and dirs["named"].exists()
+    with pytest.raises(FileNotFoundError):
+        storage.files("ephemeral/old")
+    assert storage.files("ephemeral/fresh") and storage.files("ephemeral/named")

@@ -1,24 +1,28 @@
-"""Checkpoint path formatting and parsing, and the directory each path maps to."""
+"""Checkpoint paths (validation, traversal) and object storage: the same behaviour on a local directory and
+on an S3-compatible server on loopback."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from app.errors import UserError
-from app.storage import checkpoint_path, delete_checkpoint, list_checkpoints, parse_tinker_path
+from app.storage.objects import ObjectStorage, StoredFile
+from app.storage.paths import checkpoint_path, parse_tinker_path
+from tests.s3 import s3_server
 
 
-def test_round_trip_and_directory() -> None:
+def test_round_trip_and_fresh_locations() -> None:
     path = checkpoint_path("abc:train:0", "sampler_weights", "step-10")
     assert path.uri == "tinker://abc:train:0/sampler_weights/step-10"
+    assert path.checkpoint_id == "sampler_weights/step-10"
     assert parse_tinker_path(path.uri) == path
-    assert path.directory(Path("/ckpt")) == Path("/ckpt/abc:train:0/sampler_weights/step-10")
+    first, second = path.new_location(), path.new_location()
+    assert first.startswith("abc:train:0/sampler_weights/step-10/") and first != second
 
 
-@pytest.mark.parametrize("name", ["", "a/b", "..", ".hidden", "x" * 129, "sp ace"])
+@pytest.mark.parametrize("name", ["", "a/b", "..", ".hidden", "x" * 129, "sp ace", "/abs", "a\\b", "%2E%2E"])
 def test_unsafe_names_are_refused(name: str) -> None:
     with pytest.raises(UserError) as info:
         checkpoint_path("m:train:0", "weights", name)
@@ -27,27 +31,61 @@ def test_unsafe_names_are_refused(name: str) -> None:
 
 @pytest.mark.parametrize("uri", ["s3://x/weights/a", "tinker://m/weights", "tinker://m/bogus/a",
                                  "tinker:///weights/a", "tinker://m/weights/a/b", "tinker://../weights/a",
-                                 "tinker://./weights/a", "tinker://m.x/weights/a", "tinker://%2E%2E/weights/a"])
+                                 "tinker://./weights/a", "tinker://m.x/weights/a", "tinker://%2E%2E/weights/a",
+                                 "tinker://m/weights/..", "tinker://m/../a", "tinker:///etc/passwd"])
 def test_malformed_uris_are_refused(uri: str) -> None:
-    with pytest.raises(UserError):
+    with pytest.raises(UserError) as info:
         parse_tinker_path(uri, field="model_path")
+    assert info.value.field == "model_path"
 
 
-def test_list_and_delete_checkpoints(tmp_path: Path) -> None:
-    older = checkpoint_path("m:train:0", "weights", "c1")
-    newer = checkpoint_path("m:train:0", "sampler_weights", "s1")
-    for i, path in enumerate((older, newer)):
-        directory = path.directory(tmp_path)
-        directory.mkdir(parents=True)
-        (directory / "adapter_model.safetensors").write_bytes(b"x" * (10 + i))
-        os.utime(directory, (1000 + i, 1000 + i))
-    (tmp_path / "m:train:0" / "weights" / ".c2.tmp123").mkdir()  # a save in progress is not listed
-    listed = list_checkpoints(tmp_path, "m:train:0")
-    assert [(c.path, c.size_bytes) for c in listed] == [(newer, 11), (older, 10)]
-    assert listed[0].to_json()["checkpoint_id"] == "sampler_weights/s1"
-    assert listed[1].to_json()["checkpoint_type"] == "training"
-    assert delete_checkpoint(tmp_path, older) is True
-    assert delete_checkpoint(tmp_path, older) is False
-    assert [c.path for c in list_checkpoints(tmp_path, "m:train:0")] == [newer]
-    assert sorted(p.name for p in (tmp_path / "m:train:0" / "weights").iterdir()) == [".c2.tmp123"]
-    assert list_checkpoints(tmp_path, "unknown:train:0") == []
+@pytest.fixture(scope="module", params=["local", "s3"])
+def storage(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    if request.param == "local":
+        yield ObjectStorage(str(tmp_path_factory.mktemp("storage")))
+        return
+    with s3_server("unit-tests") as uri:
+        yield ObjectStorage(uri)
+
+
+def _build(out: Path) -> None:
+    (out / "sub").mkdir(parents=True)
+    (out / "adapter_config.json").write_text("{}")
+    (out / "sub" / "big.bin").write_bytes(bytes(range(256)) * 8192)  # 2 MiB: several chunks
+
+
+def test_write_list_fetch_open_delete(storage: ObjectStorage, tmp_path: Path) -> None:
+    location = "m:train:0/weights/c1/v1"
+    assert storage.write(location, _build) == 2 + 2 * 2**20
+    assert storage.files(location) == [StoredFile("adapter_config.json", 2), StoredFile("sub/big.bin", 2 * 2**20)]
+    local = storage.fetch(location, tmp_path / "cache")
+    assert (local / "sub" / "big.bin").read_bytes() == bytes(range(256)) * 8192
+    assert storage.fetch(location, tmp_path / "cache") == local  # fetched once
+    with storage.open(location, "sub/big.bin") as stream:
+        assert stream.read(10) == bytes(range(10))
+    storage.delete(location)
+    with pytest.raises(FileNotFoundError):
+        storage.files(location)
+    with pytest.raises(FileNotFoundError):
+        storage.fetch(location, tmp_path / "other-cache")
+    storage.delete(location)  # deleting twice is harmless
+
+
+def test_a_failed_build_leaves_nothing(storage: ObjectStorage, tmp_path: Path) -> None:
+    def broken(out: Path) -> None:
+        out.mkdir()
+        (out / "half.bin").write_bytes(b"x")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        storage.write("m:train:0/weights/broken/v1", broken)
+    with pytest.raises(FileNotFoundError):
+        storage.files("m:train:0/weights/broken/v1")
+
+
+@pytest.mark.parametrize("location", ["../escape", "/abs/path", "a/../../b", "a//b", "", "a/./b"])
+def test_locations_cannot_escape_the_root(storage: ObjectStorage, location: str) -> None:
+    with pytest.raises(ValueError):
+        storage.write(location, _build)
+    with pytest.raises(ValueError):
+        storage.open("m/weights/c/v1", location or "..")

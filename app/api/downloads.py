@@ -1,0 +1,71 @@
+"""Downloading exports: signed per-file URLs (external_weights_urls) and the route that streams the files.
+
+URLs carry an HMAC signature and an expiry instead of an API key (the CLI fetches them with plain urllib),
+signed with a key every ingress replica shares through the database. Files stream from storage in chunks;
+a checkpoint is never read whole into memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import time
+from datetime import datetime, timezone
+from typing import AsyncIterator
+from urllib.parse import quote
+
+from fastapi import APIRouter, Query
+from fastapi.responses import StreamingResponse
+
+from app.api.deps import ServicesDep
+from app.errors import Forbidden, NotFound
+from app.storage.objects import StoredFile
+from app.storage.paths import checkpoint_path
+from app.store.checkpoints import CheckpointRecord
+
+router = APIRouter(prefix="/api/v1")
+DOWNLOAD_PREFIX = "/api/v1/downloads/"  # no API key: the signature authorises
+_CHUNK = 1 << 20
+
+
+def _signature(key: str, resource: str, expires: int) -> str:
+    return hmac.new(key.encode(), f"{resource}\n{expires}".encode(), hashlib.sha256).hexdigest()
+
+
+def signed_urls(base_url: str, key: str, record: CheckpointRecord, files: list[StoredFile], ttl_s: int
+                ) -> tuple[dict[str, str], datetime]:
+    """A download URL per file of an external-weights checkpoint, valid for `ttl_s`; and when they expire."""
+    expires = int(time.time()) + ttl_s
+    urls = {}
+    for f in files:
+        resource = f"{record.path.model_id}/{record.path.name}/{f.relative_path}"
+        urls[f.relative_path] = (f"{base_url.rstrip('/')}{DOWNLOAD_PREFIX}{quote(resource)}"
+                                 f"?expires={expires}&signature={_signature(key, resource, expires)}")
+    return urls, datetime.fromtimestamp(expires, timezone.utc)
+
+
+async def _chunks(stream) -> AsyncIterator[bytes]:  # noqa: ANN001 - a pyarrow input stream
+    try:
+        while chunk := await asyncio.to_thread(stream.read, _CHUNK):
+            yield chunk
+    finally:
+        stream.close()
+
+
+@router.get("/downloads/{model_id}/{name}/{file_path:path}")
+async def download(model_id: str, name: str, file_path: str, services: ServicesDep, expires: int = Query(...),
+                   signature: str = Query(...)) -> StreamingResponse:
+    resource = f"{model_id}/{name}/{file_path}"
+    if not hmac.compare_digest(signature, _signature(services.url_signing_key, resource, expires)):
+        raise Forbidden("this download link is not valid; get fresh links with external_weights_urls",
+                        field="signature")
+    if time.time() > expires:
+        raise Forbidden("this download link expired; get fresh links with external_weights_urls", field="expires")
+    record = await services.checkpoints.get(checkpoint_path(model_id, "external_weights", name), field="name")
+    files = {f.relative_path: f for f in await asyncio.to_thread(services.storage.files, record.location)}
+    if file_path not in files:
+        raise NotFound(f"{record.path.uri!r} has no file {file_path!r}", field="file_path")
+    stream = await asyncio.to_thread(services.storage.open, record.location, file_path)
+    return StreamingResponse(_chunks(stream), media_type="application/octet-stream",
+                             headers={"content-length": str(files[file_path].size_bytes)})

@@ -1,0 +1,1 @@
+"""Checkpoint storage: validated tinker paths, and the filesystem (local or object store) holding them."""

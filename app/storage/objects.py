@@ -1,0 +1,129 @@
+"""Checkpoint files on any `pyarrow.fs` filesystem: a local directory by default; `s3://`, `gs://`, `hdfs://`
+URIs by config on clusters (credentials from the usual environment variables, never from config).
+
+Files live at *locations*, keys under the storage root written once and never changed (a new save gets a
+new location), so readers may cache a location's files forever. A location appears complete or not at all:
+on local storage it is built in a hidden sibling directory and renamed into place; on object stores it is
+uploaded first, and the checkpoint row written afterwards is what makes it visible.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pyarrow.fs as pafs
+
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True, order=True)
+class StoredFile:
+    relative_path: str
+    size_bytes: int
+
+
+def _directory_size(directory: Path) -> int:
+    return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
+
+
+def _check_location(location: str) -> str:
+    parts = location.split("/")
+    if not location or location.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"storage location {location!r} must be a relative path without '.' or '..' segments")
+    return location
+
+
+class ObjectStorage:
+    """One storage root: `uri` is an absolute local path or a filesystem URI pyarrow understands. Blocking."""
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+        self._fs, root = pafs.FileSystem.from_uri(uri)
+        self._root = root.rstrip("/")
+        self.is_local = isinstance(self._fs, pafs.LocalFileSystem)
+
+    def _full(self, location: str) -> str:
+        return f"{self._root}/{_check_location(location)}"
+
+    def write(self, location: str, build: Callable[[Path], None]) -> int:
+        """Build a directory with `build(out)` and store it at `location`; returns its size in bytes."""
+        if self.is_local:
+            target = Path(self._full(location))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.") as tmp:
+                staged = Path(tmp) / "out"
+                build(staged)
+                size = _directory_size(staged)
+                if target.exists():  # a retried write of the same location: the new copy wins
+                    os.rename(target, Path(tmp) / "replaced")
+                os.rename(staged, target)
+            return size
+        with tempfile.TemporaryDirectory(prefix="tinker-serve-upload-") as tmp:
+            staged = Path(tmp) / "out"
+            build(staged)
+            pafs.copy_files(str(staged), self._full(location), source_filesystem=pafs.LocalFileSystem(),
+                            destination_filesystem=self._fs, chunk_size=_CHUNK)
+            return _directory_size(staged)
+
+    def files(self, location: str) -> list[StoredFile]:
+        """The location's files, sorted; FileNotFoundError when it holds none."""
+        base = self._full(location)
+        try:
+            infos = self._fs.get_file_info(pafs.FileSelector(base, recursive=True))
+        except FileNotFoundError:
+            infos = []
+        found = sorted(StoredFile(i.path[len(base) + 1:], i.size) for i in infos if i.type == pafs.FileType.File)
+        if not found:
+            raise FileNotFoundError(f"nothing stored at {location!r}")
+        return found
+
+    def fetch(self, location: str, cache_root: Path) -> Path:
+        """A local directory with the location's files: the location itself on local storage, else a copy under
+        `cache_root` (downloaded once, as locations never change). FileNotFoundError when absent."""
+        if self.is_local:
+            path = Path(self._full(location))
+            if not path.is_dir():
+                raise FileNotFoundError(f"nothing stored at {location!r}")
+            return path
+        target = cache_root / _check_location(location)
+        if target.is_dir():
+            return target
+        self.files(location)  # FileNotFoundError before creating anything
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staged = target.parent / f".{target.name}.{uuid.uuid4().hex[:8]}"
+        try:
+            pafs.copy_files(self._full(location), str(staged), source_filesystem=self._fs,
+                            destination_filesystem=pafs.LocalFileSystem(), chunk_size=_CHUNK)
+            os.rename(staged, target)
+        except OSError:
+            if not target.is_dir():  # else another reader fetched it first
+                raise
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)
+        return target
+
+    def open(self, location: str, relative_path: str) -> pafs.NativeFile:
+        """A stream over one file of a location (read it in chunks; never whole)."""
+        return self._fs.open_input_stream(f"{self._full(location)}/{_check_location(relative_path)}")
+
+    def delete(self, location: str) -> None:
+        """Remove a location's files; absent ones are ignored. Local locations vanish at once (renamed aside)."""
+        if self.is_local:
+            target = Path(self._full(location))
+            doomed = target.with_name(f".{target.name}.deleted-{uuid.uuid4().hex[:8]}")
+            try:
+                os.rename(target, doomed)
+            except FileNotFoundError:
+                return
+            shutil.rmtree(doomed, ignore_errors=True)
+            return
+        try:
+            self._fs.delete_dir(self._full(location))
+        except FileNotFoundError:
+            pass

@@ -1,0 +1,139 @@
+"""Checkpoint rows: which checkpoints exist, where their files are, when they expire, whether they are public.
+
+A checkpoint exists exactly while its row does and has not expired. Files are written before the row (so
+a visible checkpoint is complete on any storage) and removed after it (so a deleted one vanishes at once).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from sqlalchemy import Row, and_, delete, func, insert, or_, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.errors import NotFound, UserError
+from app.storage.paths import CheckpointPath
+from app.store.db import checkpoints
+
+_CHECKPOINT_TYPES = {"weights": "training", "sampler_weights": "sampler", "external_weights": "external"}
+
+
+def _iso(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, timezone.utc).isoformat()
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    path: CheckpointPath
+    location: str
+    size_bytes: int
+    created_at: float
+    expires_at: float | None = None
+    public: bool = False
+    user_metadata: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        """The REST `Checkpoint` view."""
+        view = {"checkpoint_id": self.path.checkpoint_id, "checkpoint_type": _CHECKPOINT_TYPES[self.path.kind],
+                "time": _iso(self.created_at), "tinker_path": self.path.uri, "size_bytes": self.size_bytes,
+                "public": self.public, "user_metadata": self.user_metadata or None}
+        if self.expires_at is not None:
+            view["expires_at"] = _iso(self.expires_at)
+        return view
+
+
+def _from_row(row: Row) -> CheckpointRecord:
+    return CheckpointRecord(CheckpointPath(row.model_id, row.kind, row.name), row.location, row.size_bytes,
+                            row.created_at, row.expires_at, bool(row.public), row.user_metadata or {})
+
+
+def _key(path: CheckpointPath):  # noqa: ANN202 - a SQL expression
+    return and_(checkpoints.c.model_id == path.model_id, checkpoints.c.kind == path.kind,
+                checkpoints.c.name == path.name)
+
+
+def _live(now: float):  # noqa: ANN202 - a SQL expression
+    return or_(checkpoints.c.expires_at.is_(None), checkpoints.c.expires_at > now)
+
+
+class CheckpointStore:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+
+    async def find(self, path: CheckpointPath) -> CheckpointRecord | None:
+        """The live (unexpired) checkpoint at `path`, if any."""
+        async with self._engine.connect() as conn:
+            row = (await conn.execute(select(checkpoints).where(_key(path), _live(time.time())))).first()
+        return _from_row(row) if row is not None else None
+
+    async def get(self, path: CheckpointPath, *, field: str = "path") -> CheckpointRecord:
+        record = await self.find(path)
+        if record is None:
+            raise NotFound(f"{field} {path.uri!r} does not exist (never saved, deleted or expired)", field=field)
+        return record
+
+    async def commit(self, record: CheckpointRecord, overwrite: bool) -> str | None:
+        """Make a written checkpoint visible. Returns the location it replaced (now garbage) with `overwrite`;
+        without it an existing live checkpoint is a user error and `record` stays invisible."""
+        async with self._engine.begin() as conn:
+            old = (await conn.execute(select(checkpoints).where(_key(record.path)))).first()
+            if old is not None and not overwrite and (old.expires_at is None or old.expires_at > time.time()):
+                raise UserError(f"checkpoint {record.path.uri!r} already exists; choose another name "
+                                "(or save_state with overwrite=True)", field="path")
+            values = {"location": record.location, "size_bytes": record.size_bytes, "created_at": record.created_at,
+                      "expires_at": record.expires_at, "public": int(record.public),
+                      "user_metadata": record.user_metadata}
+            if old is None:
+                try:
+                    await conn.execute(insert(checkpoints).values(
+                        model_id=record.path.model_id, kind=record.path.kind, name=record.path.name, **values))
+                except IntegrityError as exc:
+                    raise UserError(f"checkpoint {record.path.uri!r} was saved twice at once", field="path") from exc
+                return None
+            await conn.execute(update(checkpoints).where(_key(record.path)).values(**values))
+            return old.location
+
+    async def delete(self, path: CheckpointPath) -> CheckpointRecord | None:
+        """Remove the row (live or expired); returns it, so the caller removes its files. None if absent."""
+        async with self._engine.begin() as conn:
+            row = (await conn.execute(select(checkpoints).where(_key(path)))).first()
+            if row is None:
+                return None
+            result = await conn.execute(delete(checkpoints).where(_key(path), checkpoints.c.location == row.location))
+        return _from_row(row) if result.rowcount else None
+
+    async def of_run(self, model_id: str) -> list[CheckpointRecord]:
+        """The run's live checkpoints, newest first."""
+        async with self._engine.connect() as conn:
+            rows = await conn.execute(select(checkpoints).where(checkpoints.c.model_id == model_id, _live(time.time()))
+                                      .order_by(checkpoints.c.created_at.desc()))
+        return [_from_row(row) for row in rows]
+
+    async def page(self, limit: int, offset: int) -> tuple[list[CheckpointRecord], int]:
+        """One page of every live checkpoint, newest first, and the total count."""
+        now = time.time()
+        async with self._engine.connect() as conn:
+            total = await conn.scalar(select(func.count()).select_from(checkpoints).where(_live(now)))
+            rows = await conn.execute(select(checkpoints).where(_live(now))
+                                      .order_by(checkpoints.c.created_at.desc(), checkpoints.c.model_id,
+                                                checkpoints.c.kind, checkpoints.c.name).limit(limit).offset(offset))
+        return [_from_row(row) for row in rows], int(total)
+
+    async def update(self, path: CheckpointPath, **values: object) -> None:
+        """Set `expires_at` and/or `public` of a live checkpoint; NotFound naming `checkpoint_id` otherwise."""
+        async with self._engine.begin() as conn:
+            result = await conn.execute(update(checkpoints).where(_key(path), _live(time.time())).values(**values))
+        if not result.rowcount:
+            raise NotFound(f"checkpoint {path.checkpoint_id!r} of {path.model_id!r} does not exist",
+                           field="checkpoint_id")
+
+    async def expired(self, now: float, limit: int = 100) -> list[CheckpointPath]:
+        """Checkpoints past their expiry, oldest expiry first."""
+        async with self._engine.connect() as conn:
+            rows = await conn.execute(select(checkpoints.c.model_id, checkpoints.c.kind, checkpoints.c.name)
+                                      .where(checkpoints.c.expires_at <= now)
+                                      .order_by(checkpoints.c.expires_at).limit(limit))
+        return [CheckpointPath(row.model_id, row.kind, row.name) for row in rows]
