@@ -13,6 +13,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 API_KEYS_ENV = "TINKER_SERVE_API_KEYS"
+DATABASE_URL_ENV = "TINKER_SERVE_DATABASE_URL"  # when database_url is not set (secrets stay out of config)
+STORAGE_URI_ENV = "TINKER_SERVE_STORAGE_URI"  # when storage_uri is not set
 
 
 class _Strict(BaseModel):
@@ -126,9 +128,11 @@ class AuthConfig(_Strict):
 
 class ServerConfig(_Strict):
     state_dir: str = "state"
-    database_url: str | None = None  # default: SQLite file under state_dir; postgresql+asyncpg://... works
-    # Checkpoints: default {state_dir}/checkpoints; any pyarrow.fs URI on clusters, e.g.
-    # s3://bucket/prefix?region=us-east-1 (credentials from AWS_* environment variables, never here)
+    # Futures and metadata: else $TINKER_SERVE_DATABASE_URL, else a SQLite file under state_dir;
+    # postgresql+asyncpg://... on clusters (keep its password in the environment, not here)
+    database_url: str | None = None
+    # Checkpoints: else $TINKER_SERVE_STORAGE_URI, else {state_dir}/checkpoints; any pyarrow.fs URI on clusters,
+    # e.g. s3://bucket/prefix?region=us-east-1 (credentials from AWS_* environment variables, never here)
     storage_uri: str | None = None
     base_models: list[BaseModelConfig]
     limits: LimitsConfig = LimitsConfig()
@@ -157,18 +161,21 @@ class ServerConfig(_Strict):
             m.model_copy(update={"path": str(Path(m.path).resolve()) if m.embedded_preset else _abs_if_local(m.path)})
             for m in self.base_models
         ]
-        storage = self.storage_uri if self.storage_uri and "://" in self.storage_uri else \
-            str(Path(self.storage_uri or Path(state) / "checkpoints").resolve())
+        storage = self.storage_uri
+        if storage and "://" not in storage:
+            storage = str(Path(storage).resolve())
         return self.model_copy(update={"state_dir": state, "base_models": models, "storage_uri": storage})
 
     @property
     def db_url(self) -> str:
-        return self.database_url or f"sqlite+aiosqlite:///{Path(self.state_dir).resolve() / 'tinker_serve.db'}"
+        """Read in each process (the environment holds secrets that must not travel in deployment args)."""
+        return self.database_url or os.environ.get(DATABASE_URL_ENV) or \
+            f"sqlite+aiosqlite:///{Path(self.state_dir).resolve() / 'tinker_serve.db'}"
 
     @property
     def checkpoint_uri(self) -> str:
-        """Where checkpoints are stored: `storage_uri`, or the local directory {state_dir}/checkpoints."""
-        return self.storage_uri or str(Path(self.state_dir).resolve() / "checkpoints")
+        """Where checkpoints are stored (like db_url, read in each process)."""
+        return self.storage_uri or os.environ.get(STORAGE_URI_ENV) or str(Path(self.state_dir).resolve() / "checkpoints")
 
     def base_model(self, name: str) -> BaseModelConfig | None:
         return next((m for m in self.base_models if m.name == name), None)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from pathlib import Path
+from typing import Awaitable, Callable, TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -13,3 +15,20 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 
 TINY_MODEL = ROOT / "models" / "tiny"
+
+T = TypeVar("T")
+
+
+def run_on_db(db: Path, body: Callable[..., Awaitable[T]]) -> T:
+    """Run `body(engine)` against a real SQLite file with every table created (the stores' unit tests)."""
+    from app.store.db import create_tables, make_engine
+
+    async def main() -> T:
+        engine = make_engine("sqlite+aiosqlite:///" + str(db))
+        await create_tables(engine)
+        try:
+            return await body(engine)
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(main())

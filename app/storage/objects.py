@@ -95,8 +95,8 @@ class ObjectStorage:
         if target.is_dir():
             return target
         self.files(location)  # FileNotFoundError before creating anything
-        target.parent.mkdir(parents=True, exist_ok=True)
         staged = target.parent / f".{target.name}.{uuid.uuid4().hex[:8]}"
+        staged.mkdir(parents=True)  # copy_files creates the subdirectories only
         try:
             pafs.copy_files(self._full(location), str(staged), source_filesystem=self._fs,
                             destination_filesystem=pafs.LocalFileSystem(), chunk_size=_CHUNK)

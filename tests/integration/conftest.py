@@ -86,7 +86,9 @@ def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def base_url(state_dir: Path) -> str:
     build_embedded_model("tiny", TINY_MODEL)
     ray_tmp = Path("/tmp") / f"tsray-{int(time.time())}"  # short: Ray's socket paths have a length limit
-    ray.init(num_cpus=8, include_dashboard=False, _temp_dir=str(ray_tmp),  # S3_ENV: for test_object_storage
+    # The dashboard (on 127.0.0.1) serves Ray's state API, which Ray Train's cleaner needs to release a killed
+    # trainer's placement group, as on real clusters. S3_ENV: for test_object_storage.
+    ray.init(num_cpus=8, include_dashboard=True, _temp_dir=str(ray_tmp),
              runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled", **S3_ENV}})
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})

@@ -14,21 +14,14 @@ import pytest
 from app.errors import NotFound, UserError
 from app.storage.paths import checkpoint_path
 from app.store.checkpoints import CheckpointRecord, CheckpointStore
-from app.store.db import SCHEMA_VERSION, SchemaMismatch, create_tables, make_engine
+from app.store.db import SCHEMA_VERSION, SchemaMismatch
+from tests.conftest import run_on_db
 
 T = TypeVar("T")
 
 
 def run_with_store(db: Path, body: Callable[[CheckpointStore], Awaitable[T]]) -> T:
-    async def main() -> T:
-        engine = make_engine("sqlite+aiosqlite:///" + str(db))
-        await create_tables(engine)
-        try:
-            return await body(CheckpointStore(engine))
-        finally:
-            await engine.dispose()
-
-    return asyncio.run(main())
+    return run_on_db(db, lambda engine: body(CheckpointStore(engine)))
 
 
 def _record(name: str, created_at: float, kind: str = "weights", expires_at: float | None = None,

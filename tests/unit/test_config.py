@@ -8,7 +8,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from app.config import API_KEYS_ENV, AuthConfig, LimitsConfig, ServerConfig
+from app.config import API_KEYS_ENV, DATABASE_URL_ENV, STORAGE_URI_ENV, AuthConfig, LimitsConfig, ServerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 LOOPBACK = {"mode": "any_tml_key_on_loopback"}
@@ -102,6 +102,20 @@ def test_resolved_makes_local_paths_absolute(tmp_path: Path, monkeypatch: pytest
         str(tmp_path / "not-yet"),
     ]
     assert cfg.db_url == f"sqlite+aiosqlite:///{tmp_path / 'st' / 'tinker_serve.db'}"
+    assert cfg.checkpoint_uri == str(tmp_path / "st" / "checkpoints")
+    relative = ServerConfig(base_models=[TINY], auth=LOOPBACK, storage_uri="ckpts").resolved()
+    assert relative.checkpoint_uri == str(tmp_path / "ckpts")
+
+
+def test_secrets_come_from_the_environment_and_stay_out_of_deployment_args(monkeypatch: pytest.MonkeyPatch) -> None:
+    url, uri = "postgresql+asyncpg://u:p@db/tinker", "s3://bucket/prefix?region=us-east-1"
+    monkeypatch.setenv(DATABASE_URL_ENV, url)
+    monkeypatch.setenv(STORAGE_URI_ENV, uri)
+    cfg = ServerConfig(base_models=[TINY], auth=LOOPBACK).resolved()
+    assert (cfg.db_url, cfg.checkpoint_uri) == (url, uri)
+    assert url not in str(cfg.model_dump()) and uri not in str(cfg.model_dump())  # what replicas receive
+    explicit = ServerConfig(base_models=[TINY], auth=LOOPBACK, storage_uri="gs://other/x").resolved()
+    assert explicit.checkpoint_uri == "gs://other/x"  # config wins over the environment
 
 
 def test_config_is_frozen() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 
@@ -11,8 +10,8 @@ import pytest
 from app.errors import NotFound
 from app.sampling.expiry import sweep_expired_samplers
 from app.storage.objects import ObjectStorage
-from app.store.db import create_tables, make_engine
 from app.store.samplers import SamplerStore, SamplingSession, sampling_session_id_for
+from tests.conftest import run_on_db
 
 
 def _session(sid: str, *, ephemeral: bool, last_used_at: float, location: str | None = None) -> SamplingSession:
@@ -22,15 +21,7 @@ def _session(sid: str, *, ephemeral: bool, last_used_at: float, location: str | 
 
 
 def run(db: Path, body) -> object:  # noqa: ANN001
-    async def main() -> object:
-        engine = make_engine("sqlite+aiosqlite:///" + str(db))
-        await create_tables(engine)
-        try:
-            return await body(SamplerStore(engine))
-        finally:
-            await engine.dispose()
-
-    return asyncio.run(main())
+    return run_on_db(db, lambda engine: body(SamplerStore(engine)))
 
 
 def test_ids_follow_the_hosted_convention() -> None:

@@ -54,6 +54,11 @@ def _build(out: Path) -> None:
     (out / "sub" / "big.bin").write_bytes(bytes(range(256)) * 8192)  # 2 MiB: several chunks
 
 
+def _flat(out: Path) -> None:
+    out.mkdir()
+    (out / "adapter_config.json").write_text("{}")
+
+
 def test_write_list_fetch_open_delete(storage: ObjectStorage, tmp_path: Path) -> None:
     location = "m:train:0/weights/c1/v1"
     assert storage.write(location, _build) == 2 + 2 * 2**20
@@ -69,6 +74,11 @@ def test_write_list_fetch_open_delete(storage: ObjectStorage, tmp_path: Path) ->
     with pytest.raises(FileNotFoundError):
         storage.fetch(location, tmp_path / "other-cache")
     storage.delete(location)  # deleting twice is harmless
+
+
+def test_a_flat_directory_round_trips(storage: ObjectStorage, tmp_path: Path) -> None:
+    storage.write("m:train:0/weights/flat/v1", _flat)  # no subdirectory: a PEFT adapter's layout
+    assert (storage.fetch("m:train:0/weights/flat/v1", tmp_path / "cache") / "adapter_config.json").read_text() == "{}"
 
 
 def test_a_failed_build_leaves_nothing(storage: ObjectStorage, tmp_path: Path) -> None:
