@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from app.errors import ServerError, TinkerServeError, UserError
+from app.metrics import server_metrics
 from app.sampling.engine import SamplerEngine
 from app.sampling.params import SampleArgs
 from app.sampling.response import encode_sample_response
@@ -31,8 +32,9 @@ class LoadedAdapter:
 
 
 class SamplerService:
-    def __init__(self, engine: SamplerEngine, futures: FutureStore, storage: ObjectStorage, cache_dir: Path,
-                 max_cached: int) -> None:
+    def __init__(self, base_model: str, engine: SamplerEngine, futures: FutureStore, storage: ObjectStorage,
+                 cache_dir: Path, max_cached: int) -> None:
+        self._base_model = base_model
         self._engine = engine
         self._futures = futures
         self._storage = storage
@@ -52,6 +54,7 @@ class SamplerService:
         except FileNotFoundError:
             raise UserError("these sampler weights no longer exist (deleted or expired)", field="model_path") from None
         loaded = LoadedAdapter(location, directory, await self._engine.load_adapter(str(directory)))
+        server_metrics().adapter_loads.inc(tags={"base_model": self._base_model})
         self._adapters[location] = loaded
         while len(self._adapters) > self._max_cached:
             _, evicted = self._adapters.popitem(last=False)
@@ -67,6 +70,8 @@ class SamplerService:
                 await register(adapter_location)
             adapter = await self.adapter(adapter_location) if adapter_location else None
             result = await self._engine.sample(args, adapter.lora if adapter else None)
+            server_metrics().tokens.inc(sum(len(s.tokens) for s in result.sequences),
+                                        tags={"name": self._base_model, "kind": "sampled"})
             payload = encode_sample_response(result, topk_prompt=args.topk_prompt_logprobs,
                                              topk_sample=args.topk_sample_logprobs)
         except TinkerServeError as exc:

@@ -57,6 +57,11 @@ class SeqScheduler(Generic[Op]):
     def is_open(self, model_id: str) -> bool:
         return model_id in self._queues
 
+    def waiting(self, model_id: str) -> int:
+        """The model's operations submitted and not yet dispatched."""
+        queue = self._queues.get(model_id)
+        return len(queue.waiting) if queue else 0
+
     async def submit(self, model_id: str, seq_id: int, op: Op) -> Any:
         queue = self._queues.get(model_id)
         if queue is None:

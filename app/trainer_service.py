@@ -15,6 +15,7 @@ from typing import Awaitable, Union
 
 from app.config import LimitsConfig
 from app.errors import GroupRestarted, LimitExceeded, ServerError, TinkerServeError, UserError
+from app.metrics import server_metrics
 from app.protocol.codec import encode_forward_backward_output
 from app.scheduling import SeqScheduler
 from app.storage.objects import ObjectStorage
@@ -72,6 +73,12 @@ TrainingOp = Union[ForwardBackwardOp, OptimStepOp, CheckpointOp, SkipOp]
 
 def _json(payload: dict) -> bytes:
     return json.dumps(payload).encode()
+
+
+def _op_name(op: TrainingOp) -> str:
+    if isinstance(op, ForwardBackwardOp):
+        return "forward" if op.args.forward_only else "forward_backward"
+    return op.action.value if isinstance(op, CheckpointOp) else "optim_step"
 
 
 def _first_error(per_rank: list) -> dict | None:
@@ -155,15 +162,19 @@ class TrainerService:
         """Send the run to the workers now (order matters); the returned awaitable writes its futures."""
         work = [op for op in ops if not isinstance(op, SkipOp)]
         pending = self._group.send([self._command(model_id, op) for op in work]) if work else None
+        server_metrics().queue_depth.set(self._scheduler.waiting(model_id),
+                                         tags={"trainer": self.name, "model_id": model_id})
         return self._write_outcomes(ops, work, pending)
 
     async def _write_outcomes(self, ops: list[TrainingOp], work: list[TrainingOp],
                               pending: Awaitable[list[list]] | None) -> list[None]:
+        started = time.monotonic()
         try:
             replies = await pending if pending is not None else []
         except GroupRestarted as exc:
             self._lose_all_models(exc)
             raise
+        self._record(work, time.monotonic() - started)
         for i, op in enumerate(work):
             try:
                 await self._write_outcome(op, [rank_replies[i] for rank_replies in replies])
@@ -193,6 +204,13 @@ class TrainerService:
             await self._futures.complete(op.request_id, _json(op.result), JSON_CONTENT_TYPE)
         else:
             await self._futures.complete(op.request_id, _json({"metrics": per_rank[0]}), JSON_CONTENT_TYPE)
+
+    def _record(self, work: list[TrainingOp], seconds: float) -> None:
+        metrics = server_metrics()
+        for op in work:
+            metrics.op_seconds.observe(seconds, tags={"trainer": self.name, "op": _op_name(op)})
+            if isinstance(op, ForwardBackwardOp) and not op.args.forward_only:
+                metrics.tokens.inc(int(op.args.batch.offsets[-1]), tags={"name": self.name, "kind": "trained"})
 
     async def _commit(self, op: CheckpointOp, size_bytes: int) -> None:
         """Make a written checkpoint visible; the files it replaced, or its own if refused, are removed."""

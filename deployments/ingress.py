@@ -12,6 +12,7 @@ from app.api.main import create_api
 from app.api.retention import remove_expired_checkpoints
 from app.api.sessions import expire_silent_sessions
 from app.config import ServerConfig
+from app.metrics import RequestMetrics
 from app.sampling.expiry import fail_stale_samples, sweep_expired_samplers
 from app.storage.objects import ObjectStorage
 from app.store.checkpoints import CheckpointStore
@@ -63,5 +64,6 @@ class Ingress:
     def __serve_build_asgi_app__(self) -> Any:
         """Serve calls this after the constructor: the API, bound to this replica's collaborators."""
         api = create_api()
+        api.add_middleware(RequestMetrics)
         api.state.services = self._services
         return api

@@ -49,7 +49,7 @@ class Sampler:
         sampler = await SamplerEngine.start(base.path, base.sampler, max_lora_rank=cfg.limits.max_lora_rank,
                                             max_model_len=max_model_len, work_dir=work_dir)
         self._engine = sampler
-        self._service = SamplerService(sampler, FutureStore(engine), ObjectStorage(cfg.checkpoint_uri),
+        self._service = SamplerService(base_name, sampler, FutureStore(engine), ObjectStorage(cfg.checkpoint_uri),
                                        cache_dir=work_dir / "adapters", max_cached=4 * base.sampler.max_cpu_loras)
 
         async def register(adapter_location: str) -> LoadedAdapter:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from pathlib import Path
@@ -82,13 +83,18 @@ def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("state")
 
 
+# Ray's Prometheus endpoint on this node, http://127.0.0.1:{port}/metrics. Kept in the environment: test modules
+# import this file under another module name than pytest does, and both must agree on the port.
+METRICS_PORT = int(os.environ.setdefault("TINKER_SERVE_TEST_METRICS_PORT", str(_free_port())))
+
+
 @pytest.fixture(scope="session")
 def base_url(state_dir: Path) -> str:
     build_embedded_model("tiny", TINY_MODEL)
     ray_tmp = Path("/tmp") / f"tsray-{int(time.time())}"  # short: Ray's socket paths have a length limit
     # The dashboard (on 127.0.0.1) serves Ray's state API, which Ray Train's cleaner needs to release a killed
     # trainer's placement group, as on real clusters. S3_ENV: for test_object_storage.
-    ray.init(num_cpus=8, include_dashboard=True, _temp_dir=str(ray_tmp),
+    ray.init(num_cpus=8, include_dashboard=True, _temp_dir=str(ray_tmp), _metrics_export_port=METRICS_PORT,
              runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled", **S3_ENV}})
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})

@@ -1,0 +1,62 @@
+"""Prometheus metrics through Ray's metrics API: every node's metrics agent exports them (with Ray Serve's own
+replica and request metrics) on Ray's metrics endpoint. Names start with `tinker_serve_`; Ray adds `ray_`.
+
+Created lazily, once per process, inside Ray actors (the ingress, trainer and sampler replicas)."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any, Awaitable, Callable
+
+from ray.util import metrics
+
+_SECONDS = [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300]
+
+
+class ServerMetrics:
+    def __init__(self) -> None:
+        self.requests = metrics.Counter(
+            "tinker_serve_requests", "HTTP requests answered, by route and status code", tag_keys=("route", "status"))
+        self.queue_depth = metrics.Gauge(
+            "tinker_serve_queue_depth", "Training operations waiting for their turn, per model",
+            tag_keys=("trainer", "model_id"))
+        self.op_seconds = metrics.Histogram(
+            "tinker_serve_training_op_seconds", "Worker-group time of a training operation's run, by operation",
+            boundaries=_SECONDS, tag_keys=("trainer", "op"))
+        self.tokens = metrics.Counter(
+            "tinker_serve_tokens", "Tokens processed: `trained` (forward_backward inputs) or `sampled`",
+            tag_keys=("name", "kind"))  # name: a trainer or a base model
+        self.adapter_loads = metrics.Counter(
+            "tinker_serve_adapter_loads", "LoRA adapters loaded into a sampler's engine", tag_keys=("base_model",))
+
+
+@cache
+def server_metrics() -> ServerMetrics:
+    """This process's metrics (one registration per process)."""
+    return ServerMetrics()
+
+
+class RequestMetrics:
+    """ASGI middleware counting answered requests by route template (never the raw path: ids would explode
+    the label set) and status code."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+
+        async def record_status(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, record_status)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            server_metrics().requests.inc(tags={"route": route, "status": str(status)})
