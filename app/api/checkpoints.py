@@ -16,7 +16,7 @@ from app.config import LimitsConfig
 from app.errors import LimitExceeded, UserError
 from app.protocol import wire
 from app.storage.paths import checkpoint_path
-from app.store.checkpoints import CheckpointRecord
+from app.store.checkpoints import CheckpointRecord, already_exists
 from app.store.metadata import TrainingRun
 from app.store.samplers import SamplingSession, sampling_session_id_for
 from app.trainer_service import CheckpointOp, TrainingOp
@@ -57,8 +57,7 @@ async def _new_checkpoint(services: Services, model_id: str, kind: str, name: st
     record = CheckpointRecord(path, path.new_location(), 0, 0.0, checkpoint_expiry(services.config.limits, ttl_seconds),
                               False, _user_metadata(services.config.limits, user_metadata))
     if not overwrite and await services.checkpoints.find(path) is not None:
-        raise UserError(f"checkpoint {path.uri!r} already exists; choose another name"
-                        + (" (or save_state with overwrite=True)" if kind == "weights" else ""), field="path")
+        raise already_exists(path)
     return record
 
 

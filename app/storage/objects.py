@@ -94,7 +94,6 @@ class ObjectStorage:
         target = cache_root / _check_location(location)
         if target.is_dir():
             return target
-        self.files(location)  # FileNotFoundError before creating anything
         staged = target.parent / f".{target.name}.{uuid.uuid4().hex[:8]}"
         staged.mkdir(parents=True)  # copy_files creates the subdirectories only
         try:

@@ -45,6 +45,12 @@ class CheckpointRecord:
         return view
 
 
+def already_exists(path: CheckpointPath) -> UserError:
+    """The error for a save under a name that a live checkpoint holds (names `path`, the request field)."""
+    hint = " (or save_state with overwrite=True)" if path.kind == "weights" else ""
+    return UserError(f"checkpoint {path.uri!r} already exists; choose another name{hint}", field="path")
+
+
 def _from_row(row: Row) -> CheckpointRecord:
     return CheckpointRecord(CheckpointPath(row.model_id, row.kind, row.name), row.location, row.size_bytes,
                             row.created_at, row.expires_at, bool(row.public), row.user_metadata or {})
@@ -81,8 +87,7 @@ class CheckpointStore:
         async with self._engine.begin() as conn:
             old = (await conn.execute(select(checkpoints).where(_key(record.path)))).first()
             if old is not None and not overwrite and (old.expires_at is None or old.expires_at > time.time()):
-                raise UserError(f"checkpoint {record.path.uri!r} already exists; choose another name "
-                                "(or save_state with overwrite=True)", field="path")
+                raise already_exists(record.path)
             values = {"location": record.location, "size_bytes": record.size_bytes, "created_at": record.created_at,
                       "expires_at": record.expires_at, "public": int(record.public),
                       "user_metadata": record.user_metadata}

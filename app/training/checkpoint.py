@@ -1,8 +1,9 @@
 """Training checkpoint files: a PEFT adapter directory plus what resumes training.
 
-A checkpoint directory (built locally, then stored by app.storage.objects) holds `adapter_config.json` + `adapter_model.safetensors` (a PEFT adapter, so
-samplers and HF tools read it as is), `value_head.safetensors` for critics, `optimizer.pt` (the AdamW
-state) and `tinker_model.json` (the model's AdapterSpec: rank, targets, role).
+A checkpoint directory (built locally, then stored by app.storage.objects) holds `adapter_config.json` +
+`adapter_model.safetensors` (a PEFT adapter, so samplers and HF tools read it as is),
+`value_head.safetensors` for critics, `optimizer.pt` (the AdamW state) and `tinker_model.json` (the
+model's AdapterSpec: rank, targets, role).
 """
 
 from __future__ import annotations
@@ -42,13 +43,13 @@ def write_state(model: PeftModel, adapter: str, spec: AdapterSpec, value_head: t
     (out / SPEC_FILE).write_text(json.dumps(asdict(spec), sort_keys=True))
 
 
-def read_spec(directory: str | Path, *, field: str = "path") -> AdapterSpec:
+def read_spec(directory: str | Path) -> AdapterSpec:
     """The spec a training checkpoint was saved with; NotFound when `directory` holds none."""
     try:
         raw = json.loads((Path(directory) / SPEC_FILE).read_text())
     except (OSError, ValueError):
         raise NotFound("no training checkpoint there (never saved, deleted, or a sampler-weights path)",
-                       field=field) from None
+                       field="path") from None
     return AdapterSpec(**raw)
 
 
