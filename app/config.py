@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -19,6 +20,16 @@ STORAGE_URI_ENV = "TINKER_SERVE_STORAGE_URI"  # when storage_uri is not set
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_custom_resources(resources: dict[str, float]) -> dict[str, float]:
+    """Custom Ray resources (what places replicas and workers on chosen nodes); CPUs and GPUs have their own fields."""
+    for name, amount in resources.items():
+        if name in ("CPU", "GPU", "memory", "object_store_memory"):
+            raise ValueError(f"resources may not name {name!r}: it has its own field")
+        if amount < 0:
+            raise ValueError(f"resources[{name!r}] must be >= 0, got {amount}")
+    return resources
 
 
 class LimitsConfig(_Strict):
@@ -68,9 +79,11 @@ class SamplerConfig(_Strict):
     dtype: str = "auto"  # "float32" on CPUs without bf16
     enforce_eager: bool = True  # CPU: compiling costs ~40 s of start-up for ~4%; GPU: set false for CUDA graphs
     env: dict[str, str] = Field(default_factory=dict)  # e.g. VLLM_CPU_OMP_THREADS_BIND
+    resources: dict[str, float] = Field(default_factory=dict)  # custom Ray resources per replica (node placement)
 
     @model_validator(mode="after")
     def _check(self) -> SamplerConfig:
+        _check_custom_resources(self.resources)
         if self.min_replicas > self.max_replicas:
             raise ValueError(f"min_replicas {self.min_replicas} exceeds max_replicas {self.max_replicas}")
         return self
@@ -86,6 +99,12 @@ class WorkerGroupConfig(_Strict):
     cpus_per_worker: float = Field(1.0, gt=0)
     use_gpu: bool = False
     torch_threads_per_worker: int = Field(1, ge=1)
+    resources: dict[str, float] = Field(default_factory=dict)  # custom Ray resources per worker (node placement)
+
+    @model_validator(mode="after")
+    def _check(self) -> WorkerGroupConfig:
+        _check_custom_resources(self.resources)
+        return self
 
 
 class BaseModelConfig(_Strict):
@@ -179,6 +198,22 @@ class ServerConfig(_Strict):
 
     def base_model(self, name: str) -> BaseModelConfig | None:
         return next((m for m in self.base_models if m.name == name), None)
+
+
+_SECRET_QUERY_KEYS = ("key", "secret", "token", "password", "credential")
+
+
+def redacted(url: str) -> str:
+    """`url` fit for logs: a password in it, and query values whose names look secret, become `***`."""
+    password = urlsplit(url).password
+    if password:
+        url = url.replace(f":{password}@", ":***@", 1)
+    base, question, query = url.partition("?")
+    if not question:
+        return url
+    items = [(item.partition("=")[0], item) for item in query.split("&")]
+    shown = [f"{key}=***" if any(word in key.lower() for word in _SECRET_QUERY_KEYS) else item for key, item in items]
+    return f"{base}?{'&'.join(shown)}"
 
 
 def _abs_if_local(path: str) -> str:

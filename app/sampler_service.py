@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any, Awaitable, Callable
 
 from app.errors import ServerError, TinkerServeError, UserError
 from app.metrics import server_metrics
+from app.request_log import log_request, outcome_of
 from app.sampling.engine import SamplerEngine
 from app.sampling.params import SampleArgs
 from app.sampling.response import encode_sample_response
@@ -65,20 +67,31 @@ class SamplerService:
     async def sample(self, request_id: str, args: SampleArgs, adapter_location: str | None,
                      register: AdapterLoader | None = None) -> None:
         """Sample and write the outcome. `register` (Serve's multiplexing) is told first which adapter is used."""
+        started = time.monotonic()
+        tokens, error = await self._sample(request_id, args, adapter_location, register)
+        log_request("ran", op="sample", base_model=self._base_model, adapter=adapter_location,
+                    tinker_request_id=request_id, outcome=outcome_of(error), tokens=tokens,
+                    seconds=round(time.monotonic() - started, 4))
+
+    async def _sample(self, request_id: str, args: SampleArgs, adapter_location: str | None,
+                      register: AdapterLoader | None) -> tuple[int, dict | None]:
+        """(tokens sampled, None) once the future is complete, or (0, the error its future failed with)."""
         try:
             if adapter_location and register is not None:
                 await register(adapter_location)
             adapter = await self.adapter(adapter_location) if adapter_location else None
             result = await self._engine.sample(args, adapter.lora if adapter else None)
-            server_metrics().tokens.inc(sum(len(s.tokens) for s in result.sequences),
-                                        tags={"name": self._base_model, "kind": "sampled"})
+            tokens = sum(len(s.tokens) for s in result.sequences)
+            server_metrics().tokens.inc(tokens, tags={"name": self._base_model, "kind": "sampled"})
             payload = encode_sample_response(result, topk_prompt=args.topk_prompt_logprobs,
                                              topk_sample=args.topk_sample_logprobs)
         except TinkerServeError as exc:
-            await self._futures.fail(request_id, exc.to_body())
-            return
+            error = exc.to_body()
         except Exception as exc:  # noqa: BLE001 - the engine failed; the client must learn it, not hang
             logger.exception("sampling %s failed", request_id)
-            await self._futures.fail(request_id, ServerError(f"sampling failed: {exc!r}").to_body())
-            return
-        await self._futures.complete(request_id, payload, PROTO_CONTENT_TYPE)
+            error = ServerError(f"sampling failed: {exc!r}").to_body()
+        else:
+            await self._futures.complete(request_id, payload, PROTO_CONTENT_TYPE)
+            return tokens, None
+        await self._futures.fail(request_id, error)
+        return 0, error

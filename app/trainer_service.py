@@ -17,6 +17,7 @@ from app.config import LimitsConfig
 from app.errors import GroupRestarted, LimitExceeded, ServerError, TinkerServeError, UserError
 from app.metrics import server_metrics
 from app.protocol.codec import encode_forward_backward_output
+from app.request_log import log_request, outcome_of
 from app.scheduling import SeqScheduler
 from app.storage.objects import ObjectStorage
 from app.store.checkpoints import CheckpointRecord, CheckpointStore
@@ -69,13 +70,17 @@ class SkipOp:
 
 
 TrainingOp = Union[ForwardBackwardOp, OptimStepOp, CheckpointOp, SkipOp]
+Queued = tuple[int, TrainingOp]  # (seq_id, op)
 
 
 def _json(payload: dict) -> bytes:
     return json.dumps(payload).encode()
 
 
-def _op_name(op: TrainingOp) -> str:
+def op_name(op: TrainingOp) -> str:
+    """The operation's name in metrics and logs."""
+    if isinstance(op, SkipOp):
+        return "skip"
     if isinstance(op, ForwardBackwardOp):
         return "forward" if op.args.forward_only else "forward_backward"
     return op.action.value if isinstance(op, CheckpointOp) else "optim_step"
@@ -96,7 +101,7 @@ class TrainerService:
         self._limits = limits
         self._group = group
         self._futures = futures
-        self._scheduler: SeqScheduler[TrainingOp] = SeqScheduler(
+        self._scheduler: SeqScheduler[Queued] = SeqScheduler(
             self._dispatch, gap_timeout_s=limits.seq_gap_timeout_seconds)
         self._models: set[str] = set()
 
@@ -154,19 +159,19 @@ class TrainerService:
     async def submit(self, model_id: str, seq_id: int, op: TrainingOp) -> None:
         """Queue `op`; returns once its future is written (success or failure)."""
         try:
-            await self._scheduler.submit(model_id, seq_id, op)
+            await self._scheduler.submit(model_id, seq_id, (seq_id, op))
         except TinkerServeError as exc:
             await self._futures.fail_if_pending(op.request_id, exc.to_body())
 
-    def _dispatch(self, model_id: str, ops: list[TrainingOp]) -> Awaitable[list[None]]:
+    def _dispatch(self, model_id: str, run: list[Queued]) -> Awaitable[list[None]]:
         """Send the run to the workers now (order matters); the returned awaitable writes its futures."""
-        work = [op for op in ops if not isinstance(op, SkipOp)]
-        pending = self._group.send([self._command(model_id, op) for op in work]) if work else None
+        work = [(seq_id, op) for seq_id, op in run if not isinstance(op, SkipOp)]
+        pending = self._group.send([self._command(model_id, op) for _, op in work]) if work else None
         server_metrics().queue_depth.set(self._scheduler.waiting(model_id),
                                          tags={"trainer": self.name, "model_id": model_id})
-        return self._write_outcomes(ops, work, pending)
+        return self._write_outcomes(model_id, len(run), work, pending)
 
-    async def _write_outcomes(self, ops: list[TrainingOp], work: list[TrainingOp],
+    async def _write_outcomes(self, model_id: str, run_length: int, work: list[Queued],
                               pending: Awaitable[list[list]] | None) -> list[None]:
         started = time.monotonic()
         try:
@@ -174,13 +179,17 @@ class TrainerService:
         except GroupRestarted as exc:
             self._lose_all_models(exc)
             raise
-        self._record(work, time.monotonic() - started)
-        for i, op in enumerate(work):
+        seconds = time.monotonic() - started
+        self._record([op for _, op in work], seconds)
+        for i, (seq_id, op) in enumerate(work):
             try:
-                await self._write_outcome(op, [rank_replies[i] for rank_replies in replies])
+                error = await self._write_outcome(op, [rank_replies[i] for rank_replies in replies])
             except TinkerServeError as exc:
-                await self._futures.fail(op.request_id, exc.to_body())
-        return [None] * len(ops)
+                error = exc.to_body()
+                await self._futures.fail(op.request_id, error)
+            log_request("ran", op=op_name(op), model_id=model_id, seq_id=seq_id, tinker_request_id=op.request_id,
+                        outcome=outcome_of(error), run_seconds=round(seconds, 4), run_ops=len(work))
+        return [None] * run_length
 
     @staticmethod
     def _command(model_id: str, op: TrainingOp) -> Command:
@@ -190,11 +199,12 @@ class TrainerService:
             return op.command(model_id)
         return Command(CommandKind.OPTIM_STEP, model_id, adam=op.adam)
 
-    async def _write_outcome(self, op: TrainingOp, per_rank: list) -> None:
+    async def _write_outcome(self, op: TrainingOp, per_rank: list) -> dict | None:
+        """Complete the op's future, or fail it with the first rank's error (returned)."""
         error = _first_error(per_rank)
         if error is not None:
             await self._futures.fail(op.request_id, error)
-            return
+            return error
         if isinstance(op, ForwardBackwardOp):
             result = merge_shards(op.args.batch.offsets, per_rank)
             await self._futures.complete(op.request_id, encode_forward_backward_output(result), PROTO_CONTENT_TYPE)
@@ -204,11 +214,12 @@ class TrainerService:
             await self._futures.complete(op.request_id, _json(op.result), JSON_CONTENT_TYPE)
         else:
             await self._futures.complete(op.request_id, _json({"metrics": per_rank[0]}), JSON_CONTENT_TYPE)
+        return None
 
     def _record(self, work: list[TrainingOp], seconds: float) -> None:
         metrics = server_metrics()
         for op in work:
-            metrics.op_seconds.observe(seconds, tags={"trainer": self.name, "op": _op_name(op)})
+            metrics.op_seconds.observe(seconds, tags={"trainer": self.name, "op": op_name(op)})
             if isinstance(op, ForwardBackwardOp) and not op.args.forward_only:
                 metrics.tokens.inc(int(op.args.batch.offsets[-1]), tags={"name": self.name, "kind": "trained"})
 

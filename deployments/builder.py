@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,16 +15,22 @@ from app.config import ServerConfig
 from app.models.embedded import build_embedded_model
 from deployments.ingress import Ingress
 from deployments.sampler import Sampler
+from deployments.logs import route_app_logs
 from deployments.trainer import Trainer
+
+logger = logging.getLogger("tinker_serve.builder")
 
 
 def _model_limits(config: ServerConfig) -> dict[str, dict[str, int]]:
     """Vocabulary size and context length of each base model, read from its config (building embedded ones)."""
     limits = {}
     for base in config.base_models:
+        started = time.monotonic()
         if base.embedded_preset:
             build_embedded_model(base.embedded_preset, Path(base.path))
         hf = AutoConfig.from_pretrained(base.path)
+        logger.info("base model %s at %s: config read%s in %.1f s", base.name, base.path,
+                    " (embedded model built or found)" if base.embedded_preset else "", time.monotonic() - started)
         limits[base.name] = {"vocab_size": hf.vocab_size,
                              "max_context_length": min(base.max_context_length, hf.max_position_embeddings)}
     return limits
@@ -31,6 +39,7 @@ def _model_limits(config: ServerConfig) -> dict[str, dict[str, int]]:
 def build_app(args: dict[str, Any]) -> Application:
     """Validate the whole config first (every error at once), then bind each base model's Trainers (one, or a
     second for critics) and its Sampler."""
+    route_app_logs()
     config = ServerConfig.model_validate(args).resolved()
     raw = config.model_dump()
     limits = _model_limits(config)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from typing import Any
 
 from ray.serve.handle import DeploymentHandle
@@ -11,7 +13,7 @@ from app.api.deps import Services
 from app.api.main import create_api
 from app.api.retention import remove_expired_checkpoints
 from app.api.sessions import expire_silent_sessions
-from app.config import ServerConfig
+from app.config import ServerConfig, redacted
 from app.metrics import RequestMetrics
 from app.sampling.expiry import fail_stale_samples, sweep_expired_samplers
 from app.storage.objects import ObjectStorage
@@ -24,6 +26,9 @@ from app.store.settings import shared_secret
 from app.sweeps import sweep_forever
 from app.training.validation import ModelLimits
 from deployments.dispatch import ServeSamplerDispatcher, ServeTrainerDispatcher
+from deployments.logs import route_app_logs
+
+logger = logging.getLogger("tinker_serve.ingress")
 
 
 class Ingress:
@@ -34,9 +39,12 @@ class Ingress:
 
     async def __init__(self, config: dict, trainers: dict[str, DeploymentHandle], samplers: dict[str, DeploymentHandle],
                        model_limits: dict[str, dict]) -> None:
+        route_app_logs()
+        started = time.monotonic()
         cfg = ServerConfig.model_validate(config)
         engine = make_engine(cfg.db_url)
         await create_tables(engine)
+        logger.info("ingress: database %s ready in %.1f s", redacted(cfg.db_url), time.monotonic() - started)
         # Completions dispatched by this replica wake its long-polls at once; polling the row is for futures
         # that another replica (or a restarted trainer) finishes, so one replica polls rarely.
         futures = FutureStore(engine, poll_interval_s=5.0 if cfg.ingress_replicas == 1 else 1.0)
@@ -60,6 +68,8 @@ class Ingress:
             sweep_forever("stale sample futures", lambda: fail_stale_samples(futures, limits.sample_timeout_seconds),
                           min(60.0, limits.sample_timeout_seconds / 4)),
         )]
+        logger.info("ingress ready in %.1f s: base models %s, checkpoints in %s, auth %s", time.monotonic() - started,
+                    sorted(model_limits), redacted(cfg.checkpoint_uri), cfg.auth.mode)
 
     def __serve_build_asgi_app__(self) -> Any:
         """Serve calls this after the constructor: the API, bound to this replica's collaborators."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,9 @@ from app.sampling.params import SampleArgs
 from app.storage.objects import ObjectStorage
 from app.store.db import create_tables, make_engine
 from app.store.futures import FutureStore
+from deployments.logs import route_app_logs, serve_log_file_kept
+
+logger = logging.getLogger("tinker_serve.sampler")
 
 _CPU_ENV = {
     "TORCH_COMPILE_DISABLE": "1",  # else the first logprobs request compiles for 15-30 s
@@ -34,20 +39,26 @@ class Sampler:
                                    "upscale_delay_s": 5, "downscale_delay_s": 30},
             "max_ongoing_requests": sampler.max_ongoing_requests,
             "ray_actor_options": {"num_cpus": sampler.num_cpus, "num_gpus": sampler.num_gpus,
-                                  "runtime_env": {"env_vars": env}},
+                                  "resources": sampler.resources, "runtime_env": {"env_vars": env}},
             "health_check_period_s": 10,
             "graceful_shutdown_timeout_s": 30,
         }
 
     async def __init__(self, config: dict, base_name: str, max_model_len: int) -> None:
+        route_app_logs()
+        started = time.monotonic()
         cfg = ServerConfig.model_validate(config)
         base = cfg.base_model(base_name)
+        logger.info("sampler for %s: starting vLLM on %s (max_loras %d, max_cpu_loras %d, context %d, "
+                    "tensor parallel %d)", base_name, base.path, base.sampler.max_loras, base.sampler.max_cpu_loras,
+                    max_model_len, base.sampler.tensor_parallel_size)
         engine = make_engine(cfg.db_url)
         await create_tables(engine)
         replica = serve.get_replica_context().replica_id.unique_id
         work_dir = Path(cfg.state_dir) / "sampler" / replica
-        sampler = await SamplerEngine.start(base.path, base.sampler, max_lora_rank=cfg.limits.max_lora_rank,
-                                            max_model_len=max_model_len, work_dir=work_dir)
+        with serve_log_file_kept():
+            sampler = await SamplerEngine.start(base.path, base.sampler, max_lora_rank=cfg.limits.max_lora_rank,
+                                                max_model_len=max_model_len, work_dir=work_dir)
         self._engine = sampler
         self._service = SamplerService(base_name, sampler, FutureStore(engine), ObjectStorage(cfg.checkpoint_uri),
                                        cache_dir=work_dir / "adapters", max_cached=4 * base.sampler.max_cpu_loras)
@@ -58,6 +69,7 @@ class Sampler:
         # Serve routes requests for an adapter to replicas that registered it here; vLLM's own LRU
         # (max_cpu_loras, plus the pinned zero adapter) bounds what stays loaded.
         self._register = serve.multiplexed(max_num_models_per_replica=base.sampler.max_cpu_loras - 1)(register)
+        logger.info("sampler for %s ready in %.1f s", base_name, time.monotonic() - started)
 
     async def sample(self, request_id: str, args: SampleArgs) -> None:
         adapter_location = serve.get_multiplexed_model_id() or None

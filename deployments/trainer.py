@@ -3,9 +3,11 @@ TrainerService and its TorchTrainer worker group."""
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
-from app.config import ServerConfig
+from app.config import ServerConfig, redacted
 from app.storage.objects import ObjectStorage
 from app.store.checkpoints import CheckpointStore
 from app.store.db import create_tables, make_engine
@@ -14,6 +16,9 @@ from app.store.metadata import MetadataStore
 from app.trainer_service import CheckpointOp, TrainerService, TrainingOp
 from app.training.lora import AdapterSpec
 from app.workers.group import TorchTrainerGroup
+from deployments.logs import route_app_logs
+
+logger = logging.getLogger("tinker_serve.trainer")
 
 
 class Trainer:
@@ -30,15 +35,21 @@ class Trainer:
         }
 
     async def __init__(self, config: dict, base_name: str, trainer: str) -> None:
+        route_app_logs()
+        started = time.monotonic()
         cfg = ServerConfig.model_validate(config)
-        base = cfg.base_model(base_name)
+        base, shape = cfg.base_model(base_name), cfg.base_model(base_name).trainer_groups()[trainer]
+        logger.info("trainer %s: starting %d workers (%g CPUs%s%s each) on %s; checkpoints in %s", trainer,
+                    shape.num_workers, shape.cpus_per_worker, ", a GPU" if shape.use_gpu else "",
+                    f", {shape.resources}" if shape.resources else "", base.path, redacted(cfg.checkpoint_uri))
         engine = make_engine(cfg.db_url)
         await create_tables(engine)
-        group = TorchTrainerGroup(trainer, base.path, base.trainer_groups()[trainer], f"{cfg.state_dir}/ray_train",
+        group = TorchTrainerGroup(trainer, base.path, shape, f"{cfg.state_dir}/ray_train",
                                   checkpoint_uri=cfg.checkpoint_uri, command_timeout_s=cfg.limits.command_timeout_seconds)
         self._service = TrainerService(trainer, cfg.limits, group, FutureStore(engine), MetadataStore(engine),
                                        CheckpointStore(engine), ObjectStorage(cfg.checkpoint_uri))
         await self._service.start()
+        logger.info("trainer %s ready in %.1f s", trainer, time.monotonic() - started)
 
     async def create_model(self, request_id: str, model_id: str, spec: AdapterSpec,
                            load: CheckpointOp | None = None) -> None:

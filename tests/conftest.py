@@ -13,6 +13,9 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TINKER_TELEMETRY", "0")
+# Ray's own servers (GCS, raylets, object managers, agents) bind to 127.0.0.1 instead of this machine's address:
+# Ray takes its node address from loopback when this is off, as on a laptop. Every test node is on this machine.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 TINY_MODEL = ROOT / "models" / "tiny"
 

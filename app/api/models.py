@@ -14,6 +14,7 @@ from app.api.sessions import unload
 from app.config import ROLES, BaseModelConfig
 from app.errors import LimitExceeded, UserError
 from app.protocol.wire import CreateModelRequest, GetInfoRequest, UnloadModelRequest
+from app.request_log import log_request
 from app.store.metadata import TrainingRun, model_id_for
 from app.trainer_service import CheckpointOp
 from app.training.lora import AdapterSpec
@@ -80,6 +81,8 @@ async def register_model(services: Services, kind: str, session_id: str, model_s
             user_metadata=user_metadata or {}, created_at=time.time(), unloaded=False))
         services.trainers.create_model(trainer, request_id, model_id, adapter,
                                        load(request_id, model_id) if load else None)
+    log_request("queued" if created else "retried", op=kind, model_id=model_id, seq_id=0,
+                tinker_request_id=request_id)
     return {"request_id": request_id, "model_id": model_id}
 
 

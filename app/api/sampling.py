@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 from app.api.deps import Services, ServicesDep
 from app.errors import UserError
 from app.protocol.wire import CreateSamplingSessionRequest, SampleRequest
+from app.request_log import log_request
 from app.sampling.params import sample_args
 from app.store.samplers import SamplingSession, sampling_session_id_for
 
@@ -70,6 +71,8 @@ async def asample(body: SampleRequest, services: ServicesDep) -> JSONResponse:
         request_id, created = await services.futures.create("sample", session.sampling_session_id, body.seq_id)
         if created:
             services.samplers.sample(session.base_model, request_id, session.adapter_location, args)
+        log_request("queued" if created else "retried", op="sample", sampling_session_id=session.sampling_session_id,
+                    seq_id=body.seq_id, tinker_request_id=request_id, num_samples=args.num_samples)
     finally:
         if not created:  # a retried submit (its sample already runs) or a failed create
             services.samplers.release(session.base_model)

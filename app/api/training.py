@@ -17,6 +17,7 @@ from app.api.errors import validation_message
 from app.errors import TinkerServeError, UserError
 from app.protocol import wire
 from app.protocol.codec import decode_forward_backward, peek_sequence
+from app.request_log import log_request, outcome_of
 from app.store.metadata import TrainingRun
 from app.trainer_service import ForwardBackwardOp, OptimStepOp, SkipOp, TrainingOp
 from app.training.optim import AdamParams
@@ -31,12 +32,18 @@ async def sequenced(services: Services, kind: str, model_id: str, seq_id: int,
     """Create (or find, for a retry) the future of (model_id, seq_id) and queue its operation."""
     run = await services.training_run(model_id)
     request_id, created = await services.futures.create(kind, model_id, seq_id)
-    if created:
+    if not created:
+        log_request("retried", op=kind, model_id=model_id, seq_id=seq_id, tinker_request_id=request_id)
+    else:
+        error = None
         try:
             op = await build_op(request_id, run)
         except TinkerServeError as exc:
-            await services.futures.fail(request_id, exc.to_body())
+            error = exc.to_body()
+            await services.futures.fail(request_id, error)
             op = SkipOp(request_id)
+        log_request("queued" if error is None else "rejected", op=kind, model_id=model_id, seq_id=seq_id,
+                    tinker_request_id=request_id, trainer=run.trainer, outcome=outcome_of(error))
         try:
             services.trainers.submit(run.trainer, model_id, seq_id, op)
         except TinkerServeError as exc:  # no trainer to send it to: the future must not stay pending

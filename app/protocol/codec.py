@@ -365,12 +365,12 @@ def forward_backward_json_from_proto(payload: bytes) -> dict[str, Any]:
     outputs: dict[str, np.ndarray] = {}
     offsets = np.zeros(1, dtype=np.int64)
     for record in msg.loss_fn_outputs:
-        for name, bt in record.fields.items():
+        for name, bt in sorted(record.fields.items()):  # map order differs between processes
             dtype = np.dtype("<i8") if bt.dtype == pb.DTYPE_INT64 else np.dtype("<f4")
             trailing = tuple(int(t) for t in bt.trailing_shape)
             row_bytes = int(np.prod(trailing, dtype=np.int64)) * dtype.itemsize
             outputs[name] = np.frombuffer(bt.data, dtype=dtype).reshape(-1, *trailing)
             offsets = np.frombuffer(bt.offsets, dtype="<i8") // row_bytes
-    result = ForwardBackwardResult(offsets=offsets, outputs=outputs, metrics=dict(msg.metrics),
+    result = ForwardBackwardResult(offsets=offsets, outputs=outputs, metrics=dict(sorted(msg.metrics.items())),
                                    loss_fn_output_type=msg.loss_fn_output_type)
     return forward_backward_output_to_json(result)

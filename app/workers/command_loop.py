@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import uuid
 
 import ray
@@ -23,6 +24,7 @@ def command_loop(config: dict) -> None:
     ctx = ray.train.get_context()
     rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
     torch.set_num_threads(config["threads"])
+    started = time.monotonic()
     device = str(ray.train.torch.get_device()) if config["use_gpu"] else "cpu"
     engine = TrainingEngine(load_base_model(config["base_path"], device=device), rank=rank,
                             world_size=world_size, device=device)
@@ -30,7 +32,8 @@ def command_loop(config: dict) -> None:
     mailbox = config["mailbox"]
     identity = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
     ray.get(mailbox.register.remote(rank, identity))
-    logger.info("rank %d/%d ready on %s (%s)", rank, world_size, device, identity)
+    logger.info("rank %d/%d ready on %s (%s): base model %s loaded in %.1f s", rank, world_size, device, identity,
+                config["base_path"], time.monotonic() - started)
     while True:
         message = ray.get(mailbox.next.remote(rank, 30.0))
         if message is None:

@@ -51,9 +51,11 @@ def server_config(state_dir: Path) -> dict:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Modules that replace the shared Serve app run last, in this order."""
-    last = ("test_worker_failure.py", "test_object_storage.py")
-    items.sort(key=lambda item: last.index(item.path.name) + 1 if item.path.name in last else 0)
+    """The multi-node module, with a cluster of its own, runs before the shared Ray starts; modules that replace
+    the shared Serve app run last, in this order."""
+    first, last = ("test_multinode.py",), ("test_worker_failure.py", "test_object_storage.py")
+    items.sort(key=lambda item: -1 if item.path.name in first else
+               last.index(item.path.name) + 1 if item.path.name in last else 0)
 
 
 def wait_ready(url: str, budget_s: float = 300) -> None:

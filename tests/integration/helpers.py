@@ -74,6 +74,13 @@ def train_steps(tc: tinker.TrainingClient, data: list[types.Datum], steps: int, 
         tc.optim_step(types.AdamParams(learning_rate=lr)).result()
 
 
+def trainer_logprobs(tc: tinker.TrainingClient, tokens: list[int]) -> np.ndarray:
+    """The trainer's forward logprobs of tokens[1:] given their prefixes."""
+    datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
+    return tc.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
+
+
 def new_client(service_client: tinker.ServiceClient, seed: int, rank: int = 8) -> tinker.TrainingClient:
     return service_client.create_lora_training_client(base_model="tinker-serve/tiny", rank=rank, seed=seed).result()
 

@@ -14,16 +14,9 @@ import torch
 from tinker import types
 
 from tests.integration.conftest import BASE_MODEL, EPHEMERAL_TTL_S, MAX_PENDING_SAMPLES
-from tests.integration.helpers import SENTENCES, new_client, sft_datums, train_steps
+from tests.integration.helpers import SENTENCES, new_client, sft_datums, train_steps, trainer_logprobs
 
 ATOL = 2e-4  # fp32 on CPU: vLLM and torch agree to ~1e-5; LoRA kernels add a little
-
-
-def trainer_logprobs(tc: tinker.TrainingClient, tokens: list[int]) -> np.ndarray:
-    """The trainer's forward logprobs of tokens[1:] given their prefixes."""
-    datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
-    return tc.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
 
 
 def trained_client(service_client: tinker.ServiceClient, seed: int, steps: int = 3) -> tinker.TrainingClient:

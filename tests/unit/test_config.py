@@ -67,6 +67,26 @@ def test_limit_bounds(limits: dict) -> None:
         ServerConfig(base_models=[TINY], auth=LOOPBACK, limits=limits)
 
 
+@pytest.mark.parametrize("section, resources, message", [
+    ("trainer", {"CPU": 2}, "may not name 'CPU'"),
+    ("sampler", {"GPU": 1}, "may not name 'GPU'"),
+    ("sampler", {"sampler_node": -1}, "must be >= 0"),
+])
+def test_custom_resources_checked(section: str, resources: dict, message: str) -> None:
+    with pytest.raises(ValidationError, match=f"base_models.0.{section}[\\s\\S]*{message}"):
+        ServerConfig(base_models=[{**TINY, section: {"resources": resources}}], auth=LOOPBACK)
+
+
+def test_custom_resources_reach_workers_and_replicas() -> None:
+    from deployments.sampler import Sampler
+
+    config = ServerConfig(base_models=[{**TINY, "trainer": {"resources": {"trainer_node": 1}},
+                                        "sampler": {"resources": {"sampler_node": 0.5}}}], auth=LOOPBACK)
+    assert config.base_models[0].trainer_groups()[TINY["name"]].resources == {"trainer_node": 1}
+    options = Sampler.deployment_options(config, TINY["name"])
+    assert options["ray_actor_options"]["resources"] == {"sampler_node": 0.5}
+
+
 def test_api_keys_mode_needs_keys() -> None:
     with pytest.raises(ValidationError, match=API_KEYS_ENV):
         ServerConfig(base_models=[TINY])  # api_keys is the default mode
