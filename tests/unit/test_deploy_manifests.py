@@ -54,6 +54,14 @@ def test_cluster_manifests_carry_the_gpu_profile() -> None:
         assert args["base_models"] == profile["base_models"] and args["limits"] == profile["limits"], source
 
 
+@pytest.mark.parametrize("source", ["gpu profile", "rayservice", "anyscale"])
+def test_cluster_logs_are_json(source: str) -> None:
+    from ray.serve.schema import EncodingType, LoggingConfig
+
+    (app,) = _applications()[source]
+    assert LoggingConfig.model_validate(app["logging_config"]).encoding == EncodingType.JSON
+
+
 def test_rayservice_takes_secrets_from_kubernetes_secrets() -> None:
     spec = yaml.safe_load(RAYSERVICE.read_text())["spec"]
     assert yaml.safe_load(RAYSERVICE.read_text())["kind"] == "RayService"

@@ -11,10 +11,25 @@ from app.request_log import log_request, outcome_of
 from deployments.logs import APP_LOGGER, SERVE_LOGGER, route_app_logs
 
 
-def test_request_log_line_carries_fields_as_text_and_attributes(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="tinker_serve.requests")
-    log_request("queued", op="forward_backward", model_id="s1:train:0", seq_id=3, tinker_request_id="abc")
-    (record,) = caplog.records
+class _Capture(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_request_log_line_carries_fields_as_text_and_attributes() -> None:
+    logger, capture = logging.getLogger("tinker_serve.requests"), _Capture()
+    logger.addHandler(capture)
+    level, logger.level = logger.level, logging.INFO
+    try:
+        log_request("queued", op="forward_backward", model_id="s1:train:0", seq_id=3, tinker_request_id="abc")
+    finally:
+        logger.removeHandler(capture)
+        logger.setLevel(level)
+    (record,) = capture.records
     assert record.getMessage() == "queued op=forward_backward model_id=s1:train:0 seq_id=3 tinker_request_id=abc"
     assert (record.model_id, record.seq_id, record.tinker_request_id) == ("s1:train:0", 3, "abc")
 
@@ -26,13 +41,7 @@ def test_outcome_names_the_error_category() -> None:
 
 
 def test_app_logs_reach_the_serve_logger_handlers() -> None:
-    seen: list[logging.LogRecord] = []
-
-    class Capture(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            seen.append(record)
-
-    serve_logger, capture = logging.getLogger(SERVE_LOGGER), Capture()
+    serve_logger, capture = logging.getLogger(SERVE_LOGGER), _Capture()
     serve_logger.addHandler(capture)
     app_logger = logging.getLogger(APP_LOGGER)
     saved = (app_logger.handlers[:], app_logger.level, app_logger.propagate)
@@ -43,7 +52,7 @@ def test_app_logs_reach_the_serve_logger_handlers() -> None:
     finally:
         serve_logger.removeHandler(capture)
         app_logger.handlers, app_logger.level, app_logger.propagate = saved
-    assert [r.getMessage() for r in seen] == ["trainer t ready"]
+    assert [r.getMessage() for r in capture.records] == ["trainer t ready"]
 
 
 @pytest.mark.parametrize("url, shown", [
