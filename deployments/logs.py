@@ -14,10 +14,13 @@ SERVE_LOGGER = "ray.serve"
 
 
 class _ToServeLogger(logging.Handler):
-    """Hands records to Serve's logger at emit time, so a reconfigured Serve logger is followed."""
+    """Hands records to Serve's logger at emit time, so a reconfigured Serve logger is followed (its level too:
+    `logging_config: {log_level: WARNING}` quiets the per-request lines)."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        logging.getLogger(SERVE_LOGGER).handle(record)
+        serve_logger = logging.getLogger(SERVE_LOGGER)
+        if serve_logger.isEnabledFor(record.levelno):
+            serve_logger.handle(record)
 
 
 def route_app_logs() -> None:

@@ -44,15 +44,19 @@ def test_app_logs_reach_the_serve_logger_handlers() -> None:
     serve_logger, capture = logging.getLogger(SERVE_LOGGER), _Capture()
     serve_logger.addHandler(capture)
     app_logger = logging.getLogger(APP_LOGGER)
-    saved = (app_logger.handlers[:], app_logger.level, app_logger.propagate)
+    saved = (app_logger.handlers[:], app_logger.level, app_logger.propagate, serve_logger.level)
     try:
         route_app_logs()
         route_app_logs()  # idempotent: one line per record
+        serve_logger.setLevel(logging.INFO)
         logging.getLogger("tinker_serve.trainer").info("trainer %s ready", "t")
+        serve_logger.setLevel(logging.WARNING)  # Serve's logging_config.log_level quiets our INFO lines too
+        logging.getLogger("tinker_serve.requests").info("queued op=forward")
+        logging.getLogger("tinker_serve.trainer").warning("worker group restarted")
     finally:
         serve_logger.removeHandler(capture)
-        app_logger.handlers, app_logger.level, app_logger.propagate = saved
-    assert [r.getMessage() for r in capture.records] == ["trainer t ready"]
+        app_logger.handlers, app_logger.level, app_logger.propagate, serve_logger.level = saved
+    assert [r.getMessage() for r in capture.records] == ["trainer t ready", "worker group restarted"]
 
 
 @pytest.mark.parametrize("url, shown", [
