@@ -77,10 +77,8 @@ def _json(payload: dict) -> bytes:
     return json.dumps(payload).encode()
 
 
-def op_name(op: TrainingOp) -> str:
-    """The operation's name in metrics and logs."""
-    if isinstance(op, SkipOp):
-        return "skip"
+def _op_name(op: TrainingOp) -> str:
+    """The name in metrics and logs of an operation that runs (never a SkipOp)."""
     if isinstance(op, ForwardBackwardOp):
         return "forward" if op.args.forward_only else "forward_backward"
     return op.action.value if isinstance(op, CheckpointOp) else "optim_step"
@@ -187,7 +185,7 @@ class TrainerService:
             except TinkerServeError as exc:
                 error = exc.to_body()
                 await self._futures.fail(op.request_id, error)
-            log_request("ran", op=op_name(op), model_id=model_id, seq_id=seq_id, tinker_request_id=op.request_id,
+            log_request("ran", op=_op_name(op), model_id=model_id, seq_id=seq_id, tinker_request_id=op.request_id,
                         outcome=outcome_of(error), run_seconds=round(seconds, 4), run_ops=len(work))
         return [None] * run_length
 
@@ -219,7 +217,7 @@ class TrainerService:
     def _record(self, work: list[TrainingOp], seconds: float) -> None:
         metrics = server_metrics()
         for op in work:
-            metrics.op_seconds.observe(seconds, tags={"trainer": self.name, "op": op_name(op)})
+            metrics.op_seconds.observe(seconds, tags={"trainer": self.name, "op": _op_name(op)})
             if isinstance(op, ForwardBackwardOp) and not op.args.forward_only:
                 metrics.tokens.inc(int(op.args.batch.offsets[-1]), tags={"name": self.name, "kind": "trained"})
 
