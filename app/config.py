@@ -22,14 +22,13 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-def _check_custom_resources(resources: dict[str, float]) -> dict[str, float]:
+def _check_custom_resources(resources: dict[str, float]) -> None:
     """Custom Ray resources (what places replicas and workers on chosen nodes); CPUs and GPUs have their own fields."""
     for name, amount in resources.items():
         if name in ("CPU", "GPU", "memory", "object_store_memory"):
             raise ValueError(f"resources may not name {name!r}: it has its own field")
         if amount < 0:
             raise ValueError(f"resources[{name!r}] must be >= 0, got {amount}")
-    return resources
 
 
 class LimitsConfig(_Strict):
@@ -194,7 +193,8 @@ class ServerConfig(_Strict):
     @property
     def checkpoint_uri(self) -> str:
         """Where checkpoints are stored (like db_url, read in each process)."""
-        return self.storage_uri or os.environ.get(STORAGE_URI_ENV) or str(Path(self.state_dir).resolve() / "checkpoints")
+        return self.storage_uri or os.environ.get(STORAGE_URI_ENV) or \
+            str(Path(self.state_dir).resolve() / "checkpoints")
 
     def base_model(self, name: str) -> BaseModelConfig | None:
         return next((m for m in self.base_models if m.name == name), None)

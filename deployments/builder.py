@@ -14,8 +14,8 @@ from transformers import AutoConfig
 from app.config import ServerConfig
 from app.models.embedded import build_embedded_model
 from deployments.ingress import Ingress
-from deployments.sampler import Sampler
 from deployments.logs import route_app_logs
+from deployments.sampler import Sampler
 from deployments.trainer import Trainer
 
 logger = logging.getLogger("tinker_serve.builder")

@@ -38,7 +38,8 @@ class Trainer:
         route_app_logs()
         started = time.monotonic()
         cfg = ServerConfig.model_validate(config)
-        base, shape = cfg.base_model(base_name), cfg.base_model(base_name).trainer_groups()[trainer]
+        base = cfg.base_model(base_name)
+        shape = base.trainer_groups()[trainer]
         logger.info("trainer %s: starting %d workers (%g CPUs%s%s each) on %s; checkpoints in %s", trainer,
                     shape.num_workers, shape.cpus_per_worker, ", a GPU" if shape.use_gpu else "",
                     f", {shape.resources}" if shape.resources else "", base.path, redacted(cfg.checkpoint_uri))

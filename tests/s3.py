@@ -10,6 +10,15 @@ S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "A
           "AWS_EC2_METADATA_DISABLED": "true"}
 
 
+def s3_keys(storage_uri: str, prefix: str) -> list[str]:
+    """The object keys under `prefix` of the storage at `storage_uri` ([] when there are none)."""
+    import pyarrow.fs as pafs
+
+    fs, root = pafs.FileSystem.from_uri(storage_uri)
+    selector = pafs.FileSelector(f"{root}/{prefix}", recursive=True, allow_not_found=True)
+    return [i.path for i in fs.get_file_info(selector) if i.type == pafs.FileType.File]
+
+
 @contextmanager
 def s3_server(bucket: str) -> Iterator[str]:
     """Start moto's S3 server on 127.0.0.1 with `bucket`; yields the storage URI of a prefix in it. The

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-import pyarrow.fs as pafs
 import pytest
 import ray
 import tinker
@@ -34,7 +33,7 @@ from deployments.builder import build_app
 from tests.conftest import TINY_MODEL
 from tests.integration.conftest import _free_port, server_config, wait_ready
 from tests.integration.helpers import new_client, sft_datums, trainer_logprobs
-from tests.s3 import S3_ENV, s3_server
+from tests.s3 import S3_ENV, s3_keys, s3_server
 
 ATOL = 2e-4  # sampler vs trainer logprobs, fp32 on CPU (as in test_sampling)
 PROBES = 16  # retrieve_future calls; both replicas answer some of them unless routing is broken (p = 2**-15)
@@ -114,12 +113,6 @@ def _wait_for_log_line(session_dir: Path, deployment: str, pattern: str) -> None
         time.sleep(1)
 
 
-def _s3_keys(storage_uri: str, prefix: str) -> list[str]:
-    fs, root = pafs.FileSystem.from_uri(storage_uri)
-    return [i.path for i in fs.get_file_info(pafs.FileSelector(f"{root}/{prefix}", recursive=True, allow_not_found=True))
-            if i.type == pafs.FileType.File]
-
-
 def test_policy_trained_on_one_node_is_sampled_on_another_through_s3(cluster, client) -> None:
     _, state_dir, storage_uri, _, session_dir = cluster
     tc = new_client(client, seed=81)
@@ -131,7 +124,7 @@ def test_policy_trained_on_one_node_is_sampled_on_another_through_s3(cluster, cl
     assert losses[-1] < 0.9 * losses[0], losses
 
     path = tc.save_weights_for_sampler("multinode").result().path
-    assert any(k.endswith("adapter_model.safetensors") for k in _s3_keys(storage_uri, f"{tc.model_id}/sampler_weights"))
+    assert any(k.endswith("adapter_model.safetensors") for k in s3_keys(storage_uri, f"{tc.model_id}/sampler_weights"))
     assert not (state_dir / "checkpoints").exists() or not any((state_dir / "checkpoints").rglob("*.safetensors"))
 
     sampler = client.create_sampling_client(model_path=path)
@@ -149,8 +142,6 @@ def test_policy_trained_on_one_node_is_sampled_on_another_through_s3(cluster, cl
     _wait_for_log_line(session_dir, "Sampler_tinker-serve_tiny",
                        rf"ran op=sample base_model=tinker-serve/tiny adapter={model}/sampler_weights/multinode/\w+ "
                        r"tinker_request_id=\w+ outcome=ok tokens=16")
-
-
 
 
 def test_each_ingress_replica_answers_futures_the_other_created(cluster, client) -> None:

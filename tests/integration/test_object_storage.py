@@ -8,7 +8,6 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-import pyarrow.fs as pafs
 import pytest
 import tinker
 from tinker import types
@@ -16,7 +15,7 @@ from tinker import types
 from app.storage.objects import ObjectStorage
 from tests.integration.conftest import replace_app, server_config
 from tests.integration.helpers import logprobs_of, new_client, sft_datums, train_steps
-from tests.s3 import s3_server
+from tests.s3 import s3_keys, s3_server
 
 
 @pytest.fixture(scope="module")
@@ -24,12 +23,6 @@ def s3_storage(base_url: str, state_dir: Path):
     with s3_server("tinker-serve") as uri:
         replace_app({**server_config(state_dir), "storage_uri": uri}, base_url)
         yield ObjectStorage(uri)
-
-
-def _keys(storage: ObjectStorage, prefix: str) -> list[str]:
-    fs, root = pafs.FileSystem.from_uri(storage.uri)
-    return [i.path for i in fs.get_file_info(pafs.FileSelector(f"{root}/{prefix}", recursive=True, allow_not_found=True))
-            if i.type == pafs.FileType.File]
 
 
 def test_checkpoints_round_trip_through_s3(s3_storage: ObjectStorage, service_client: tinker.ServiceClient,
@@ -41,8 +34,9 @@ def test_checkpoints_round_trip_through_s3(s3_storage: ObjectStorage, service_cl
     state = tc.save_state("on-s3").result().path
     sampler_path = tc.save_weights_for_sampler("s3-sampler").result().path
     expected = logprobs_of(tc.forward(data, "cross_entropy").result())
-    assert any(k.endswith("/optimizer.pt") for k in _keys(s3_storage, f"{tc.model_id}/weights/on-s3"))
-    assert any(k.endswith("/adapter_model.safetensors") for k in _keys(s3_storage, f"{tc.model_id}/sampler_weights"))
+    assert any(k.endswith("/optimizer.pt") for k in s3_keys(s3_storage.uri, f"{tc.model_id}/weights/on-s3"))
+    sampler_keys = s3_keys(s3_storage.uri, f"{tc.model_id}/sampler_weights")
+    assert any(k.endswith("/adapter_model.safetensors") for k in sampler_keys)
 
     # Load: the new model's workers download the checkpoint; outputs and the next step are identical.
     restored = service_client.create_training_client_from_state_with_optimizer(state).result()
@@ -60,7 +54,7 @@ def test_checkpoints_round_trip_through_s3(s3_storage: ObjectStorage, service_cl
     from_s3 = service_client.create_sampling_client(model_path=sampler_path).sample(prompt, 1, greedy).result()
     ephemeral = tc.save_weights_and_get_sampling_client().result().sample(prompt, 1, greedy).result()
     assert len(from_s3.sequences[0].tokens) == len(ephemeral.sequences[0].tokens) == 4
-    assert _keys(s3_storage, "ephemeral"), "ephemeral sampler weights belong in object storage too"
+    assert s3_keys(s3_storage.uri, "ephemeral"), "ephemeral sampler weights belong in object storage too"
 
     # Export and download streamed from S3; delete removes the objects.
     rest = service_client.create_rest_client()
@@ -70,7 +64,7 @@ def test_checkpoints_round_trip_through_s3(s3_storage: ObjectStorage, service_cl
         config = plain.get(urls["adapter_config.json"])
     assert config.status_code == 200 and config.json()["r"] == 8
     rest.delete_checkpoint_from_tinker_path(state).result()
-    assert _keys(s3_storage, f"{tc.model_id}/weights/on-s3") == []
+    assert s3_keys(s3_storage.uri, f"{tc.model_id}/weights/on-s3") == []
     with pytest.raises(tinker.NotFoundError):
         service_client.create_training_client_from_state(state).result()
     assert sorted((state_dir / "checkpoints").rglob("*")) == local_before
