@@ -1,6 +1,12 @@
-"""The error hierarchy raised by app/: user errors (4xx, category "user") and server errors (5xx)."""
+"""The error hierarchy raised by app/: user errors (4xx, category "user") and server errors (429 and 5xx).
+
+Routers raise these and never write an HTTP status themselves; app.api.errors maps each to its response.
+Anything else that escapes a request is an internal fault: logged, and answered as a server error.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class TinkerServeError(Exception):
@@ -9,17 +15,22 @@ class TinkerServeError(Exception):
     status_code: int = 500
     category: str = "server"
 
-    def __init__(self, message: str, *, field: str | None = None) -> None:
+    def __init__(self, message: str, *, field: str | None = None, details: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.field = field
+        self.details = details or {}  # more keys of the body
 
-    def to_body(self) -> dict[str, str]:
+    def to_body(self) -> dict[str, Any]:
         """JSON body for an HTTP error or a failed future (lower-case category, as the SDK expects)."""
-        body = {"error": self.message, "category": self.category}
+        body: dict[str, Any] = {"error": self.message, "category": self.category}
         if self.field:
             body["field"] = self.field
-        return body
+        return {**body, **self.details}
+
+    def headers(self) -> dict[str, str]:
+        """HTTP headers of the error response."""
+        return {}
 
 
 class UserError(TinkerServeError):
@@ -37,6 +48,12 @@ class NotFound(UserError):
     status_code = 404
 
 
+class Gone(UserError):
+    """The object existed and has ended (a finished or expired session)."""
+
+    status_code = 410
+
+
 class Unauthorized(UserError):
     status_code = 401
 
@@ -49,8 +66,27 @@ class ServerError(TinkerServeError):
     """Something failed on our side (worker died, storage failed)."""
 
 
+class Overloaded(TinkerServeError):
+    """Too much work is queued; the same request can succeed after `retry_after_s`."""
+
+    status_code = 429
+
+    def __init__(self, message: str, *, retry_after_s: int = 1, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message, details=details)
+        self.retry_after_s = retry_after_s
+
+    def headers(self) -> dict[str, str]:
+        return {"retry-after": str(self.retry_after_s)}
+
+
+class Unavailable(ServerError):
+    """A part of the server is not ready (yet)."""
+
+    status_code = 503
+
+
 class GroupRestarted(ServerError):
-    """The worker group restarted while the command was in flight; its state rolled back to the last snapshot."""
+    """The worker group restarted while the command was in flight; the models it held in memory are gone."""
 
 
 def require(condition: bool, message: str, *, field: str | None = None) -> None:

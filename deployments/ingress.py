@@ -16,16 +16,16 @@ from app.api.sessions import expire_silent_sessions
 from app.config import ServerConfig, redacted
 from app.metrics import RequestMetrics
 from app.sampling.expiry import fail_stale_samples, sweep_expired_samplers
+from app.db.checkpoints import CheckpointStore
+from app.db.futures import FutureStore
+from app.db.metadata import MetadataStore
+from app.db.samplers import SamplerStore
+from app.db.schema import connect, create_tables
+from app.db.settings import shared_secret
 from app.storage.objects import ObjectStorage
-from app.store.checkpoints import CheckpointStore
-from app.store.db import create_tables, make_engine
-from app.store.futures import FutureStore
-from app.store.metadata import MetadataStore
-from app.store.samplers import SamplerStore
-from app.store.settings import shared_secret
 from app.sweeps import sweep_forever
 from app.training.validation import ModelLimits
-from deployments.dispatch import ServeSamplerDispatcher, ServeTrainerDispatcher
+from deployments.handles import ServeSamplerClient, ServeTrainerClient
 from deployments.logs import route_app_logs
 
 logger = logging.getLogger("tinker_serve.ingress")
@@ -42,19 +42,19 @@ class Ingress:
         route_app_logs()
         started = time.monotonic()
         cfg = ServerConfig.model_validate(config)
-        engine = make_engine(cfg.db_url)
-        await create_tables(engine)
+        db = connect(cfg.db_url)
+        await create_tables(db)
         logger.info("ingress: database %s ready in %.1f s", redacted(cfg.db_url), time.monotonic() - started)
         # Completions dispatched by this replica wake its long-polls at once; polling the row is for futures
         # that another replica (or a restarted trainer) finishes, so one replica polls rarely.
-        futures = FutureStore(engine, poll_interval_s=5.0 if cfg.ingress_replicas == 1 else 1.0)
-        sampler_store, storage, limits = SamplerStore(engine), ObjectStorage(cfg.checkpoint_uri), cfg.limits
+        futures = FutureStore(db, poll_interval_s=5.0 if cfg.ingress_replicas == 1 else 1.0)
+        sampler_store, storage, limits = SamplerStore(db), ObjectStorage(cfg.checkpoint_uri), cfg.limits
         self._services = services = Services(
-            config=cfg, futures=futures, metadata=MetadataStore(engine), checkpoints=CheckpointStore(engine),
-            storage=storage, trainers=ServeTrainerDispatcher(trainers, futures),
-            sampler_store=sampler_store, samplers=ServeSamplerDispatcher(samplers, futures),
+            config=cfg, futures=futures, metadata=MetadataStore(db), checkpoints=CheckpointStore(db),
+            storage=storage, trainers=ServeTrainerClient(trainers, futures),
+            sampler_store=sampler_store, samplers=ServeSamplerClient(samplers, futures),
             model_limits={name: ModelLimits(**limits) for name, limits in model_limits.items()},
-            api_keys=cfg.auth.load_keys(), url_signing_key=await shared_secret(engine, "url_signing_key"),
+            api_keys=cfg.auth.load_keys(), url_signing_key=await shared_secret(db, "url_signing_key"),
         )
         sampler_ttl = limits.ephemeral_sampler_ttl_seconds
         self._sweepers = [asyncio.create_task(sweep) for sweep in (

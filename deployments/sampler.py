@@ -10,12 +10,12 @@ from typing import Any
 from ray import serve
 
 from app.config import ServerConfig
-from app.sampler_service import LoadedAdapter, SamplerService
+from app.db.futures import FutureStore
+from app.db.schema import connect, create_tables
 from app.sampling.engine import SamplerEngine
 from app.sampling.params import SampleArgs
+from app.sampling.service import LoadedAdapter, SamplerService
 from app.storage.objects import ObjectStorage
-from app.store.db import create_tables, make_engine
-from app.store.futures import FutureStore
 from deployments.logs import route_app_logs, serve_log_file_kept
 
 logger = logging.getLogger("tinker_serve.sampler")
@@ -52,15 +52,14 @@ class Sampler:
         logger.info("sampler for %s: starting vLLM on %s (max_loras %d, max_cpu_loras %d, context %d, "
                     "tensor parallel %d)", base_name, base.path, base.sampler.max_loras, base.sampler.max_cpu_loras,
                     max_model_len, base.sampler.tensor_parallel_size)
-        engine = make_engine(cfg.db_url)
-        await create_tables(engine)
+        db = connect(cfg.db_url)
+        await create_tables(db)
         replica = serve.get_replica_context().replica_id.unique_id
         work_dir = Path(cfg.state_dir) / "sampler" / replica
         with serve_log_file_kept():
-            sampler = await SamplerEngine.start(base.path, base.sampler, max_lora_rank=cfg.limits.max_lora_rank,
-                                                max_model_len=max_model_len, work_dir=work_dir)
-        self._engine = sampler
-        self._service = SamplerService(base_name, sampler, FutureStore(engine), ObjectStorage(cfg.checkpoint_uri),
+            self._engine = await SamplerEngine.start(base.path, base.sampler, max_lora_rank=cfg.limits.max_lora_rank,
+                                                     max_model_len=max_model_len, work_dir=work_dir)
+        self._service = SamplerService(base_name, self._engine, FutureStore(db), ObjectStorage(cfg.checkpoint_uri),
                                        cache_dir=work_dir / "adapters", max_cached=4 * base.sampler.max_cpu_loras)
 
         async def register(adapter_location: str) -> LoadedAdapter:

@@ -8,13 +8,13 @@ import time
 from typing import Any
 
 from app.config import ServerConfig, redacted
+from app.db.checkpoints import CheckpointStore
+from app.db.futures import FutureStore
+from app.db.metadata import MetadataStore
+from app.db.schema import connect, create_tables
+from app.messages import CreateModel, SequencedOp
 from app.storage.objects import ObjectStorage
-from app.store.checkpoints import CheckpointStore
-from app.store.db import create_tables, make_engine
-from app.store.futures import FutureStore
-from app.store.metadata import MetadataStore
-from app.trainer_service import CheckpointOp, TrainerService, TrainingOp
-from app.training.lora import AdapterSpec
+from app.trainer.service import TrainerService
 from app.workers.group import TorchTrainerGroup
 from deployments.logs import route_app_logs
 
@@ -43,20 +43,19 @@ class Trainer:
         logger.info("trainer %s: starting %d workers (%g CPUs%s%s each) on %s; checkpoints in %s", trainer,
                     shape.num_workers, shape.cpus_per_worker, ", a GPU" if shape.use_gpu else "",
                     f", {shape.resources}" if shape.resources else "", base.path, redacted(cfg.checkpoint_uri))
-        engine = make_engine(cfg.db_url)
-        await create_tables(engine)
+        db = connect(cfg.db_url)
+        await create_tables(db)
         group = TorchTrainerGroup(trainer, base.path, shape, f"{cfg.state_dir}/ray_train",
                                   checkpoint_uri=cfg.checkpoint_uri, command_timeout_s=cfg.limits.command_timeout_seconds)
-        self._service = TrainerService(trainer, cfg.limits, group, FutureStore(engine), MetadataStore(engine),
-                                       CheckpointStore(engine), ObjectStorage(cfg.checkpoint_uri))
+        self._service = TrainerService(trainer, cfg.limits, group, FutureStore(db), MetadataStore(db),
+                                       CheckpointStore(db), ObjectStorage(cfg.checkpoint_uri))
         await self._service.start()
         logger.info("trainer %s ready in %.1f s", trainer, time.monotonic() - started)
 
-    async def create_model(self, request_id: str, model_id: str, spec: AdapterSpec,
-                           load: CheckpointOp | None = None) -> None:
-        await self._service.create_model(request_id, model_id, spec, load)
+    async def create_model(self, model_id: str, create: CreateModel) -> None:
+        await self._service.create_model(model_id, create)
 
-    async def submit(self, model_id: str, seq_id: int, op: TrainingOp) -> None:
+    async def submit(self, model_id: str, seq_id: int, op: SequencedOp) -> None:
         await self._service.submit(model_id, seq_id, op)
 
     async def unload_model(self, request_id: str, model_id: str) -> None:

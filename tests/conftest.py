@@ -24,10 +24,10 @@ T = TypeVar("T")
 
 def run_on_db(db: Path, body: Callable[..., Awaitable[T]]) -> T:
     """Run `body(engine)` against a real SQLite file with every table created (the stores' unit tests)."""
-    from app.store.db import create_tables, make_engine
+    from app.db.schema import create_tables, connect
 
     async def main() -> T:
-        engine = make_engine("sqlite+aiosqlite:///" + str(db))
+        engine = connect("sqlite+aiosqlite:///" + str(db))
         await create_tables(engine)
         try:
             return await body(engine)

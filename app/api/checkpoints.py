@@ -15,13 +15,11 @@ from app.api.training import sequenced
 from app.config import LimitsConfig
 from app.errors import LimitExceeded, UserError
 from app.protocol import wire
+from app.db.checkpoints import CheckpointRecord, already_exists
+from app.db.metadata import TrainingRun
+from app.db.samplers import SamplingSession, sampling_session_id_for
+from app.messages import AdapterSpec, LoadCheckpoint, SaveCheckpoint, SaveForSampler, SequencedOp
 from app.storage.paths import checkpoint_path
-from app.store.checkpoints import CheckpointRecord, already_exists
-from app.store.metadata import TrainingRun
-from app.store.samplers import SamplingSession, sampling_session_id_for
-from app.trainer_service import CheckpointOp, TrainingOp
-from app.training.lora import AdapterSpec
-from app.workers.commands import CommandKind
 
 router = APIRouter(prefix="/api/v1")
 
@@ -61,18 +59,12 @@ async def _new_checkpoint(services: Services, model_id: str, kind: str, name: st
     return record
 
 
-def _save(request_id: str, action: CommandKind, record: CheckpointRecord, kind: str, overwrite: bool = False
-          ) -> CheckpointOp:
-    return CheckpointOp(request_id, action, record.location, {"path": record.path.uri, "type": kind},
-                        record=record, overwrite=overwrite)
-
-
 @router.post("/save_weights")
 async def save_weights(body: wire.SaveWeightsRequest, services: ServicesDep) -> dict:
-    async def build(request_id: str, _: TrainingRun) -> TrainingOp:
+    async def build(request_id: str, _: TrainingRun) -> SequencedOp:
         record = await _new_checkpoint(services, body.model_id, "weights", body.path, body.ttl_seconds,
                                        body.user_metadata, body.overwrite)
-        return _save(request_id, CommandKind.SAVE_STATE, record, "save_weights", body.overwrite)
+        return SaveCheckpoint(request_id, record, body.overwrite)
 
     return await sequenced(services, "save_weights", body.model_id, body.seq_id, build)
 
@@ -85,12 +77,12 @@ def _refuse_critic(run: TrainingRun) -> None:
 
 @router.post("/save_weights_for_sampler")
 async def save_weights_for_sampler(body: wire.SaveWeightsForSamplerRequest, services: ServicesDep) -> dict:
-    async def build(request_id: str, run: TrainingRun) -> TrainingOp:
+    async def build(request_id: str, run: TrainingRun) -> SequencedOp:
         _refuse_critic(run)
         if body.path is not None:
             record = await _new_checkpoint(services, body.model_id, "sampler_weights", body.path, body.ttl_seconds,
                                            body.user_metadata)
-            return _save(request_id, CommandKind.SAVE_ADAPTER, record, "save_weights_for_sampler")
+            return SaveCheckpoint(request_id, record)
         if body.sampling_session_seq_id is None:
             raise UserError("send a path (a name) or a sampling_session_seq_id", field="sampling_session_seq_id")
         sampler_id = sampling_session_id_for(run.session_id, body.sampling_session_seq_id)
@@ -98,8 +90,7 @@ async def save_weights_for_sampler(body: wire.SaveWeightsForSamplerRequest, serv
         await services.sampler_store.create(SamplingSession(
             sampling_session_id=sampler_id, session_id=run.session_id, base_model=run.base_model, model_path=None,
             adapter_location=location, ephemeral=True, last_used_at=time.time()))
-        return CheckpointOp(request_id, CommandKind.SAVE_ADAPTER, location,
-                            {"sampling_session_id": sampler_id, "type": "save_weights_for_sampler"})
+        return SaveForSampler(request_id, sampler_id, location)
 
     return await sequenced(services, "save_weights_for_sampler", body.model_id, body.seq_id, build)
 
@@ -108,13 +99,12 @@ async def save_weights_for_sampler(body: wire.SaveWeightsForSamplerRequest, serv
 async def save_weights_external(body: wire.SaveWeightsExternalRequest, services: ServicesDep) -> dict:
     """An export to download through external_weights_urls: a PEFT adapter directory (Hugging Face format); a
     critic's also holds its value head and spec, as its training checkpoint does."""
-    async def build(request_id: str, run: TrainingRun) -> TrainingOp:
+    async def build(request_id: str, run: TrainingRun) -> SequencedOp:
         if body.age_encryption_recipients:
             raise UserError("age encryption of exports is not supported by this server; leave "
                             "age_encryption_recipients out", field="age_encryption_recipients")
         record = await _new_checkpoint(services, body.model_id, "external_weights", body.path, body.ttl_seconds)
-        action = CommandKind.SAVE_STATE if run.role == "critic" else CommandKind.SAVE_ADAPTER
-        return _save(request_id, action, record, "save_weights_external")
+        return SaveCheckpoint(request_id, record)
 
     return await sequenced(services, "save_weights_external", body.model_id, body.seq_id, build)
 
@@ -126,10 +116,8 @@ async def _training_checkpoint(services: Services, uri: str) -> tuple[Checkpoint
     return record, run, AdapterSpec(**run.lora_config, role=run.role)
 
 
-def _load(request_id: str, record: CheckpointRecord, model_id: str, with_optimizer: bool) -> CheckpointOp:
-    return CheckpointOp(request_id, CommandKind.LOAD_STATE, record.location,
-                        {"path": record.path.uri, "model_id": model_id, "type": "load_weights"},
-                        with_optimizer=with_optimizer)
+def _load(request_id: str, record: CheckpointRecord, with_optimizer: bool) -> LoadCheckpoint:
+    return LoadCheckpoint(request_id, record.path.uri, record.location, with_optimizer)
 
 
 @router.post("/load_weights")
@@ -143,9 +131,9 @@ async def load_weights(body: wire.LoadWeightsRequest, services: ServicesDep) -> 
     if body.model_id is None or body.seq_id is None:
         raise UserError("loading into an existing model needs both model_id and seq_id", field="seq_id")
 
-    async def build(request_id: str, run: TrainingRun) -> TrainingOp:
+    async def build(request_id: str, run: TrainingRun) -> SequencedOp:
         record, _, _ = await _training_checkpoint(services, body.path)
-        return _load(request_id, record, run.model_id, body.optimizer)
+        return _load(request_id, record, body.optimizer)
 
     return await sequenced(services, "load_weights", body.model_id, body.seq_id, build)
 
@@ -162,4 +150,4 @@ async def _create_from_checkpoint(body: wire.LoadWeightsRequest, services: Servi
     base = services.served_base_model(source.base_model)
     return await register_model(services, "load_weights", body.session_id, body.model_seq_id, base, lambda: spec,
                                 body.user_metadata,
-                                lambda request_id, model_id: _load(request_id, record, model_id, body.optimizer))
+                                lambda request_id: _load(request_id, record, body.optimizer))

@@ -8,15 +8,15 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from app.api.dispatch import SamplerDispatcher, TrainerDispatcher
+from app.api.backends import SamplerClient, TrainerClient
 from app.config import BaseModelConfig, ServerConfig
 from app.errors import NotFound, UserError
 from app.storage.objects import ObjectStorage
 from app.storage.paths import KINDS, parse_tinker_path
-from app.store.checkpoints import CheckpointRecord, CheckpointStore
-from app.store.futures import FutureStore
-from app.store.metadata import MetadataStore, TrainingRun
-from app.store.samplers import SamplerStore, SamplingSession
+from app.db.checkpoints import CheckpointRecord, CheckpointStore
+from app.db.futures import FutureStore
+from app.db.metadata import MetadataStore, TrainingRun
+from app.db.samplers import SamplerStore, SamplingSession
 from app.training.validation import ModelLimits
 
 
@@ -27,12 +27,12 @@ class Services:
     metadata: MetadataStore
     checkpoints: CheckpointStore
     storage: ObjectStorage  # checkpoint files (blocking: call through asyncio.to_thread)
-    trainers: TrainerDispatcher
+    trainers: TrainerClient
     sampler_store: SamplerStore
-    samplers: SamplerDispatcher
+    samplers: SamplerClient
     model_limits: dict[str, ModelLimits]  # by base model name
     api_keys: frozenset[str]
-    url_signing_key: str  # signs download URLs; shared by every ingress replica (see app.store.settings)
+    url_signing_key: str  # signs download URLs; shared by every ingress replica (see app.db.settings)
     _runs: dict[str, TrainingRun] = field(default_factory=dict)
     _sampling_sessions: dict[str, SamplingSession] = field(default_factory=dict)
 

@@ -22,7 +22,7 @@ from app.api.deps import ServicesDep
 from app.errors import Forbidden, NotFound
 from app.storage.objects import StoredFile
 from app.storage.paths import checkpoint_path
-from app.store.checkpoints import CheckpointRecord
+from app.db.checkpoints import CheckpointRecord
 
 router = APIRouter(prefix="/api/v1")
 DOWNLOAD_PREFIX = "/api/v1/downloads/"  # no API key: the signature authorises

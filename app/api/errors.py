@@ -1,8 +1,11 @@
-"""One mapping from exceptions to HTTP responses with Tinker's lower-case error categories."""
+"""The one mapping from exceptions to HTTP responses, with Tinker's lower-case error categories: our errors carry
+their status (and headers), request validation is a user error, and anything else is an internal fault, logged
+with its traceback and answered as a server error that names the request id to look it up by."""
 
 from __future__ import annotations
 
 import logging
+import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -25,10 +28,10 @@ def validation_message(errors: list[dict]) -> tuple[str, str]:
 
 def register_exception_handlers(app: FastAPI) -> None:
     @app.exception_handler(TinkerServeError)
-    async def _known(_: Request, exc: TinkerServeError) -> JSONResponse:
+    async def _known(request: Request, exc: TinkerServeError) -> JSONResponse:
         if exc.status_code >= 500:
-            logger.error("server error: %s", exc.message)
-        return JSONResponse(exc.to_body(), status_code=exc.status_code)
+            logger.error("server error on %s: %s", request.url.path, exc.message)
+        return JSONResponse(exc.to_body(), status_code=exc.status_code, headers=exc.headers())
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -36,6 +39,9 @@ def register_exception_handlers(app: FastAPI) -> None:
         return JSONResponse({"error": message, "category": "user", "field": field}, status_code=400)
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        logger.exception("unhandled error")
-        return JSONResponse({"error": f"internal error: {exc!r}", "category": "server"}, status_code=500)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+        logger.exception("internal error on %s (request %s)", request.url.path, request_id)
+        return JSONResponse({"error": f"internal server error ({type(exc).__name__}); the server log has the details "
+                                      f"under request {request_id}", "category": "server", "request_id": request_id},
+                            status_code=500)

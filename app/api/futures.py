@@ -6,10 +6,11 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from app.api.deps import ServicesDep
+from app.errors import NotFound
 from app.protocol.wire import RetrieveFutureRequest
 from app.protocol.codec import forward_backward_json_from_proto
 from app.sampling.response import sample_json_from_proto
-from app.store.futures import PROTO_CONTENT_TYPE, Completed, Failed, Pending
+from app.db.futures import PROTO_CONTENT_TYPE, Completed, Failed, Pending
 
 router = APIRouter(prefix="/api/v1")
 _JSON_VIEWS = {"forward_backward": forward_backward_json_from_proto, "sample": sample_json_from_proto}
@@ -26,4 +27,4 @@ async def retrieve_future(body: RetrieveFutureRequest, request: Request, service
         return Response(outcome.payload, media_type=outcome.content_type)
     if isinstance(outcome, Failed):
         return JSONResponse(outcome.error)
-    return JSONResponse({"error": f"unknown request_id {body.request_id!r}", "category": "user"}, status_code=404)
+    raise NotFound(f"unknown request_id {body.request_id!r}", field="request_id")

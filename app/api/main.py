@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse
 
 from app.api import checkpoints, downloads, futures, models, rest, sampling, service, training
 from app.api.auth import check_api_key
 from app.api.errors import register_exception_handlers
+from app.errors import Unavailable
 
 
 def authenticate(request: Request) -> None:
@@ -26,10 +26,11 @@ def create_api() -> FastAPI:
     register_exception_handlers(api)
 
     @api.get("/ready")
-    async def ready(request: Request) -> JSONResponse:
+    async def ready(request: Request) -> dict:
         services = request.app.state.services
-        trainers, samplers = await services.trainers.ready(), await services.samplers.ready()
-        ok = all(trainers.values()) and all(samplers.values())
-        return JSONResponse({"trainers": trainers, "samplers": samplers}, status_code=200 if ok else 503)
+        status = {"trainers": await services.trainers.ready(), "samplers": await services.samplers.ready()}
+        if not all(all(part.values()) for part in status.values()):
+            raise Unavailable("not every trainer and sampler answers yet", details=status)
+        return status
 
     return api

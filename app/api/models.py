@@ -14,10 +14,9 @@ from app.api.sessions import unload
 from app.config import ROLES, BaseModelConfig
 from app.errors import LimitExceeded, UserError
 from app.protocol.wire import CreateModelRequest, GetInfoRequest, UnloadModelRequest
+from app.db.metadata import TrainingRun, model_id_for
+from app.messages import AdapterSpec, CreateModel, LoadCheckpoint
 from app.request_log import log_request
-from app.store.metadata import TrainingRun, model_id_for
-from app.trainer_service import CheckpointOp
-from app.training.lora import AdapterSpec
 
 router = APIRouter(prefix="/api/v1")
 
@@ -65,9 +64,9 @@ def check_optimizer_config(config: dict | None) -> None:
 
 async def register_model(services: Services, kind: str, session_id: str, model_seq_id: int, base: BaseModelConfig,
                          spec: Callable[[], AdapterSpec], user_metadata: dict | None,
-                         load: Callable[[str, str], CheckpointOp] | None = None) -> dict:
+                         load: Callable[[str], LoadCheckpoint] | None = None) -> dict:
     """Record the model `{session_id}:train:{model_seq_id}` (its training run and its route to a trainer)
-    and have that trainer create it, filled from a checkpoint by `load(request_id, model_id)` if given.
+    and have that trainer create it, filled from a checkpoint by `load(request_id)` if given.
     A retry finds the first request's future."""
     await services.metadata.require_session(session_id)
     model_id = model_id_for(session_id, model_seq_id)
@@ -79,8 +78,8 @@ async def register_model(services: Services, kind: str, session_id: str, model_s
             model_id=model_id, session_id=session_id, base_model=base.name, lora_rank=adapter.rank,
             role=adapter.role, trainer=trainer, lora_config={k: v for k, v in asdict(adapter).items() if k != "role"},
             user_metadata=user_metadata or {}, created_at=time.time(), unloaded=False))
-        services.trainers.create_model(trainer, request_id, model_id, adapter,
-                                       load(request_id, model_id) if load else None)
+        services.trainers.create_model(trainer, model_id,
+                                       CreateModel(request_id, adapter, load(request_id) if load else None))
     log_request("queued" if created else "retried", op=kind, model_id=model_id, seq_id=0,
                 tinker_request_id=request_id)
     return {"request_id": request_id, "model_id": model_id}

@@ -16,8 +16,8 @@ from app.api.retention import remove_checkpoint
 from app.errors import NotFound, ServerError, UserError
 from app.protocol.wire import CheckpointTtlRequest, WeightsInfoRequest
 from app.storage.paths import CheckpointPath, checkpoint_path
-from app.store.checkpoints import CheckpointRecord
-from app.store.metadata import TrainingRun
+from app.db.checkpoints import CheckpointRecord
+from app.db.metadata import TrainingRun
 
 router = APIRouter(prefix="/api/v1")
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 import time
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse
 
 from app.api.deps import Services, ServicesDep
-from app.errors import UserError
+from app.errors import Overloaded, UserError
 from app.protocol.wire import CreateSamplingSessionRequest, SampleRequest
 from app.request_log import log_request
 from app.sampling.params import sample_args
-from app.store.samplers import SamplingSession, sampling_session_id_for
+from app.db.samplers import SamplingSession, sampling_session_id_for
 
 router = APIRouter(prefix="/api/v1")
 
@@ -53,7 +52,7 @@ async def get_sampler(sampling_session_id: str, services: ServicesDep) -> dict:
 
 
 @router.post("/asample")
-async def asample(body: SampleRequest, services: ServicesDep) -> JSONResponse:
+async def asample(body: SampleRequest, services: ServicesDep) -> dict:
     session = await services.sampling_session(body.sampling_session_id)
     model = services.model_limits.get(session.base_model)
     if model is None:
@@ -62,10 +61,8 @@ async def asample(body: SampleRequest, services: ServicesDep) -> JSONResponse:
     args = sample_args(body, services.config.limits, model)
     limit = services.config.limits.max_pending_samples
     if not services.samplers.admit(session.base_model, limit):
-        return JSONResponse({"error": f"{limit} samples are already queued for {session.base_model} "
-                                      "(limits.max_pending_samples); retry shortly",
-                             "category": "server", "queue_state": "paused_capacity"},
-                            status_code=429, headers={"retry-after": "1"})
+        raise Overloaded(f"{limit} samples are already queued for {session.base_model} (limits.max_pending_samples); "
+                         "retry shortly", details={"queue_state": "paused_capacity"})
     created = False
     try:
         request_id, created = await services.futures.create("sample", session.sampling_session_id, body.seq_id)
@@ -76,5 +73,4 @@ async def asample(body: SampleRequest, services: ServicesDep) -> JSONResponse:
     finally:
         if not created:  # a retried submit (its sample already runs) or a failed create
             services.samplers.release(session.base_model)
-    return JSONResponse({"request_id": request_id,
-                         "sample_sequence_ids": [f"{request_id}:{i}" for i in range(args.num_samples)]})
+    return {"request_id": request_id, "sample_sequence_ids": [f"{request_id}:{i}" for i in range(args.num_samples)]}

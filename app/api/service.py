@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Body
-from fastapi.responses import JSONResponse
 
 from app.api.deps import ServicesDep
 from app.api.sessions import unload_session_models
+from app.errors import Gone
 from app.protocol.wire import CreateSessionRequest, FinishSessionRequest, SessionHeartbeatRequest
 
 router = APIRouter(prefix="/api/v1")
@@ -42,10 +42,10 @@ async def create_session(body: CreateSessionRequest, services: ServicesDep) -> d
 
 
 @router.post("/session_heartbeat")
-async def heartbeat(body: SessionHeartbeatRequest, services: ServicesDep) -> JSONResponse:
+async def heartbeat(body: SessionHeartbeatRequest, services: ServicesDep) -> dict:
     if not await services.metadata.heartbeat(body.session_id):
-        return JSONResponse({"error": f"session {body.session_id!r} does not exist", "category": "user"}, 410)
-    return JSONResponse({"type": "session_heartbeat"})
+        raise Gone(f"session {body.session_id!r} does not exist or has ended", field="session_id")
+    return {"type": "session_heartbeat"}
 
 
 @router.post("/sessions/{session_id}/finish")

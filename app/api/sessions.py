@@ -7,7 +7,7 @@ import logging
 import time
 
 from app.api.deps import Services
-from app.store.metadata import TrainingRun
+from app.db.metadata import TrainingRun
 
 logger = logging.getLogger("tinker_serve.sessions")
 

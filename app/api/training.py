@@ -17,18 +17,16 @@ from app.api.errors import validation_message
 from app.errors import TinkerServeError, UserError
 from app.protocol import wire
 from app.protocol.codec import decode_forward_backward, peek_sequence
+from app.db.metadata import TrainingRun
+from app.messages import AdamParams, ForwardBackward, ForwardBackwardArgs, OptimStep, SequencedOp, Skip
 from app.request_log import log_request, outcome_of
-from app.store.metadata import TrainingRun
-from app.trainer_service import ForwardBackwardOp, OptimStepOp, SkipOp, TrainingOp
-from app.training.optim import AdamParams
 from app.training.validation import validate_forward_backward
-from app.workers.commands import ForwardBackwardArgs
 
 router = APIRouter(prefix="/api/v1")
 
 
 async def sequenced(services: Services, kind: str, model_id: str, seq_id: int,
-                     build_op: Callable[[str, TrainingRun], Awaitable[TrainingOp]]) -> dict:
+                     build_op: Callable[[str, TrainingRun], Awaitable[SequencedOp]]) -> dict:
     """Create (or find, for a retry) the future of (model_id, seq_id) and queue its operation."""
     run = await services.training_run(model_id)
     request_id, created = await services.futures.create(kind, model_id, seq_id)
@@ -41,7 +39,7 @@ async def sequenced(services: Services, kind: str, model_id: str, seq_id: int,
         except TinkerServeError as exc:
             error = exc.to_body()
             await services.futures.fail(request_id, error)
-            op = SkipOp(request_id)
+            op = Skip(request_id)
         log_request("queued" if error is None else "rejected", op=kind, model_id=model_id, seq_id=seq_id,
                     tinker_request_id=request_id, trainer=run.trainer, outcome=outcome_of(error))
         try:
@@ -64,23 +62,23 @@ async def forward_backward(request: Request, services: ServicesDep) -> dict:
         if sequence is None:
             raise
 
-        async def reject(_: str, __: TrainingRun) -> TrainingOp:
+        async def reject(_: str, __: TrainingRun) -> SequencedOp:
             raise exc
 
         return await sequenced(services, "forward_backward", *sequence, reject)
 
-    async def build(request_id: str, run: TrainingRun) -> TrainingOp:
+    async def build(request_id: str, run: TrainingRun) -> SequencedOp:
         loss = validate_forward_backward(decoded, services.config.limits, services.model_limits[run.base_model],
                                          run.role)
         args = ForwardBackwardArgs(loss.name, loss.config, decoded.forward_only, decoded.batch)
-        return ForwardBackwardOp(request_id, args)
+        return ForwardBackward(request_id, args)
 
     return await sequenced(services, "forward_backward", decoded.model_id, decoded.seq_id, build)
 
 
 @router.post("/optim_step")
 async def optim_step(body: wire.OptimStepRequest, services: ServicesDep) -> dict:
-    async def build(request_id: str, _: TrainingRun) -> TrainingOp:
+    async def build(request_id: str, _: TrainingRun) -> SequencedOp:
         if body.adam_params is None:
             raise UserError("only Adam is supported: send adam_params (optimizer_params is not)", field="adam_params")
         try:
@@ -88,6 +86,6 @@ async def optim_step(body: wire.OptimStepRequest, services: ServicesDep) -> dict
         except ValidationError as exc:
             message, field = validation_message(exc.errors())
             raise UserError(f"adam_params.{message}", field=f"adam_params.{field}") from exc
-        return OptimStepOp(request_id, AdamParams(**params.model_dump()))
+        return OptimStep(request_id, AdamParams(**params.model_dump()))
 
     return await sequenced(services, "optim_step", body.model_id, body.seq_id, build)

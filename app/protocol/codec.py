@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import zstandard
 from google.protobuf.message import DecodeError
-from tinker.proto import tinker_public_pb2 as pb
+from app.protocol.proto import pb
 
 from app.errors import LimitExceeded, ServerError, UserError
 from app.training.batch import ForwardBackwardInput, ForwardBackwardResult, PackedBatch

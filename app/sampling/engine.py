@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.config import SamplerConfig
-from app.errors import ServerError, UserError
+from app.errors import ServerError
 from app.sampling.adapters import write_zero_adapter
 from app.sampling.params import SampleArgs
 from app.sampling.response import SampledSequence, SampleResult, TopK
@@ -67,16 +67,13 @@ class SamplerEngine:
         return cls(llm, zero)
 
     async def load_adapter(self, directory: str) -> LoRARequest:
-        """Load a PEFT adapter directory under a new id; an invalid one is a user error."""
+        """Load a PEFT adapter directory under a new id. Our trainers wrote it, so a failure is the server's."""
         from vllm.lora.request import LoRARequest
 
         adapter_id = next(self._ids)
         request = LoRARequest(f"adapter-{adapter_id}", adapter_id, directory)
         started = time.monotonic()
-        try:
-            await self._llm.add_lora(request)
-        except Exception as exc:  # noqa: BLE001 - vLLM raises plain ValueError/RuntimeError for bad adapters
-            raise UserError(f"the sampler could not load the adapter at {directory}: {exc}", field="model_path") from exc
+        await self._llm.add_lora(request)
         logger.info("loaded adapter %s as id %d in %.3f s", directory, adapter_id, time.monotonic() - started)
         return request
 
@@ -107,13 +104,10 @@ class SamplerEngine:
             prompt_logprobs=args.topk_prompt_logprobs if with_prompt and args.wants_prompt_logprobs else None,
             detokenize=bool(args.stop_strings), output_kind=RequestOutputKind.FINAL_ONLY,
         )
-        final = None
-        try:
-            async for output in self._llm.generate({"prompt_token_ids": list(args.prompt)}, params,
-                                                   request_id=uuid.uuid4().hex, lora_request=lora):
-                final = output
-        except ValueError as exc:  # vLLM's request validation
-            raise UserError(f"the sampler rejected the request: {exc}") from exc
+        final = None  # vLLM's own request checks raise ValueError: sample_args checks first, so one is our fault
+        async for output in self._llm.generate({"prompt_token_ids": list(args.prompt)}, params,
+                                               request_id=uuid.uuid4().hex, lora_request=lora):
+            final = output
         if final is None or not final.finished:
             raise ServerError("the sampler ended a request without a result; retry it")
         return final

@@ -8,8 +8,8 @@ import time
 
 from app.errors import ServerError
 from app.storage.objects import ObjectStorage
-from app.store.futures import FutureStore
-from app.store.samplers import SamplerStore
+from app.db.futures import FutureStore
+from app.db.samplers import SamplerStore
 
 
 async def sweep_expired_samplers(store: SamplerStore, storage: ObjectStorage, ttl_s: float) -> int:

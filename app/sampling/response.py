@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
-from tinker.proto import tinker_public_pb2 as pb
+from app.protocol.proto import pb
 
 TopK = list[tuple[int, float]]  # (token id, logprob), best first
 _STOP_REASONS = {"stop": pb.STOP_REASON_STOP, "length": pb.STOP_REASON_LENGTH}

@@ -18,7 +18,7 @@ from peft import PeftModel, set_peft_model_state_dict
 from safetensors.torch import load_file, save_file
 
 from app.errors import NotFound, UserError
-from app.training.lora import AdapterSpec
+from app.messages import AdapterSpec
 
 SPEC_FILE = "tinker_model.json"
 VALUE_HEAD_FILE = "value_head.safetensors"

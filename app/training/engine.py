@@ -19,8 +19,10 @@ from app.errors import NotFound, UserError
 from app.training.batch import PackedBatch
 from app.training import checkpoint
 from app.training.losses import get_loss
-from app.training.lora import AdapterPool, AdapterSpec
-from app.training.optim import AdamParams, apply_step, make_optimizer
+from app.training.losses.functions import LOSS_FUNCTIONS
+from app.messages import AdamParams, AdapterSpec
+from app.training.lora import AdapterPool
+from app.training.optim import apply_step, make_optimizer
 
 
 @dataclass(frozen=True)
@@ -86,9 +88,6 @@ class TrainingEngine:
         if model is not None:
             self.pool.remove(model.name)
 
-    def has_model(self, model_id: str) -> bool:
-        return model_id in self._models
-
     def require_model(self, model_id: str) -> None:
         """NotFound unless the model is loaded here."""
         self._model(model_id)
@@ -129,7 +128,8 @@ class TrainingEngine:
                 inputs = {k: torch.from_numpy(v).to(self.device) for k, v in shard.loss_inputs.items()
                           if k != "target_tokens"}
                 datum_ids = torch.repeat_interleave(torch.arange(shard.num_datums), torch.from_numpy(shard.lengths))
-                loss, outputs["elementwise_loss"] = spec.fn(prediction, inputs, config, datum_ids.to(self.device))
+                loss, outputs["elementwise_loss"] = LOSS_FUNCTIONS[loss_fn](prediction, inputs, config,
+                                                                        datum_ids.to(self.device))
                 if not forward_only:
                     loss.backward()
         arrays = {k: v.detach().to(torch.float32).cpu().numpy() for k, v in outputs.items()}
@@ -178,6 +178,12 @@ class TrainingEngine:
         """Write a training checkpoint: adapter, value head, optimizer state and spec."""
         model = self._model(model_id)
         checkpoint.write_state(self.pool.model, model.name, model.spec, model.value_head, model.optimizer, out)
+
+    def save_export(self, model_id: str, out: Path) -> None:
+        """Write a download: a policy's PEFT adapter (Hugging Face format), or a critic's whole training state
+        (its value head and spec are part of it)."""
+        save = self.save_state if self._model(model_id).spec.role == "critic" else self.save_adapter
+        save(model_id, out)
 
     def load_state(self, model_id: str, directory: Path, with_optimizer: bool) -> None:
         """Replace the model's weights (and optimizer state, or else a fresh optimizer) with a checkpoint's.

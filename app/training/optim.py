@@ -1,20 +1,10 @@
-"""Adam hyper-parameters as Tinker sends them, applied per step to a torch AdamW."""
+"""Adam hyper-parameters as Tinker sends them (app.messages.AdamParams), applied per step to a torch AdamW."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-
-@dataclass(frozen=True)
-class AdamParams:
-    learning_rate: float = 1e-4
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-12
-    weight_decay: float = 0.0
-    grad_clip_norm: float = 0.0  # 0 = no clipping
+from app.messages import AdamParams
 
 
 def make_optimizer(params: list[torch.nn.Parameter]) -> torch.optim.AdamW:

@@ -13,7 +13,7 @@ import torch
 
 from app.storage.objects import ObjectStorage
 from app.training.engine import TrainingEngine, load_base_model
-from app.workers.commands import execute
+from app.workers.execute import execute
 from app.workers.mailbox import STOP
 
 logger = logging.getLogger("tinker_serve.worker")

@@ -23,7 +23,7 @@ import ray
 from app.config import WorkerGroupConfig
 from app.errors import ServerError
 from app.workers.command_loop import command_loop
-from app.workers.commands import Command, CommandKind
+from app.messages import Command, CommandKind
 from app.workers.mailbox import Mailbox
 
 logger = logging.getLogger("tinker_serve.trainer")
@@ -47,10 +47,6 @@ class WorkerGroup(ABC):
 
     @abstractmethod
     async def stop(self) -> None: ...
-
-    async def rebuild(self) -> None:
-        await self.stop()
-        await self.start()
 
     @property
     @abstractmethod

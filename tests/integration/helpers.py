@@ -13,8 +13,8 @@ from tinker import types
 from app.storage.paths import parse_tinker_path
 from app.training.batch import PackedBatch
 from app.training.engine import TrainingEngine
-from app.training.lora import AdapterSpec
-from app.training.optim import AdamParams
+from app.messages import AdapterSpec
+from app.messages import AdamParams
 
 SENTENCES = [
     "What is 12 + 7? The answer is 19.",

@@ -12,8 +12,8 @@ import torch
 from app.errors import NotFound, UserError
 from app.training.batch import PackedBatch
 from app.training.engine import TrainingEngine, load_base_model
-from app.training.lora import AdapterSpec
-from app.training.optim import AdamParams
+from app.messages import AdapterSpec
+from app.messages import AdamParams
 from tests.conftest import TINY_MODEL
 
 POLICY = AdapterSpec(rank=4, seed=5)

@@ -13,8 +13,8 @@ import pytest
 
 from app.errors import NotFound, UserError
 from app.storage.paths import checkpoint_path
-from app.store.checkpoints import CheckpointRecord, CheckpointStore
-from app.store.db import SCHEMA_VERSION, SchemaMismatch
+from app.db.checkpoints import CheckpointRecord, CheckpointStore
+from app.db.schema import SCHEMA_VERSION, SchemaMismatch
 from tests.conftest import run_on_db
 
 T = TypeVar("T")

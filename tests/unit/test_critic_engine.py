@@ -8,8 +8,8 @@ import torch
 
 from app.training.batch import PackedBatch
 from app.training.engine import TrainingEngine, load_base_model
-from app.training.lora import AdapterSpec
-from app.training.optim import AdamParams
+from app.messages import AdapterSpec
+from app.messages import AdamParams
 from app.training.sharding import merge_shards
 from tests.conftest import TINY_MODEL
 

@@ -11,8 +11,8 @@ import torch
 from app.errors import NotFound, UserError
 from app.training.batch import PackedBatch
 from app.training.engine import TrainingEngine, load_base_model
-from app.training.lora import AdapterSpec
-from app.training.optim import AdamParams
+from app.messages import AdapterSpec
+from app.messages import AdamParams
 from app.training.sharding import merge_shards
 from tests.conftest import TINY_MODEL
 
@@ -193,7 +193,8 @@ def test_remove_and_recreate(engine: TrainingEngine) -> None:
     engine.create_model("gone", AdapterSpec(rank=2, seed=1))  # a retried create keeps the first adapter
     assert all(v.shape[0] == 8 for k, v in engine.adapter_state("gone").items() if "lora_A" in k)
     engine.remove_model("gone")
-    assert not engine.has_model("gone")
+    with pytest.raises(NotFound):
+        engine.require_model("gone")
     with pytest.raises(NotFound):
         forward(engine, "gone", make_batch([2]))
 
@@ -202,7 +203,8 @@ def test_save_adapter_writes_a_loadable_peft_directory_on_rank_zero_only(tmp_pat
     from peft import PeftModel
 
     from app.storage.objects import ObjectStorage
-    from app.workers.commands import Command, CommandError, CommandKind, execute
+    from app.messages import Command, CommandError, CommandKind
+    from app.workers.execute import execute
 
     storage = ObjectStorage(str(tmp_path))
     rank0 = TrainingEngine(load_base_model(str(TINY_MODEL)), rank=0, world_size=2)

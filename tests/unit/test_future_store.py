@@ -9,8 +9,8 @@ from typing import Awaitable, Callable, TypeVar
 
 import pytest
 
-from app.store.db import create_tables, make_engine
-from app.store.futures import (
+from app.db.schema import create_tables, connect
+from app.db.futures import (
     JSON_CONTENT_TYPE,
     PROTO_CONTENT_TYPE,
     Completed,
@@ -25,7 +25,7 @@ T = TypeVar("T")
 
 def run_with_store(db: Path, body: Callable[[FutureStore], Awaitable[T]], **kw: float) -> T:
     async def main() -> T:
-        engine = make_engine("sqlite+aiosqlite:///" + str(db))
+        engine = connect("sqlite+aiosqlite:///" + str(db))
         await create_tables(engine)
         try:
             return await body(FutureStore(engine, **kw))
@@ -160,7 +160,7 @@ def test_wait_unknown_returns_at_once(db: Path) -> None:
 
 def test_other_process_sees_completion_by_polling(db: Path) -> None:
     async def body(first: FutureStore) -> tuple[object, float]:
-        second_engine = make_engine("sqlite+aiosqlite:///" + str(db))
+        second_engine = connect("sqlite+aiosqlite:///" + str(db))
         second = FutureStore(second_engine, poll_interval_s=0.2)  # "another replica", its own events
         try:
             return await _complete_while_waiting(first, second, b"remote", 0.1)

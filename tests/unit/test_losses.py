@@ -75,7 +75,7 @@ def test_resolve_config_rejects_unknown_keys() -> None:
 def test_resolve_config_fills_defaults_and_rejects_non_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
     # A loss with config keys, registered for this test only, exercises the default/number paths.
     spec = LOSSES["cross_entropy"]
-    fake = type(spec)(spec.fn, spec.required_inputs, spec.optional_inputs, {"beta": 0.1, "eps": 0.2})
+    fake = type(spec)(spec.required_inputs, spec.optional_inputs, {"beta": 0.1, "eps": 0.2})
     monkeypatch.setitem(LOSSES, "with_config", fake)
     assert resolve_config("with_config", {"beta": 1}) == {"beta": 1.0, "eps": 0.2}
     with pytest.raises(UserError) as info:

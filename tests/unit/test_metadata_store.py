@@ -12,15 +12,15 @@ import pytest
 from sqlalchemy import select
 
 from app.errors import NotFound, UserError
-from app.store.db import create_tables, make_engine, sessions
-from app.store.metadata import MetadataStore, TrainingRun, model_id_for
+from app.db.schema import create_tables, connect, sessions
+from app.db.metadata import MetadataStore, TrainingRun, model_id_for
 
 T = TypeVar("T")
 
 
 def run_with_store(db: Path, body: Callable[[MetadataStore, object], Awaitable[T]]) -> T:
     async def main() -> T:
-        engine = make_engine("sqlite+aiosqlite:///" + str(db))
+        engine = connect("sqlite+aiosqlite:///" + str(db))
         await create_tables(engine)
         try:
             return await body(MetadataStore(engine), engine)

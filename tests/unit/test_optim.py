@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from app.training.optim import AdamParams, apply_step, make_optimizer
+from app.messages import AdamParams
+from app.training.optim import apply_step, make_optimizer
 
 
 def _param(values: list[float], grad: list[float] | None) -> torch.nn.Parameter:

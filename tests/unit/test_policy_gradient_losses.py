@@ -9,6 +9,7 @@ import torch
 
 from app.errors import UserError
 from app.training.losses import get_loss, resolve_config
+from app.training.losses.functions import LOSS_FUNCTIONS
 
 N = 12
 
@@ -27,7 +28,7 @@ def batch(seed: int = 0) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.T
 def run(name: str, config: dict, seed: int = 0) -> tuple[float, list[float], torch.Tensor, dict, torch.Tensor]:
     lp, inputs, ids = batch(seed)
     lp = lp.clone().requires_grad_(True)
-    loss, _ = get_loss(name).fn(lp, inputs, resolve_config(name, config), ids)
+    loss, _ = LOSS_FUNCTIONS[name](lp, inputs, resolve_config(name, config), ids)
     loss.backward()
     return loss.item(), lp.grad.tolist(), lp.detach(), inputs, ids
 
@@ -66,7 +67,7 @@ def test_importance_sampling() -> None:
 def test_importance_sampling_on_policy_is_minus_sum_of_advantages() -> None:
     lp, inputs, ids = batch()
     inputs["logprobs"] = lp.clone()
-    loss, _ = get_loss("importance_sampling").fn(lp, inputs, {}, ids)
+    loss, _ = LOSS_FUNCTIONS["importance_sampling"](lp, inputs, {}, ids)
     assert loss.item() == pytest.approx(-inputs["advantages"].sum().item(), rel=1e-12)
 
 

@@ -10,7 +10,7 @@ import pytest
 from app.errors import NotFound
 from app.sampling.expiry import sweep_expired_samplers
 from app.storage.objects import ObjectStorage
-from app.store.samplers import SamplerStore, SamplingSession, sampling_session_id_for
+from app.db.samplers import SamplerStore, SamplingSession, sampling_session_id_for
 from tests.conftest import run_on_db
 
 

@@ -1,4 +1,5 @@
-"""Loss registry: Tinker loss names -> pure functions, with the inputs and config keys each accepts.
+"""Loss registry: each Tinker loss name with the inputs and config keys it accepts (no torch here: the ingress
+validates against it). The functions that compute them are in app.training.losses.functions.
 
 Every loss is a sum over tokens and datums (Tinker never averages); users fold normalisation into
 weights or advantages. Policies score target tokens (the loss sees logprobs); critics predict values
@@ -8,25 +9,12 @@ weights or advantages. Policies score target tokens (the loss sees logprobs); cr
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
-
-import torch
 
 from app.errors import UserError
-from app.training.losses.cross_entropy import cross_entropy
-from app.training.losses.policy_gradient import cispo, dro, gspo, importance_sampling, ppo
-from app.training.losses.value import ppo_critic
-
-# (the model's prediction: target logprobs [T] or [T, K] for a policy, values [T] for a critic;
-#  loss inputs by name, config, datum index of each token [T])
-#   -> (summed loss, elementwise loss [T] or [T, K])
-LossFn = Callable[[torch.Tensor, dict[str, torch.Tensor], dict[str, float], torch.Tensor],
-                  tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass(frozen=True)
 class LossSpec:
-    fn: LossFn
     required_inputs: frozenset[str]
     optional_inputs: frozenset[str] = frozenset()
     config_defaults: dict[str, float] | None = None
@@ -40,18 +28,18 @@ _PPO_CLIP = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
 
 LOSSES: dict[str, LossSpec] = {
     "cross_entropy": LossSpec(
-        cross_entropy, required_inputs=frozenset({"target_tokens"}), optional_inputs=frozenset({"weights"}),
+        required_inputs=frozenset({"target_tokens"}), optional_inputs=frozenset({"weights"}),
         allows_2d_targets=True,
     ),
-    "importance_sampling": LossSpec(importance_sampling, required_inputs=_POLICY_INPUTS, config_defaults={}),
-    "ppo": LossSpec(ppo, required_inputs=_POLICY_INPUTS, config_defaults=_PPO_CLIP),
-    "cispo": LossSpec(cispo, required_inputs=_POLICY_INPUTS,
+    "importance_sampling": LossSpec(required_inputs=_POLICY_INPUTS, config_defaults={}),
+    "ppo": LossSpec(required_inputs=_POLICY_INPUTS, config_defaults=_PPO_CLIP),
+    "cispo": LossSpec(required_inputs=_POLICY_INPUTS,
                       config_defaults={"clip_low_threshold": 0.0, "clip_high_threshold": 4.0}),
-    "dro": LossSpec(dro, required_inputs=_POLICY_INPUTS, config_defaults={"beta": 0.05}),
+    "dro": LossSpec(required_inputs=_POLICY_INPUTS, config_defaults={"beta": 0.05}),
     # The GSPO paper's clip range (1 - 3e-4, 1 + 4e-4): sequence ratios sit much closer to 1 than token ones.
-    "gspo": LossSpec(gspo, required_inputs=_POLICY_INPUTS | {"sequence_ratio_mask"},
+    "gspo": LossSpec(required_inputs=_POLICY_INPUTS | {"sequence_ratio_mask"},
                      config_defaults={"clip_low_threshold": 1 - 3e-4, "clip_high_threshold": 1 + 4e-4}),
-    "ppo_critic": LossSpec(ppo_critic, required_inputs=frozenset({"values", "returns"}),
+    "ppo_critic": LossSpec(required_inputs=frozenset({"values", "returns"}),
                            optional_inputs=frozenset({"weights", "target_tokens"}),  # target_tokens: ignored
                            config_defaults={"value_clip": 0.2}, role="critic", forward_needs_inputs=False),
 }

@@ -13,12 +13,11 @@ from typing import Any, Awaitable
 
 from ray.serve.handle import DeploymentHandle, DeploymentResponse
 
-from app.api.dispatch import SamplerDispatcher, TrainerDispatcher
+from app.api.backends import SamplerClient, TrainerClient
+from app.db.futures import FutureStore
 from app.errors import ServerError, UserError
+from app.messages import CreateModel, SequencedOp
 from app.sampling.params import SampleArgs
-from app.store.futures import FutureStore
-from app.trainer_service import CheckpointOp, TrainingOp
-from app.training.lora import AdapterSpec
 
 logger = logging.getLogger("tinker_serve.ingress")
 
@@ -67,16 +66,14 @@ class HandleCalls:
         return dict(zip(names, await asyncio.gather(*(ping(self.handles[n]) for n in names))))
 
 
-class ServeTrainerDispatcher(TrainerDispatcher):
+class ServeTrainerClient(TrainerClient):
     def __init__(self, handles: dict[str, DeploymentHandle], futures: FutureStore) -> None:
         self._calls = HandleCalls("trainer", handles, futures)
 
-    def create_model(self, trainer: str, request_id: str, model_id: str, spec: AdapterSpec,
-                     load: CheckpointOp | None = None) -> None:
-        self._calls.track(trainer, request_id,
-                          self._calls.handle(trainer).create_model.remote(request_id, model_id, spec, load))
+    def create_model(self, trainer: str, model_id: str, create: CreateModel) -> None:
+        self._calls.track(trainer, create.request_id, self._calls.handle(trainer).create_model.remote(model_id, create))
 
-    def submit(self, trainer: str, model_id: str, seq_id: int, op: TrainingOp) -> None:
+    def submit(self, trainer: str, model_id: str, seq_id: int, op: SequencedOp) -> None:
         self._calls.track(trainer, op.request_id, self._calls.handle(trainer).submit.remote(model_id, seq_id, op))
 
     def unload_model(self, trainer: str, request_id: str, model_id: str) -> None:
@@ -86,7 +83,7 @@ class ServeTrainerDispatcher(TrainerDispatcher):
         return await self._calls.ready()
 
 
-class ServeSamplerDispatcher(SamplerDispatcher):
+class ServeSamplerClient(SamplerClient):
     """Requests for one adapter go, where possible, to replicas that already hold it (Serve multiplexing)."""
 
     def __init__(self, handles: dict[str, DeploymentHandle], futures: FutureStore) -> None:

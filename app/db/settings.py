@@ -8,7 +8,7 @@ from sqlalchemy import insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.store.db import settings
+from app.db.schema import settings
 
 
 async def shared_secret(engine: AsyncEngine, key: str) -> str:

@@ -1,66 +1,27 @@
-"""Typed commands sent to every rank, and how one rank executes them against its TrainingEngine."""
+"""How one rank executes a command (app.messages.Command) against its TrainingEngine."""
 
 from __future__ import annotations
 
 import os
 import tempfile
 import traceback
-from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import ray
 
 from app.errors import NotFound, ServerError, TinkerServeError
+from app.messages import Command, CommandError, CommandKind
 from app.storage.objects import ObjectStorage
 from app.training.batch import PackedBatch
 from app.training.engine import TrainingEngine
-from app.training.lora import AdapterSpec
-from app.training.optim import AdamParams
-
-
-class CommandKind(str, Enum):
-    CREATE_MODEL = "create_model"
-    REMOVE_MODEL = "remove_model"
-    FORWARD_BACKWARD = "forward_backward"
-    OPTIM_STEP = "optim_step"
-    SAVE_ADAPTER = "save_adapter"
-    SAVE_STATE = "save_state"
-    LOAD_STATE = "load_state"
-    PING = "ping"
-
-
-@dataclass(frozen=True)
-class ForwardBackwardArgs:
-    loss_fn: str
-    loss_config: dict[str, float]
-    forward_only: bool
-    batch: Union[PackedBatch, "ray.ObjectRef"]  # an ObjectRef when sent through the mailbox
-
-
-@dataclass(frozen=True)
-class Command:
-    kind: CommandKind
-    model_id: str = ""
-    spec: AdapterSpec | None = None
-    fwdbwd: ForwardBackwardArgs | None = None
-    adam: AdamParams | None = None
-    location: str = ""  # SAVE_ADAPTER, SAVE_STATE, LOAD_STATE: the checkpoint's storage location
-    with_optimizer: bool = False  # LOAD_STATE: restore the optimizer state too
-
-
-@dataclass(frozen=True)
-class CommandError:
-    """A command that raised on a rank; `error` is the failed-future body."""
-
-    error: dict[str, str]
 
 
 def _save(engine: TrainingEngine, storage: ObjectStorage, cmd: Command) -> int:
     """Store the model's adapter (or whole training state) at the command's location; returns its size.
     Rank 0 writes (ranks hold identical weights and optimizer state); the others only check the model."""
-    save = engine.save_adapter if cmd.kind is CommandKind.SAVE_ADAPTER else engine.save_state
+    save = {CommandKind.SAVE_ADAPTER: engine.save_adapter, CommandKind.SAVE_STATE: engine.save_state,
+            CommandKind.SAVE_EXPORT: engine.save_export}[cmd.kind]
     if engine.rank != 0:
         engine.require_model(cmd.model_id)
         return 0
@@ -85,7 +46,7 @@ def execute(engine: TrainingEngine, storage: ObjectStorage, cmd: Command) -> Any
             return engine.forward_backward(cmd.model_id, args.loss_fn, args.loss_config, batch, args.forward_only)
         if cmd.kind is CommandKind.OPTIM_STEP:
             return engine.optim_step(cmd.model_id, cmd.adam)
-        if cmd.kind in (CommandKind.SAVE_ADAPTER, CommandKind.SAVE_STATE):
+        if cmd.kind in (CommandKind.SAVE_ADAPTER, CommandKind.SAVE_STATE, CommandKind.SAVE_EXPORT):
             return _save(engine, storage, cmd)
         if cmd.kind is CommandKind.LOAD_STATE:
             return _load(engine, storage, cmd)

@@ -11,7 +11,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.errors import NotFound, UserError
-from app.store.db import sessions, training_runs
+from app.db.schema import sessions, training_runs
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ class MetadataStore:
                 await conn.execute(insert(training_runs).values(
                     model_id=run.model_id, session_id=run.session_id, base_model=run.base_model,
                     lora_rank=run.lora_rank, role=run.role, trainer=run.trainer, lora_config=run.lora_config,
-                    user_metadata=run.user_metadata, created_at=run.created_at, last_seq_id=0, unloaded=0,
+                    user_metadata=run.user_metadata, created_at=run.created_at, unloaded=0,
                 ))
         except IntegrityError as exc:
             raise UserError(f"model {run.model_id!r} already exists (model_seq_id reused)", field="model_seq_id") from exc

@@ -19,7 +19,7 @@ from app.sampling.engine import SamplerEngine
 from app.sampling.params import SampleArgs
 from app.sampling.response import encode_sample_response
 from app.storage.objects import ObjectStorage
-from app.store.futures import PROTO_CONTENT_TYPE, FutureStore
+from app.db.futures import PROTO_CONTENT_TYPE, FutureStore
 
 logger = logging.getLogger("tinker_serve.sampler")
 

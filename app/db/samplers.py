@@ -14,7 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.errors import NotFound
-from app.store.db import sampling_sessions
+from app.db.schema import sampling_sessions
 
 
 @dataclass(frozen=True)

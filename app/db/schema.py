@@ -1,4 +1,4 @@
-"""Tables and engine set-up shared by the future store and the metadata store."""
+"""The metadata database: its tables, connecting to it, and bringing an older schema up to date in place."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ from sqlalchemy import (
     insert,
     inspect,
     select,
+    text,
+    update,
 )
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -65,7 +67,6 @@ training_runs = Table(
     Column("lora_config", JSON, nullable=False),
     Column("user_metadata", JSON),
     Column("created_at", Float, nullable=False),
-    Column("last_seq_id", Integer, nullable=False, default=0),
     Column("unloaded", Integer, nullable=False, default=0),
 )
 
@@ -104,15 +105,17 @@ settings = Table(
 )
 
 schema_info = Table("schema_info", metadata, Column("version", Integer, primary_key=True))
-SCHEMA_VERSION = 2  # 1: before checkpoint rows (stops up to 9); bump with every incompatible table change
+SCHEMA_VERSION = 3  # 1: before checkpoint rows (stops up to 9); 2: training_runs.last_seq_id (never read)
+# Statements that bring a database of version v to v + 1 in place.
+_UPGRADES: dict[int, tuple[str, ...]] = {2: ("ALTER TABLE training_runs DROP COLUMN last_seq_id",)}
 
 
 class SchemaMismatch(RuntimeError):
     """The database was made by another tinker-serve version."""
 
 
-def make_engine(url: str) -> AsyncEngine:
-    """An async engine; SQLite files get WAL and a busy timeout so several processes can share them."""
+def connect(url: str) -> AsyncEngine:
+    """A connection pool to the database at `url` (SQLAlchemy's async engine); SQLite files get WAL and a busy timeout so several processes can share them."""
     if url.startswith("sqlite"):
         db_path = url.split(":///", 1)[1]
         Path(db_path).parent.mkdir(parents=True, exist_ok=True)
@@ -131,8 +134,8 @@ def make_engine(url: str) -> AsyncEngine:
 
 
 async def create_tables(engine: AsyncEngine) -> None:
-    """Create missing tables, then check the schema version: an older or newer database is refused with a
-    message that says what to do, rather than failing later on a missing column."""
+    """Create missing tables, upgrade an older schema in place where an upgrade exists, then check the version:
+    a database nothing can upgrade (or a newer one) is refused with a message that says what to do."""
     async with engine.begin() as conn:
         existing = set(await conn.run_sync(lambda sync: inspect(sync).get_table_names()))
         await conn.run_sync(metadata.create_all)
@@ -147,8 +150,22 @@ async def create_tables(engine: AsyncEngine) -> None:
             pass
         async with engine.connect() as conn:
             version = await conn.scalar(select(schema_info.c.version))
+    while version in _UPGRADES:
+        version = await _upgrade(engine, version)
     if version != SCHEMA_VERSION:
         raise SchemaMismatch(
             f"the state database {engine.url.render_as_string(hide_password=True)} has schema version {version}, "
             f"and this tinker-serve needs {SCHEMA_VERSION}; start with a fresh state_dir (or database_url), or use the "
             "tinker-serve version that made it")
+
+
+async def _upgrade(engine: AsyncEngine, version: int) -> int:
+    """Apply the upgrade from `version` in one transaction (another replica may have done it first)."""
+    async with engine.begin() as conn:
+        current = await conn.scalar(select(schema_info.c.version).with_for_update())
+        if current == version:
+            for statement in _UPGRADES[version]:
+                await conn.execute(text(statement))
+            await conn.execute(update(schema_info).values(version=version + 1))
+            return version + 1
+        return current

@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.errors import NotFound, UserError
 from app.storage.paths import CheckpointPath
-from app.store.db import checkpoints
+from app.db.schema import checkpoints
 
 _CHECKPOINT_TYPES = {"weights": "training", "sampler_weights": "sampler", "external_weights": "external"}
 

@@ -54,9 +54,6 @@ class SeqScheduler(Generic[Op]):
             if not fut.done():
                 fut.set_exception(reason)
 
-    def is_open(self, model_id: str) -> bool:
-        return model_id in self._queues
-
     def waiting(self, model_id: str) -> int:
         """The model's operations submitted and not yet dispatched."""
         queue = self._queues.get(model_id)

@@ -1,25 +1,23 @@
-"""What the API needs from the trainers and samplers, so routers stay free of Ray Serve."""
+"""What the API needs from the trainers and samplers (implemented over Serve handles in deployments.handles),
+so routers stay free of Ray Serve."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+from app.messages import CreateModel, SequencedOp
 from app.sampling.params import SampleArgs
-from app.trainer_service import CheckpointOp, TrainingOp
-from app.training.lora import AdapterSpec
 
 
-class TrainerDispatcher(ABC):
+class TrainerClient(ABC):
     """Hands work to the trainer a model is routed to (by name, see BaseModelConfig.trainer_for); outcomes
     arrive through the future store."""
 
     @abstractmethod
-    def create_model(self, trainer: str, request_id: str, model_id: str, spec: AdapterSpec,
-                     load: CheckpointOp | None = None) -> None:
-        """Create a model; with `load`, fill it from a checkpoint as part of its creation."""
+    def create_model(self, trainer: str, model_id: str, create: CreateModel) -> None: ...
 
     @abstractmethod
-    def submit(self, trainer: str, model_id: str, seq_id: int, op: TrainingOp) -> None: ...
+    def submit(self, trainer: str, model_id: str, seq_id: int, op: SequencedOp) -> None: ...
 
     @abstractmethod
     def unload_model(self, trainer: str, request_id: str, model_id: str) -> None: ...
@@ -29,7 +27,7 @@ class TrainerDispatcher(ABC):
         """Whether each trainer answers."""
 
 
-class SamplerDispatcher(ABC):
+class SamplerClient(ABC):
     """Hands sampling work to a base model's samplers, preferring replicas that hold the adapter."""
 
     @abstractmethod

@@ -1,0 +1,155 @@
+"""Everything that crosses the ingress -> Trainer -> workers hops, and what comes back.
+
+Plain dataclasses with no torch behind them, so the ingress imports this module and stays light. The
+ingress sends operations (what the user asked for, validated); the Trainer turns each into worker
+commands and builds its reply itself (app.trainer.operations); ranks answer each command with a value
+or a CommandError.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Union
+
+from app.db.checkpoints import CheckpointRecord
+from app.training.batch import PackedBatch
+
+if TYPE_CHECKING:
+    import ray
+
+ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class AdapterSpec:
+    """A model's trainable parts: a LoRA adapter on the shared base, plus a value head for a critic."""
+
+    rank: int
+    seed: int
+    train_attn: bool = True
+    train_mlp: bool = True
+    alpha: float = 32.0
+    role: str = "policy"  # "critic": the model also has a scalar value head and predicts values
+
+    def target_modules(self) -> list[str]:
+        """The adapted projections. The unembedding (lm_head) is never adapted: vLLM samplers refuse
+        lm_head LoRAs, and sampler logprobs must equal the trainer's."""
+        modules = [*ATTN_MODULES] if self.train_attn else []
+        modules += [*MLP_MODULES] if self.train_mlp else []
+        return modules
+
+
+@dataclass(frozen=True)
+class AdamParams:
+    """Adam hyper-parameters as Tinker sends them with every optim_step."""
+
+    learning_rate: float = 1e-4
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-12
+    weight_decay: float = 0.0
+    grad_clip_norm: float = 0.0  # 0 = no clipping
+
+
+# ---- ingress -> Trainer: operations, each answered through its future (request_id) ----
+
+@dataclass(frozen=True)
+class ForwardBackwardArgs:
+    loss_fn: str  # the loss to run, already resolved for the model's role
+    loss_config: dict[str, float]  # with defaults filled in
+    forward_only: bool
+    batch: Union[PackedBatch, "ray.ObjectRef"]  # an ObjectRef once shipped to the workers
+
+
+@dataclass(frozen=True)
+class ForwardBackward:
+    request_id: str
+    args: ForwardBackwardArgs
+
+
+@dataclass(frozen=True)
+class OptimStep:
+    request_id: str
+    adam: AdamParams
+
+
+@dataclass(frozen=True)
+class SaveCheckpoint:
+    """Write the model's weights as the checkpoint `record` (its path's kind says what is written), then make it
+    visible, replacing one of the same name only with `overwrite`."""
+
+    request_id: str
+    record: CheckpointRecord
+    overwrite: bool = False
+
+
+@dataclass(frozen=True)
+class SaveForSampler:
+    """Write the model's adapter at `location` for the ephemeral sampling session `sampling_session_id`."""
+
+    request_id: str
+    sampling_session_id: str
+    location: str
+
+
+@dataclass(frozen=True)
+class LoadCheckpoint:
+    """Fill the model from the training checkpoint `path` stored at `location`."""
+
+    request_id: str
+    path: str  # tinker://
+    location: str
+    with_optimizer: bool
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A seq_id whose request was rejected at the ingress (its future already failed); it only advances order."""
+
+    request_id: str
+
+
+SequencedOp = Union[ForwardBackward, OptimStep, SaveCheckpoint, SaveForSampler, LoadCheckpoint, Skip]
+
+
+@dataclass(frozen=True)
+class CreateModel:
+    """Create a model (its seq_id 0); with `load`, fill it from a checkpoint in the same step."""
+
+    request_id: str
+    spec: AdapterSpec
+    load: LoadCheckpoint | None = None
+
+
+# ---- Trainer -> workers: commands every rank runs, in the order sent ----
+
+class CommandKind(str, Enum):
+    CREATE_MODEL = "create_model"
+    REMOVE_MODEL = "remove_model"
+    FORWARD_BACKWARD = "forward_backward"
+    OPTIM_STEP = "optim_step"
+    SAVE_ADAPTER = "save_adapter"  # the PEFT adapter (what samplers load)
+    SAVE_STATE = "save_state"  # adapter, value head, optimizer state and spec (what load_state reads)
+    SAVE_EXPORT = "save_export"  # a download: a policy's adapter, or a critic's whole state
+    LOAD_STATE = "load_state"
+    PING = "ping"
+
+
+@dataclass(frozen=True)
+class Command:
+    kind: CommandKind
+    model_id: str = ""
+    spec: AdapterSpec | None = None
+    fwdbwd: ForwardBackwardArgs | None = None
+    adam: AdamParams | None = None
+    location: str = ""  # SAVE_*, LOAD_STATE: the checkpoint's storage location
+    with_optimizer: bool = False  # LOAD_STATE: restore the optimizer state too
+
+
+@dataclass(frozen=True)
+class CommandError:
+    """A command that raised on a rank; `error` is the failed-future body."""
+
+    error: dict[str, Any]

@@ -1,0 +1,156 @@
+"""One trainer (of a base model, for policies and/or critics): ordered per-model queues feeding one worker group.
+
+It owns execution end to end: it runs operations in seq_id order, merges the ranks' outputs and
+writes each future's outcome to the store, so results survive an ingress restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Awaitable
+
+from app.config import LimitsConfig
+from app.db.checkpoints import CheckpointStore
+from app.db.futures import FutureStore
+from app.db.metadata import MetadataStore
+from app.errors import GroupRestarted, LimitExceeded, ServerError, TinkerServeError
+from app.messages import Command, CommandError, CommandKind, CreateModel, ForwardBackward, SequencedOp, Skip
+from app.metrics import server_metrics
+from app.request_log import log_request, outcome_of
+from app.storage.objects import ObjectStorage
+from app.trainer.operations import CheckpointCommitter, Reply, operation
+from app.trainer.scheduling import SeqScheduler
+from app.workers.group import WorkerGroup
+
+logger = logging.getLogger("tinker_serve.trainer")
+Queued = tuple[int, SequencedOp]  # (seq_id, op)
+
+
+def _first_error(per_rank: list[Any]) -> dict[str, Any] | None:
+    """The failed-future body of the first rank whose reply is an error, if any."""
+    return next((reply.error for reply in per_rank if isinstance(reply, CommandError)), None)
+
+
+class TrainerService:
+    def __init__(self, name: str, limits: LimitsConfig, group: WorkerGroup, futures: FutureStore,
+                 metadata: MetadataStore, checkpoints: CheckpointStore, storage: ObjectStorage) -> None:
+        self.name = name
+        self._metadata = metadata
+        self._committer = CheckpointCommitter(checkpoints, storage)
+        self._limits = limits
+        self._group = group
+        self._futures = futures
+        self._scheduler: SeqScheduler[Queued] = SeqScheduler(
+            self._dispatch, gap_timeout_s=limits.seq_gap_timeout_seconds)
+        self._models: set[str] = set()
+
+    async def start(self) -> None:
+        """Start the workers; futures left pending by a previous incarnation of this trainer can never finish: fail them."""
+        lost = ServerError(f"trainer {self.name} restarted and its models' in-memory state was lost; "
+                           "create the model again (or load a checkpoint) and resend")
+        orphans = await self._futures.fail_pending_of(await self._metadata.model_ids_on(self.name), lost.to_body())
+        if orphans:
+            logger.warning("failed %d futures left pending by a previous incarnation of trainer %s", orphans, self.name)
+        await self._group.start()
+
+    def check_health(self) -> None:
+        self._group.check_health()
+
+    async def stop(self) -> None:
+        """End the workers' loops, so Ray Train ends the run and releases its placement group."""
+        await self._group.stop()
+
+    async def worker_pids(self) -> list[int]:
+        """The process id of each rank, in rank order."""
+        return [rank_replies[0] for rank_replies in await self._group.call([Command(CommandKind.PING)])]
+
+    async def create_model(self, model_id: str, create: CreateModel) -> None:
+        """Create the model (seq_id 0), and with `create.load` fill it from a checkpoint in the same step."""
+        commands = [Command(CommandKind.CREATE_MODEL, model_id, spec=create.spec)]
+        if create.load is not None:
+            commands.append(operation(create.load).command(model_id, create.load))
+        try:
+            if model_id not in self._models and len(self._models) >= self._limits.max_models_per_base:
+                raise LimitExceeded(f"trainer {self.name} already holds limits.max_models_per_base="
+                                    f"{self._limits.max_models_per_base} models; unload one first", field="base_model")
+            replies = await self._group.call(commands)
+            errors = [_first_error([rank_replies[i] for rank_replies in replies]) for i in range(len(commands))]
+            error = next((e for e in errors if e is not None), None)
+            if error is not None:
+                await self._group.call([Command(CommandKind.REMOVE_MODEL, model_id)])
+                await self._futures.fail(create.request_id, error)
+                return
+            reply = Reply.json({"model_id": model_id, "type": "create_model"}) if create.load is None else \
+                await operation(create.load).reply(model_id, create.load, [r[1] for r in replies], self._committer)
+        except TinkerServeError as exc:
+            await self._futures.fail(create.request_id, exc.to_body())
+            return
+        self._models.add(model_id)
+        self._scheduler.open(model_id, next_seq=1)
+        await self._futures.complete(create.request_id, reply.payload, reply.content_type)
+
+    async def unload_model(self, request_id: str, model_id: str) -> None:
+        self._scheduler.close(model_id, ServerError(f"model {model_id!r} was unloaded"))
+        self._models.discard(model_id)
+        await self._group.call([Command(CommandKind.REMOVE_MODEL, model_id)])
+        reply = Reply.json({"model_id": model_id, "type": "unload_model"})
+        await self._futures.complete(request_id, reply.payload, reply.content_type)
+
+    async def submit(self, model_id: str, seq_id: int, op: SequencedOp) -> None:
+        """Queue `op`; returns once its future is written (success or failure)."""
+        try:
+            await self._scheduler.submit(model_id, seq_id, (seq_id, op))
+        except TinkerServeError as exc:
+            await self._futures.fail_if_pending(op.request_id, exc.to_body())
+
+    def _dispatch(self, model_id: str, run: list[Queued]) -> Awaitable[list[None]]:
+        """Send the run to the workers now (order matters); the returned awaitable writes its futures."""
+        work = [(seq_id, op) for seq_id, op in run if not isinstance(op, Skip)]
+        pending = self._group.send([operation(op).command(model_id, op) for _, op in work]) if work else None
+        server_metrics().queue_depth.set(self._scheduler.waiting(model_id),
+                                         tags={"trainer": self.name, "model_id": model_id})
+        return self._write_outcomes(model_id, len(run), work, pending)
+
+    async def _write_outcomes(self, model_id: str, run_length: int, work: list[Queued],
+                              pending: Awaitable[list[list]] | None) -> list[None]:
+        started = time.monotonic()
+        try:
+            replies = await pending if pending is not None else []
+        except GroupRestarted as exc:
+            self._lose_all_models(exc)
+            raise
+        seconds = time.monotonic() - started
+        self._record([op for _, op in work], seconds)
+        for i, (seq_id, op) in enumerate(work):
+            try:
+                error = await self._write_outcome(model_id, op, [rank_replies[i] for rank_replies in replies])
+            except TinkerServeError as exc:
+                error = exc.to_body()
+                await self._futures.fail(op.request_id, error)
+            log_request("ran", op=operation(op).name(op), model_id=model_id, seq_id=seq_id, tinker_request_id=op.request_id,
+                        outcome=outcome_of(error), run_seconds=round(seconds, 4), run_ops=len(work))
+        return [None] * run_length
+
+    async def _write_outcome(self, model_id: str, op: SequencedOp, per_rank: list[Any]) -> dict[str, Any] | None:
+        """Complete the op's future with its reply, or fail it with the first rank's error (returned)."""
+        error = _first_error(per_rank)
+        if error is not None:
+            await self._futures.fail(op.request_id, error)
+            return error
+        reply = await operation(op).reply(model_id, op, per_rank, self._committer)
+        await self._futures.complete(op.request_id, reply.payload, reply.content_type)
+        return None
+
+    def _record(self, work: list[SequencedOp], seconds: float) -> None:
+        metrics = server_metrics()
+        for op in work:
+            metrics.op_seconds.observe(seconds, tags={"trainer": self.name, "op": operation(op).name(op)})
+            if isinstance(op, ForwardBackward) and not op.args.forward_only:
+                metrics.tokens.inc(int(op.args.batch.offsets[-1]), tags={"name": self.name, "kind": "trained"})
+
+    def _lose_all_models(self, reason: Exception) -> None:
+        logger.error("worker group restarted; %d models lost: %s", len(self._models), reason)
+        for model_id in list(self._models):
+            self._scheduler.close(model_id, reason)
+        self._models.clear()
