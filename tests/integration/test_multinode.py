@@ -24,6 +24,7 @@ import pytest
 import ray
 import tinker
 from ray import serve
+from ray._common.utils import get_ray_address_file
 from ray.cluster_utils import Cluster
 from ray.util.state import list_actors
 from tinker import types
@@ -53,6 +54,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
         # The proxy (on the head) would send every request to the ingress replica on its own node, if there is
         # one; a cluster's load balancer spreads clients over nodes instead. Spread them here too.
         env.setenv("RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING", "0")
+        # Cluster writes the head's address into the default temp dir's address file even with a temp_dir of its
+        # own, and fails on a machine where Ray never ran unless that directory exists.
+        Path(get_ray_address_file(None)).parent.mkdir(parents=True, exist_ok=True)
         cluster = Cluster(initialize_head=True, head_node_args={
             "num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": True, "dashboard_host": "127.0.0.1",
             "temp_dir": f"/tmp/tsmn-{int(time.time())}"})  # short: Ray's socket paths have a length limit

@@ -1,0 +1,52 @@
+"""Schema upgrades in place: a version-2 database (training_runs.last_seq_id, NOT NULL, no default) becomes
+version 3 on start, keeping its rows, and takes new runs afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.db.metadata import MetadataStore, TrainingRun
+from app.db.schema import SCHEMA_VERSION
+from tests.conftest import run_on_db
+
+_V2_TRAINING_RUNS = """CREATE TABLE training_runs (
+    model_id VARCHAR(200) PRIMARY KEY, session_id VARCHAR(64) NOT NULL, base_model VARCHAR(200) NOT NULL,
+    lora_rank INTEGER NOT NULL, role VARCHAR(16) NOT NULL, trainer VARCHAR(220) NOT NULL, lora_config JSON NOT NULL,
+    user_metadata JSON, created_at FLOAT NOT NULL, last_seq_id INTEGER NOT NULL, unloaded INTEGER NOT NULL)"""
+
+
+def _run(model_id: str) -> TrainingRun:
+    return TrainingRun(model_id=model_id, session_id="s", base_model="b", lora_rank=4, role="policy", trainer="b",
+                       lora_config={"rank": 4, "seed": 1}, user_metadata={}, created_at=1.0, unloaded=False)
+
+
+def _version_2_database(path: Path) -> None:
+    run_on_db(path, lambda db: asyncio.sleep(0))  # today's tables, then training_runs and the version as of 2
+    with sqlite3.connect(path) as conn:
+        conn.execute("DROP TABLE training_runs")
+        conn.execute(_V2_TRAINING_RUNS)
+        conn.execute("INSERT INTO training_runs VALUES ('s:train:0', 's', 'b', 4, 'policy', 'b', '{}', '{}', 1.0, 7, 0)")
+        conn.execute("UPDATE schema_info SET version = 2")
+
+
+def test_version_2_upgrades_in_place(tmp_path: Path) -> None:
+    assert SCHEMA_VERSION == 3
+    path = tmp_path / "v2.sqlite"
+    _version_2_database(path)
+
+    async def body(db: AsyncEngine) -> None:
+        store = MetadataStore(db)
+        await store.add_training_run(_run("s:train:1"))  # fails while last_seq_id (NOT NULL) is still there
+        assert (await store.get_training_run("s:train:0")).base_model == "b"
+
+    run_on_db(path, body)
+    run_on_db(path, lambda db: asyncio.sleep(0))  # reopening an upgraded database is fine
+    with sqlite3.connect(path) as conn:
+        columns = [row[1] for row in conn.execute("PRAGMA table_info(training_runs)")]
+        assert "last_seq_id" not in columns and "unloaded" in columns
+        assert conn.execute("SELECT version FROM schema_info").fetchall() == [(3,)]
+        assert conn.execute("SELECT count(*) FROM training_runs").fetchone() == (2,)
