@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export RAY_TRAIN_V2_ENABLED := 1
 
-.PHONY: setup model serve test unit bench clean
+.PHONY: setup model serve lint test unit bench clean
 
 setup: $(STAMP)
 
@@ -30,10 +30,16 @@ model: setup
 serve: model
 	$(VENV)/bin/serve run serve_config.yaml
 
+# ruff (lint + format) and mypy, configured in pyproject.toml; `make test` runs them first.
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
 unit: setup
 	$(PY) -m pytest tests/unit -q
 
-test: model
+test: lint model
 	$(PY) -m pytest tests -v -p no:cacheprovider
 
 bench: setup

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Union
 
+import numpy as np
+
 from app.db.checkpoints import CheckpointRecord
 from app.training.batch import PackedBatch
 
@@ -146,6 +148,16 @@ class Command:
     adam: AdamParams | None = None
     location: str = ""  # SAVE_*, LOAD_STATE: the checkpoint's storage location
     with_optimizer: bool = False  # LOAD_STATE: restore the optimizer state too
+
+
+@dataclass(frozen=True)
+class ShardOutput:
+    """A rank's answer to FORWARD_BACKWARD: its datum indices and their flat per-token outputs."""
+
+    datum_indices: np.ndarray
+    offsets: np.ndarray
+    outputs: dict[str, np.ndarray]
+    loss_sum: float
 
 
 @dataclass(frozen=True)

@@ -20,19 +20,9 @@ from app.training.batch import PackedBatch
 from app.training import checkpoint
 from app.training.losses import get_loss
 from app.training.losses.functions import LOSS_FUNCTIONS
-from app.messages import AdamParams, AdapterSpec
+from app.messages import AdamParams, AdapterSpec, ShardOutput
 from app.training.lora import AdapterPool
 from app.training.optim import apply_step, make_optimizer
-
-
-@dataclass(frozen=True)
-class ShardOutput:
-    """One rank's part of a forward(_backward): its datum indices and their flat per-token outputs."""
-
-    datum_indices: np.ndarray
-    offsets: np.ndarray
-    outputs: dict[str, np.ndarray]
-    loss_sum: float
 
 
 def shard_indices(num_datums: int, rank: int, world_size: int) -> np.ndarray:

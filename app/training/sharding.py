@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from app.training.batch import ForwardBackwardResult
-from app.training.engine import ShardOutput
+from app.messages import ShardOutput
 
 
 def merge_shards(batch_offsets: np.ndarray, shards: list[ShardOutput]) -> ForwardBackwardResult:

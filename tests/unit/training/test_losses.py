@@ -87,3 +87,9 @@ def test_resolve_config_unknown_loss() -> None:
     with pytest.raises(UserError) as info:
         resolve_config("nope", {})
     assert info.value.field == "loss_fn"
+
+
+def test_every_registered_loss_has_a_function_and_no_function_is_unregistered() -> None:
+    from app.training.losses.functions import LOSS_FUNCTIONS
+
+    assert LOSS_FUNCTIONS.keys() == LOSSES.keys()

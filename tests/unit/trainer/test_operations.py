@@ -1,0 +1,95 @@
+"""The Trainer's operations (app.trainer.operations): the worker command each sends and the reply it builds,
+with checkpoint commits against a real SQLite file and a local storage directory."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import typing
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.db.checkpoints import CheckpointRecord, CheckpointStore
+from app.errors import UserError
+from app.messages import (
+    AdamParams,
+    CommandKind,
+    ForwardBackward,
+    ForwardBackwardArgs,
+    LoadCheckpoint,
+    OptimStep,
+    SaveCheckpoint,
+    SaveForSampler,
+    SequencedOp,
+    Skip,
+)
+from app.storage.objects import ObjectStorage
+from app.storage.paths import checkpoint_path
+from app.trainer.operations import OPERATIONS, CheckpointCommitter, operation
+from app.training.batch import PackedBatch
+from tests.conftest import run_on_db
+
+MODEL = "s:train:0"
+
+
+def test_every_sequenced_message_but_skip_has_an_operation() -> None:
+    assert set(OPERATIONS) == set(typing.get_args(SequencedOp)) - {Skip}
+
+
+def _record(kind: str, name: str = "c1") -> CheckpointRecord:
+    path = checkpoint_path(MODEL, kind, name)
+    return CheckpointRecord(path, path.new_location(), 0, 0.0)
+
+
+@pytest.mark.parametrize(("kind", "command", "reply_type"), [
+    ("weights", CommandKind.SAVE_STATE, "save_weights"),
+    ("sampler_weights", CommandKind.SAVE_ADAPTER, "save_weights_for_sampler"),
+    ("external_weights", CommandKind.SAVE_EXPORT, "save_weights_external"),
+])
+def test_save_checkpoint_writes_its_kind_and_commits_it(tmp_path: Path, kind: str, command: CommandKind,
+                                                        reply_type: str) -> None:
+    storage = ObjectStorage(str(tmp_path / "blobs"))
+    op = SaveCheckpoint("r1", _record(kind))
+    sent = operation(op).command(MODEL, op)
+    assert (sent.kind, sent.model_id, sent.location) == (command, MODEL, op.record.location)
+    storage.write(op.record.location, lambda out: (out.mkdir(parents=True), (out / "f").write_bytes(b"x" * 5)))
+
+    async def body(db: typing.Any) -> None:
+        store = CheckpointStore(db)
+        reply = await operation(op).reply(MODEL, op, [5, 0], CheckpointCommitter(store, storage))
+        assert json.loads(reply.payload) == {"path": op.record.path.uri, "type": reply_type}
+        committed = await store.get(op.record.path)
+        assert committed.size_bytes == 5 and committed.created_at > 0
+        again = SaveCheckpoint("r2", _record(kind))  # same name, no overwrite: refused, its files removed
+        storage.write(again.record.location, lambda out: (out.mkdir(parents=True), (out / "f").write_bytes(b"y")))
+        with pytest.raises(UserError, match="already exists"):
+            await operation(again).reply(MODEL, again, [1], CheckpointCommitter(store, storage))
+        assert not (tmp_path / "blobs" / again.record.location).exists()
+
+    run_on_db(tmp_path / "db.sqlite", body)
+
+
+def test_replies_of_the_other_operations(tmp_path: Path) -> None:
+    committer = CheckpointCommitter(None, ObjectStorage(str(tmp_path)))  # type: ignore[arg-type] - unused here
+    batch = PackedBatch(np.array([1, 2, 3], np.int64), np.array([0, 3], np.int64))
+    fwd = ForwardBackward("r", ForwardBackwardArgs("cross_entropy", {}, True, batch))
+    assert operation(fwd).name(fwd) == "forward"
+    assert operation(fwd).command(MODEL, fwd).kind is CommandKind.FORWARD_BACKWARD
+    load = LoadCheckpoint("r", "tinker://s:train:0/weights/c1", "loc", with_optimizer=True)
+    sent = operation(load).command(MODEL, load)
+    assert (sent.kind, sent.location, sent.with_optimizer) == (CommandKind.LOAD_STATE, "loc", True)
+    sampler = SaveForSampler("r", "s:sample:3", "ephemeral/s:sample:3")
+    step = OptimStep("r", AdamParams(learning_rate=0.1))
+    assert operation(step).command(MODEL, step).adam == AdamParams(learning_rate=0.1)
+
+    async def replies() -> list[dict]:
+        return [json.loads((await operation(op).reply(MODEL, op, per_rank, committer)).payload)
+                for op, per_rank in ((load, [None, None]), (sampler, [10, 0]), (step, [{"grad_norm:mean": 2.0}] * 2))]
+
+    assert asyncio.run(replies()) == [
+        {"path": load.path, "model_id": MODEL, "type": "load_weights"},
+        {"sampling_session_id": "s:sample:3", "type": "save_weights_for_sampler"},
+        {"metrics": {"grad_norm:mean": 2.0}},
+    ]
