@@ -199,6 +199,13 @@ class ServerConfig(_Strict):
     def base_model(self, name: str) -> BaseModelConfig | None:
         return next((m for m in self.base_models if m.name == name), None)
 
+    def configured_base_model(self, name: str) -> BaseModelConfig:
+        """The base model called `name`, a name taken from this same configuration (deployments get theirs so)."""
+        base = self.base_model(name)
+        if base is None:
+            raise ValueError(f"base model {name!r} is not in the configuration")
+        return base
+
 
 _SECRET_QUERY_KEYS = ("key", "secret", "token", "password", "credential")
 

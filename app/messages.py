@@ -9,8 +9,8 @@ or a CommandError.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
-from typing import TYPE_CHECKING, Any, Union
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -62,7 +62,7 @@ class ForwardBackwardArgs:
     loss_fn: str  # the loss to run, already resolved for the model's role
     loss_config: dict[str, float]  # with defaults filled in
     forward_only: bool
-    batch: Union[PackedBatch, "ray.ObjectRef"]  # an ObjectRef once shipped to the workers
+    batch: PackedBatch | ray.ObjectRef  # an ObjectRef once shipped to the workers
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ class Skip:
     request_id: str
 
 
-SequencedOp = Union[ForwardBackward, OptimStep, SaveCheckpoint, SaveForSampler, LoadCheckpoint, Skip]
+SequencedOp = ForwardBackward | OptimStep | SaveCheckpoint | SaveForSampler | LoadCheckpoint | Skip
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ class CreateModel:
 
 # ---- Trainer -> workers: commands every rank runs, in the order sent ----
 
-class CommandKind(str, Enum):
+class CommandKind(StrEnum):
     CREATE_MODEL = "create_model"
     REMOVE_MODEL = "remove_model"
     FORWARD_BACKWARD = "forward_backward"

@@ -5,8 +5,9 @@ Created lazily, once per process, inside Ray actors (the ingress, trainer and sa
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from functools import cache
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from ray.util import metrics
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 logger = logging.getLogger("tinker_serve.sweeps")
 
@@ -19,6 +19,6 @@ async def sweep_forever(what: str, sweep: Callable[[], Awaitable[int]], interval
             done = await sweep()
             if done:
                 logger.info("swept %d %s", done, what)
-        except Exception:  # noqa: BLE001 - the next sweep retries
+        except Exception:  # the next sweep retries
             logger.exception("sweeping %s failed", what)
         await asyncio.sleep(interval_s)

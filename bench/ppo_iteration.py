@@ -14,12 +14,11 @@ import statistics
 import time
 
 from server import ROOT, start_server  # sets up sys.path and the environment first
-from train_step import baseline_step, random_batch, timed  # noqa: E402
+from train_step import baseline_step, random_batch, timed
+from transformers import AutoModelForCausalLM
 
-from transformers import AutoModelForCausalLM  # noqa: E402
-
-from app.models.embedded import build_embedded_model  # noqa: E402
-from examples.rl_task import PPOTrainer, make_task  # noqa: E402
+from app.models.embedded import build_embedded_model
+from examples.rl_task import PPOTrainer, make_task
 
 PHASES = ("sample", "critic_values", "policy_step", "critic_step", "weight_sync")
 

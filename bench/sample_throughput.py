@@ -25,11 +25,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # the raw engine's worker, like t
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
-from app.models.embedded import build_embedded_model  # noqa: E402
-from tests.integration.helpers import stored_directory  # noqa: E402
+from app.models.embedded import build_embedded_model
+from tests.integration.helpers import stored_directory
 
 RANK = 8
 KV_CACHE_MIB = 256
@@ -162,7 +162,8 @@ async def scaling_demo(sampler, deployment: str, vocab: int, concurrency: int, m
           f"autoscaling: no second replica within {max_load_s:.0f} s: {replica_states(deployment)}", flush=True)
     await asyncio.gather(*in_flight)
     idle_since = time.monotonic()
-    while replica_states(deployment).get("RUNNING", 0) > 1 and time.monotonic() - idle_since < 180:
+    # polls Serve's replica states: there is no event to wait on
+    while replica_states(deployment).get("RUNNING", 0) > 1 and time.monotonic() - idle_since < 180:  # noqa: ASYNC110
         await asyncio.sleep(2)
     print(f"autoscaling: {time.monotonic() - idle_since:.0f} s after the load ended {replica_states(deployment)}",
           flush=True)

@@ -13,14 +13,13 @@ import statistics
 import time
 from pathlib import Path
 
+import numpy as np
+import torch
+from peft import LoraConfig, get_peft_model
 from server import ROOT, start_server  # sets up sys.path and the environment first
+from transformers import AutoModelForCausalLM
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from peft import LoraConfig, get_peft_model  # noqa: E402
-from transformers import AutoModelForCausalLM  # noqa: E402
-
-from app.models.embedded import build_embedded_model  # noqa: E402
+from app.models.embedded import build_embedded_model
 
 RANK, LR = 32, 1e-4
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]  # as the server adapts

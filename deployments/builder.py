@@ -44,14 +44,14 @@ def build_app(args: dict[str, Any]) -> Application:
     raw = config.model_dump()
     limits = _model_limits(config)
     trainers = {
-        trainer: serve.deployment(Trainer).options(**Trainer.deployment_options(config, trainer))
+        trainer: serve.deployment()(Trainer).options(**Trainer.deployment_options(config, trainer))
         .bind(raw, base.name, trainer)
         for base in config.base_models for trainer in base.trainer_groups()
     }
     samplers = {
-        base.name: serve.deployment(Sampler).options(**Sampler.deployment_options(config, base.name))
+        base.name: serve.deployment()(Sampler).options(**Sampler.deployment_options(config, base.name))
         .bind(raw, base.name, limits[base.name]["max_context_length"])
         for base in config.base_models
     }
-    ingress = serve.deployment(serve.ingress()(Ingress)).options(**Ingress.deployment_options(config))
+    ingress = serve.deployment()(serve.ingress()(Ingress)).options(**Ingress.deployment_options(config))
     return ingress.bind(raw, trainers, samplers, limits)

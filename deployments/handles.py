@@ -9,9 +9,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from typing import Any, Awaitable
+from collections.abc import Awaitable
+from typing import Any, cast
 
-from ray.serve.handle import DeploymentHandle, DeploymentResponse
+from ray.serve.handle import DeploymentHandle, DeploymentResponse, DeploymentResponseGenerator
 
 from app.api.backends import SamplerClient, TrainerClient
 from app.db.futures import FutureStore
@@ -39,16 +40,17 @@ class HandleCalls:
                             field="model_id")
         return handle
 
-    def track(self, name: str, request_id: str, response: DeploymentResponse) -> None:
+    def track(self, name: str, request_id: str, response: DeploymentResponse | DeploymentResponseGenerator) -> None:
         self.in_flight[name] += 1
-        task = asyncio.create_task(self._settle(name, request_id, response))
+        # Ray types .remote() for streaming handles too; these handles never stream
+        task = asyncio.create_task(self._settle(name, request_id, cast(DeploymentResponse, response)))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _settle(self, name: str, request_id: str, response: Awaitable[Any]) -> None:
         try:
             await response
-        except Exception as exc:  # noqa: BLE001 - the replica died or refused; the future must not hang
+        except Exception as exc:  # the replica died or refused; the future must not hang
             logger.exception("%s call for %s failed", self._role, request_id)
             await self._futures.fail_if_pending(request_id, ServerError(f"{self._role} call failed: {exc!r}").to_body())
         finally:

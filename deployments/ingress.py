@@ -14,14 +14,14 @@ from app.api.main import create_api
 from app.api.retention import remove_expired_checkpoints
 from app.api.sessions import expire_silent_sessions
 from app.config import ServerConfig, redacted
-from app.metrics import RequestMetrics
-from app.sampling.expiry import fail_stale_samples, sweep_expired_samplers
 from app.db.checkpoints import CheckpointStore
 from app.db.futures import FutureStore
 from app.db.metadata import MetadataStore
 from app.db.samplers import SamplerStore
 from app.db.schema import connect, create_tables
 from app.db.settings import shared_secret
+from app.metrics import RequestMetrics
+from app.sampling.expiry import fail_stale_samples, sweep_expired_samplers
 from app.storage.objects import ObjectStorage
 from app.sweeps import sweep_forever
 from app.training.validation import ModelLimits
@@ -37,8 +37,9 @@ class Ingress:
         return {"name": "Ingress", "num_replicas": config.ingress_replicas, "ray_actor_options": {"num_cpus": 0},
                 "max_ongoing_requests": 2_000}
 
-    async def __init__(self, config: dict, trainers: dict[str, DeploymentHandle], samplers: dict[str, DeploymentHandle],
-                       model_limits: dict[str, dict]) -> None:
+    async def __init__(  # type: ignore[misc]  # Serve awaits async constructors
+            self, config: dict, trainers: dict[str, DeploymentHandle], samplers: dict[str, DeploymentHandle],
+            model_limits: dict[str, dict]) -> None:
         route_app_logs()
         started = time.monotonic()
         cfg = ServerConfig.model_validate(config)
@@ -58,7 +59,8 @@ class Ingress:
         )
         sampler_ttl = limits.ephemeral_sampler_ttl_seconds
         self._sweepers = [asyncio.create_task(sweep) for sweep in (
-            sweep_forever("expired ephemeral samplers", lambda: sweep_expired_samplers(sampler_store, storage, sampler_ttl),
+            sweep_forever("expired ephemeral samplers",
+                          lambda: sweep_expired_samplers(sampler_store, storage, sampler_ttl),
                           min(60.0, sampler_ttl / 4)),
             # the first session sweep waits a whole timeout: clients get that long to reach a (re)started server
             sweep_forever("silent sessions", lambda: expire_silent_sessions(services),

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import logging
 import logging.handlers
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 APP_LOGGER = "tinker_serve"
 SERVE_LOGGER = "ray.serve"

@@ -29,7 +29,7 @@ _CPU_ENV = {
 class Sampler:
     @classmethod
     def deployment_options(cls, config: ServerConfig, base_name: str) -> dict[str, Any]:
-        sampler = config.base_model(base_name).sampler
+        sampler = config.configured_base_model(base_name).sampler
         env = {**({} if sampler.num_gpus else _CPU_ENV), **sampler.env}
         return {
             "name": f"Sampler:{base_name}",
@@ -44,11 +44,12 @@ class Sampler:
             "graceful_shutdown_timeout_s": 30,
         }
 
-    async def __init__(self, config: dict, base_name: str, max_model_len: int) -> None:
+    async def __init__(  # type: ignore[misc]  # Serve awaits async constructors
+            self, config: dict, base_name: str, max_model_len: int) -> None:
         route_app_logs()
         started = time.monotonic()
         cfg = ServerConfig.model_validate(config)
-        base = cfg.base_model(base_name)
+        base = cfg.configured_base_model(base_name)
         logger.info("sampler for %s: starting vLLM on %s (max_loras %d, max_cpu_loras %d, context %d, "
                     "tensor parallel %d)", base_name, base.path, base.sampler.max_loras, base.sampler.max_cpu_loras,
                     max_model_len, base.sampler.tensor_parallel_size)

@@ -34,11 +34,12 @@ class Trainer:
             "graceful_shutdown_timeout_s": 60,
         }
 
-    async def __init__(self, config: dict, base_name: str, trainer: str) -> None:
+    async def __init__(  # type: ignore[misc]  # Serve awaits async constructors
+            self, config: dict, base_name: str, trainer: str) -> None:
         route_app_logs()
         started = time.monotonic()
         cfg = ServerConfig.model_validate(config)
-        base = cfg.base_model(base_name)
+        base = cfg.configured_base_model(base_name)
         shape = base.trainer_groups()[trainer]
         logger.info("trainer %s: starting %d workers (%g CPUs%s%s each) on %s; checkpoints in %s", trainer,
                     shape.num_workers, shape.cpus_per_worker, ", a GPU" if shape.use_gpu else "",
@@ -46,7 +47,8 @@ class Trainer:
         db = connect(cfg.db_url)
         await create_tables(db)
         group = TorchTrainerGroup(trainer, base.path, shape, f"{cfg.state_dir}/ray_train",
-                                  checkpoint_uri=cfg.checkpoint_uri, command_timeout_s=cfg.limits.command_timeout_seconds)
+                                  checkpoint_uri=cfg.checkpoint_uri,
+                                  command_timeout_s=cfg.limits.command_timeout_seconds)
         self._service = TrainerService(trainer, cfg.limits, group, FutureStore(db), MetadataStore(db),
                                        CheckpointStore(db), ObjectStorage(cfg.checkpoint_uri))
         await self._service.start()

@@ -112,7 +112,8 @@ def critic_datum(rollout: Rollout, old_values: np.ndarray, returns: np.ndarray) 
     full_returns = np.zeros(n_prompt + n, np.float32)
     full_old[n_prompt:], full_returns[n_prompt:] = old_values, returns
     return types.Datum(model_input=sequence_input(rollout), loss_fn_inputs={
-        "values": full_old, "returns": full_returns, "weights": np.r_[np.zeros(n_prompt), np.ones(n)].astype(np.float32),
+        "values": full_old, "returns": full_returns,
+        "weights": np.r_[np.zeros(n_prompt), np.ones(n)].astype(np.float32),
     })
 
 

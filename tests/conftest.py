@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Awaitable, Callable, TypeVar
+from typing import TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -24,7 +25,7 @@ T = TypeVar("T")
 
 def run_on_db(db: Path, body: Callable[..., Awaitable[T]]) -> T:
     """Run `body(engine)` against a real SQLite file with every table created (the stores' unit tests)."""
-    from app.db.schema import create_tables, connect
+    from app.db.schema import connect, create_tables
 
     async def main() -> T:
         engine = connect("sqlite+aiosqlite:///" + str(db))

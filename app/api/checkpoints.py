@@ -13,12 +13,12 @@ from app.api.deps import Services, ServicesDep
 from app.api.models import check_optimizer_config, register_model
 from app.api.training import sequenced
 from app.config import LimitsConfig
-from app.errors import LimitExceeded, UserError
-from app.protocol import wire
 from app.db.checkpoints import CheckpointRecord, already_exists
 from app.db.metadata import TrainingRun
 from app.db.samplers import SamplingSession, sampling_session_id_for
+from app.errors import LimitExceeded, UserError
 from app.messages import AdapterSpec, LoadCheckpoint, SaveCheckpoint, SaveForSampler, SequencedOp
+from app.protocol import wire
 from app.storage.paths import checkpoint_path
 
 router = APIRouter(prefix="/api/v1")

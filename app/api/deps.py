@@ -10,13 +10,13 @@ from fastapi import Depends, Request
 
 from app.api.backends import SamplerClient, TrainerClient
 from app.config import BaseModelConfig, ServerConfig
-from app.errors import NotFound, UserError
-from app.storage.objects import ObjectStorage
-from app.storage.paths import KINDS, parse_tinker_path
 from app.db.checkpoints import CheckpointRecord, CheckpointStore
 from app.db.futures import FutureStore
 from app.db.metadata import MetadataStore, TrainingRun
 from app.db.samplers import SamplerStore, SamplingSession
+from app.errors import NotFound, UserError
+from app.storage.objects import ObjectStorage
+from app.storage.paths import KINDS, parse_tinker_path
 from app.training.validation import ModelLimits
 
 

@@ -11,18 +11,19 @@ import asyncio
 import hashlib
 import hmac
 import time
-from datetime import datetime, timezone
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from urllib.parse import quote
 
 from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
+from pyarrow import NativeFile
 
 from app.api.deps import ServicesDep
+from app.db.checkpoints import CheckpointRecord
 from app.errors import Forbidden, NotFound
 from app.storage.objects import StoredFile
 from app.storage.paths import checkpoint_path
-from app.db.checkpoints import CheckpointRecord
 
 router = APIRouter(prefix="/api/v1")
 DOWNLOAD_PREFIX = "/api/v1/downloads/"  # no API key: the signature authorises
@@ -42,10 +43,10 @@ def signed_urls(base_url: str, key: str, record: CheckpointRecord, files: list[S
         resource = f"{record.path.model_id}/{record.path.name}/{f.relative_path}"
         urls[f.relative_path] = (f"{base_url.rstrip('/')}{DOWNLOAD_PREFIX}{quote(resource)}"
                                  f"?expires={expires}&signature={_signature(key, resource, expires)}")
-    return urls, datetime.fromtimestamp(expires, timezone.utc)
+    return urls, datetime.fromtimestamp(expires, UTC)
 
 
-async def _chunks(stream) -> AsyncIterator[bytes]:  # noqa: ANN001 - a pyarrow input stream
+async def _chunks(stream: NativeFile) -> AsyncIterator[bytes]:
     try:
         while chunk := await asyncio.to_thread(stream.read, _CHUNK):
             yield chunk

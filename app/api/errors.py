@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -16,7 +18,7 @@ from app.errors import TinkerServeError
 logger = logging.getLogger("tinker_serve.api")
 
 
-def validation_message(errors: list[dict]) -> tuple[str, str]:
+def validation_message(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
     """(message, field) for pydantic errors: every problem listed, the first field named."""
     parts, first = [], ""
     for err in errors:

@@ -6,11 +6,11 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from app.api.deps import ServicesDep
-from app.errors import NotFound
-from app.protocol.wire import RetrieveFutureRequest
-from app.protocol.codec import forward_backward_json_from_proto
-from app.sampling.response import sample_json_from_proto
 from app.db.futures import PROTO_CONTENT_TYPE, Completed, Failed, Pending
+from app.errors import NotFound
+from app.protocol.codec import forward_backward_json_from_proto
+from app.protocol.wire import RetrieveFutureRequest
+from app.sampling.response import sample_json_from_proto
 
 router = APIRouter(prefix="/api/v1")
 _JSON_VIEWS = {"forward_backward": forward_backward_json_from_proto, "sample": sample_json_from_proto}

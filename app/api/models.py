@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict
-from typing import Callable
 
 from fastapi import APIRouter
 
 from app.api.deps import Services, ServicesDep
 from app.api.sessions import unload
 from app.config import ROLES, BaseModelConfig
-from app.errors import LimitExceeded, UserError
-from app.protocol.wire import CreateModelRequest, GetInfoRequest, UnloadModelRequest
 from app.db.metadata import TrainingRun, model_id_for
+from app.errors import LimitExceeded, UserError
 from app.messages import AdapterSpec, CreateModel, LoadCheckpoint
+from app.protocol.wire import CreateModelRequest, GetInfoRequest, UnloadModelRequest
 from app.request_log import log_request
 
 router = APIRouter(prefix="/api/v1")

@@ -5,7 +5,7 @@ with a suffix come before the bare delete, which would otherwise swallow them.""
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from fastapi import APIRouter, Query, Request
 
@@ -13,11 +13,11 @@ from app.api.checkpoints import checkpoint_expiry
 from app.api.deps import Services, ServicesDep
 from app.api.downloads import signed_urls
 from app.api.retention import remove_checkpoint
+from app.db.checkpoints import CheckpointRecord
+from app.db.metadata import TrainingRun
 from app.errors import NotFound, ServerError, UserError
 from app.protocol.wire import CheckpointTtlRequest, WeightsInfoRequest
 from app.storage.paths import CheckpointPath, checkpoint_path
-from app.db.checkpoints import CheckpointRecord
-from app.db.metadata import TrainingRun
 
 router = APIRouter(prefix="/api/v1")
 
@@ -44,7 +44,7 @@ def _run_view(run: TrainingRun) -> dict:
     return {
         "training_run_id": run.model_id, "base_model": run.base_model, "model_owner": run.session_id,
         "is_lora": True, "lora_rank": run.lora_rank, "corrupted": False,
-        "last_request_time": datetime.fromtimestamp(run.created_at, timezone.utc).isoformat(),
+        "last_request_time": datetime.fromtimestamp(run.created_at, UTC).isoformat(),
         "user_metadata": {k: str(v) for k, v in run.user_metadata.items()},
     }
 

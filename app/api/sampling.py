@@ -7,11 +7,11 @@ import time
 from fastapi import APIRouter
 
 from app.api.deps import Services, ServicesDep
+from app.db.samplers import SamplingSession, sampling_session_id_for
 from app.errors import Overloaded, UserError
 from app.protocol.wire import CreateSamplingSessionRequest, SampleRequest
 from app.request_log import log_request
 from app.sampling.params import sample_args
-from app.db.samplers import SamplingSession, sampling_session_id_for
 
 router = APIRouter(prefix="/api/v1")
 
@@ -35,12 +35,12 @@ async def create_sampling_session(body: CreateSamplingSessionRequest, services: 
     await services.metadata.require_session(body.session_id)
     if body.model_path is not None:
         base_model, adapter_location = await _adapter_of(services, body.model_path)
-    else:
+    elif body.base_model is not None:  # always, after the exactly-one check above
         base_model, adapter_location = services.served_base_model(body.base_model).name, None
     session = await services.sampler_store.create(SamplingSession(
         sampling_session_id=sampling_session_id_for(body.session_id, body.sampling_session_seq_id),
-        session_id=body.session_id, base_model=base_model, model_path=body.model_path, adapter_location=adapter_location,
-        ephemeral=False, last_used_at=time.time()))
+        session_id=body.session_id, base_model=base_model, model_path=body.model_path,
+        adapter_location=adapter_location, ephemeral=False, last_used_at=time.time()))
     return {"sampling_session_id": session.sampling_session_id, "type": "create_sampling_session"}
 
 

@@ -7,18 +7,18 @@ user error and the trainer is told to skip that seq_id, so the model's order nev
 
 from __future__ import annotations
 
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from fastapi import APIRouter, Request
 from pydantic import ValidationError
 
 from app.api.deps import Services, ServicesDep
 from app.api.errors import validation_message
+from app.db.metadata import TrainingRun
 from app.errors import TinkerServeError, UserError
+from app.messages import AdamParams, ForwardBackward, ForwardBackwardArgs, OptimStep, SequencedOp, Skip
 from app.protocol import wire
 from app.protocol.codec import decode_forward_backward, peek_sequence
-from app.db.metadata import TrainingRun
-from app.messages import AdamParams, ForwardBackward, ForwardBackwardArgs, OptimStep, SequencedOp, Skip
 from app.request_log import log_request, outcome_of
 from app.training.validation import validate_forward_backward
 
@@ -61,9 +61,10 @@ async def forward_backward(request: Request, services: ServicesDep) -> dict:
         sequence = peek_sequence(body, ctype, encoding, max_body_bytes=max_bytes)
         if sequence is None:
             raise
+        rejection = exc  # `exc` is unbound when the except clause ends; the closure keeps its own name
 
         async def reject(_: str, __: TrainingRun) -> SequencedOp:
-            raise exc
+            raise rejection
 
         return await sequenced(services, "forward_backward", *sequence, reject)
 

@@ -8,21 +8,21 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
-from sqlalchemy import Row, and_, delete, func, insert, or_, select, update
+from sqlalchemy import ColumnElement, Row, and_, delete, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.db.schema import checkpoints
 from app.errors import NotFound, UserError
 from app.storage.paths import CheckpointPath
-from app.db.schema import checkpoints
 
 _CHECKPOINT_TYPES = {"weights": "training", "sampler_weights": "sampler", "external_weights": "external"}
 
 
 def _iso(timestamp: float) -> str:
-    return datetime.fromtimestamp(timestamp, timezone.utc).isoformat()
+    return datetime.fromtimestamp(timestamp, UTC).isoformat()
 
 
 @dataclass(frozen=True)
@@ -56,12 +56,12 @@ def _from_row(row: Row) -> CheckpointRecord:
                             row.created_at, row.expires_at, bool(row.public), row.user_metadata or {})
 
 
-def _key(path: CheckpointPath):  # noqa: ANN202 - a SQL expression
+def _key(path: CheckpointPath) -> ColumnElement[bool]:
     return and_(checkpoints.c.model_id == path.model_id, checkpoints.c.kind == path.kind,
                 checkpoints.c.name == path.name)
 
 
-def _live(now: float):  # noqa: ANN202 - a SQL expression
+def _live(now: float) -> ColumnElement[bool]:
     return or_(checkpoints.c.expires_at.is_(None), checkpoints.c.expires_at > now)
 
 
@@ -121,7 +121,7 @@ class CheckpointStore:
         """One page of every live checkpoint, newest first, and the total count."""
         now = time.time()
         async with self._engine.connect() as conn:
-            total = await conn.scalar(select(func.count()).select_from(checkpoints).where(_live(now)))
+            total = (await conn.execute(select(func.count()).select_from(checkpoints).where(_live(now)))).scalar_one()
             rows = await conn.execute(select(checkpoints).where(_live(now))
                                       .order_by(checkpoints.c.created_at.desc(), checkpoints.c.model_id,
                                                 checkpoints.c.kind, checkpoints.c.name).limit(limit).offset(offset))

@@ -11,7 +11,6 @@ import asyncio
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Union
 
 from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
@@ -48,7 +47,7 @@ class Unknown:
     request_id: str
 
 
-Outcome = Union[Pending, Completed, Failed, Unknown]
+Outcome = Pending | Completed | Failed | Unknown
 
 
 class FutureStore:
@@ -61,8 +60,8 @@ class FutureStore:
     async def create(self, kind: str, model_id: str | None = None, seq_id: int | None = None) -> tuple[str, bool]:
         """A new pending future; for a repeated (model_id, seq_id) the existing id and False."""
         request_id = uuid.uuid4().hex
-        row = dict(request_id=request_id, kind=kind, model_id=model_id, seq_id=seq_id, state="pending",
-                   created_at=time.time())
+        row = {"request_id": request_id, "kind": kind, "model_id": model_id, "seq_id": seq_id, "state": "pending",
+               "created_at": time.time()}
         try:
             async with self._engine.begin() as conn:
                 await conn.execute(insert(futures).values(**row))
@@ -71,9 +70,9 @@ class FutureStore:
             if seq_id is None:
                 raise
             async with self._engine.connect() as conn:
-                existing = await conn.scalar(
+                existing = (await conn.execute(
                     select(futures.c.request_id).where(futures.c.model_id == model_id, futures.c.seq_id == seq_id)
-                )
+                )).scalar_one()
             return existing, False
 
     async def complete(self, request_id: str, payload: bytes, content_type: str) -> None:
@@ -128,9 +127,9 @@ class FutureStore:
         async with self._engine.connect() as conn:
             row = (
                 await conn.execute(
-                    select(futures.c.state, futures.c.payload, futures.c.content_type, futures.c.error, futures.c.kind).where(
-                        futures.c.request_id == request_id
-                    )
+                    select(
+                        futures.c.state, futures.c.payload, futures.c.content_type, futures.c.error, futures.c.kind
+                    ).where(futures.c.request_id == request_id)
                 )
             ).first()
         if row is None:
@@ -155,7 +154,7 @@ class FutureStore:
                     return outcome
                 try:
                     await asyncio.wait_for(event.wait(), min(interval, remaining))
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     interval = min(2 * interval, self._poll_interval_s)
         finally:
             self._local_waiters[request_id] -= 1

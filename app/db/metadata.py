@@ -5,13 +5,14 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import Row, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.errors import NotFound, UserError
 from app.db.schema import sessions, training_runs
+from app.errors import NotFound, UserError
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class TrainingRun:
     unloaded: bool
 
 
-def _run_from_row(row) -> TrainingRun:  # noqa: ANN001 - a SQLAlchemy Row
+def _run_from_row(row: Row[Any]) -> TrainingRun:
     return TrainingRun(
         model_id=row.model_id, session_id=row.session_id, base_model=row.base_model, lora_rank=row.lora_rank,
         role=row.role, trainer=row.trainer, lora_config=row.lora_config, user_metadata=row.user_metadata or {},
@@ -104,7 +105,8 @@ class MetadataStore:
                     user_metadata=run.user_metadata, created_at=run.created_at, unloaded=0,
                 ))
         except IntegrityError as exc:
-            raise UserError(f"model {run.model_id!r} already exists (model_seq_id reused)", field="model_seq_id") from exc
+            raise UserError(f"model {run.model_id!r} already exists (model_seq_id reused)",
+                            field="model_seq_id") from exc
 
     async def get_training_run(self, model_id: str) -> TrainingRun:
         async with self._engine.connect() as conn:
@@ -116,7 +118,7 @@ class MetadataStore:
     async def list_training_runs(self, limit: int, offset: int) -> tuple[list[TrainingRun], int]:
         """One page of runs, newest first, and the total count."""
         async with self._engine.connect() as conn:
-            total = await conn.scalar(select(func.count()).select_from(training_runs))
+            total = (await conn.execute(select(func.count()).select_from(training_runs))).scalar_one()
             rows = await conn.execute(select(training_runs).order_by(training_runs.c.created_at.desc(),
                                                                      training_runs.c.model_id)
                                       .limit(limit).offset(offset))

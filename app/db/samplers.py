@@ -13,8 +13,8 @@ from sqlalchemy import Row, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.errors import NotFound
 from app.db.schema import sampling_sessions
+from app.errors import NotFound
 
 
 @dataclass(frozen=True)

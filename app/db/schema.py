@@ -22,8 +22,10 @@ from sqlalchemy import (
     text,
     update,
 )
+from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import ConnectionPoolEntry
 
 metadata = MetaData()
 
@@ -115,14 +117,15 @@ class SchemaMismatch(RuntimeError):
 
 
 def connect(url: str) -> AsyncEngine:
-    """A connection pool to the database at `url` (SQLAlchemy's async engine); SQLite files get WAL and a busy timeout so several processes can share them."""
+    """A connection pool to the database at `url` (SQLAlchemy's async engine); SQLite files get WAL and a busy
+    timeout so several processes can share them."""
     if url.startswith("sqlite"):
         db_path = url.split(":///", 1)[1]
         Path(db_path).parent.mkdir(parents=True, exist_ok=True)
         engine = create_async_engine(url, connect_args={"timeout": 30})
 
         @event.listens_for(engine.sync_engine, "connect")
-        def _sqlite_pragmas(dbapi_conn, _record) -> None:  # noqa: ANN001 - DBAPI types
+        def _sqlite_pragmas(dbapi_conn: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")
@@ -159,7 +162,7 @@ async def create_tables(engine: AsyncEngine) -> None:
             "tinker-serve version that made it")
 
 
-async def _upgrade(engine: AsyncEngine, version: int) -> int:
+async def _upgrade(engine: AsyncEngine, version: int) -> int | None:
     """Apply the upgrade from `version` in one transaction (another replica may have done it first)."""
     async with engine.begin() as conn:
         current = await conn.scalar(select(schema_info.c.version).with_for_update())

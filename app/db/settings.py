@@ -19,4 +19,4 @@ async def shared_secret(engine: AsyncEngine, key: str) -> str:
     except IntegrityError:
         pass
     async with engine.connect() as conn:
-        return await conn.scalar(select(settings.c.value).where(settings.c.key == key))
+        return (await conn.execute(select(settings.c.value).where(settings.c.key == key))).scalar_one()

@@ -164,7 +164,8 @@ def _write_model(preset: str, seed: int, out: Path) -> dict[str, object]:
     config = Qwen2Config(vocab_size=len(tokenizer), tie_word_embeddings=True, dtype="float32",
                          bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id, **asdict(PRESETS[preset]))
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config).to(torch.float32).eval()
+    # transformers decorates .to() with functools.wraps, whose typeshed type mypy does not bind as a method
+    model = Qwen2ForCausalLM(config).to(torch.float32).eval()  # type: ignore[arg-type]
     with torch.no_grad():
         model.model.norm.weight.mul_(FINAL_NORM_GAIN)
     model.generation_config = GenerationConfig(bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id)

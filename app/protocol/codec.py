@@ -16,13 +16,18 @@ from typing import Any
 import numpy as np
 import zstandard
 from google.protobuf.message import DecodeError
-from app.protocol.proto import pb
 
 from app.errors import LimitExceeded, ServerError, UserError
+from app.protocol.proto import pb
 from app.training.batch import ForwardBackwardInput, ForwardBackwardResult, PackedBatch
 
-__all__ = ["decode_forward_backward", "peek_sequence", "encode_forward_backward_output", "forward_backward_output_to_json",
-           "forward_backward_json_from_proto"]
+__all__ = [
+    "decode_forward_backward",
+    "encode_forward_backward_output",
+    "forward_backward_json_from_proto",
+    "forward_backward_output_to_json",
+    "peek_sequence",
+]
 
 # Wire dtype of each proto DType; INT32 and BFLOAT16 (raw uint16) are widened after reading.
 _PROTO_DTYPES: dict[int, np.dtype] = {
@@ -131,9 +136,8 @@ def _finish_tensor(field: str, name: str, arr: np.ndarray, n_tokens: int) -> np.
     if arr.shape[0] != n_tokens:
         raise _err(field, f"has length {arr.shape[0]} but model_input has {n_tokens} tokens")
     if name in _INT_INPUTS:
-        if arr.dtype.kind == "f":
-            if not (np.all(np.isfinite(arr)) and np.all(arr == np.round(arr))):
-                raise _err(field, "must hold integers")
+        if arr.dtype.kind == "f" and not (np.all(np.isfinite(arr)) and np.all(arr == np.round(arr))):
+            raise _err(field, "must hold integers")
         return arr.astype(np.int64, copy=False)
     return arr.astype(np.float32, copy=False)
 
@@ -311,7 +315,7 @@ def _decode_json(body: bytes, max_cells: int) -> ForwardBackwardInput:
 def _output_arrays(result: ForwardBackwardResult) -> dict[str, tuple[np.ndarray, int]]:
     """name -> (array in its wire dtype, proto dtype), checked against the offsets."""
     total = int(result.offsets[-1])
-    out = {}
+    out: dict[str, tuple[np.ndarray, int]] = {}
     for name, arr in result.outputs.items():
         if arr.shape[0] != total:
             raise ServerError(f"output {name} has {arr.shape[0]} rows but offsets cover {total}")

@@ -11,6 +11,7 @@ import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 _NAME = "tinker.proto.tinker_public_pb2"
 
@@ -30,4 +31,7 @@ def _load() -> ModuleType:
     return module
 
 
-pb = _load()
+if TYPE_CHECKING:  # the SDK's stub (tinker_public_pb2.pyi) types the same module
+    from tinker.proto import tinker_public_pb2 as pb
+else:
+    pb = _load()

@@ -13,7 +13,7 @@ import logging
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from app.config import SamplerConfig
 from app.errors import ServerError
@@ -22,15 +22,17 @@ from app.sampling.params import SampleArgs
 from app.sampling.response import SampledSequence, SampleResult, TopK
 
 if TYPE_CHECKING:
+    from vllm.config.lora import MaxLoRARanks
+    from vllm.config.model import ModelDType
     from vllm.lora.request import LoRARequest
     from vllm.outputs import CompletionOutput, RequestOutput
     from vllm.v1.engine.async_llm import AsyncLLM
 
 logger = logging.getLogger("tinker_serve.sampler")
-_VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+_VLLM_LORA_RANKS: tuple[MaxLoRARanks, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
-def vllm_lora_rank(max_rank: int) -> int:
+def vllm_lora_rank(max_rank: int) -> MaxLoRARanks:
     """The smallest rank vLLM accepts as `max_lora_rank` that holds `max_rank`."""
     return next((r for r in _VLLM_LORA_RANKS if r >= max_rank), _VLLM_LORA_RANKS[-1])
 
@@ -52,7 +54,8 @@ class SamplerEngine:
         on_gpu = config.num_gpus > 0
         dtype = "float32" if config.dtype == "auto" and not on_gpu else config.dtype  # vLLM's auto may pick 16-bit
         args = AsyncEngineArgs(
-            model=model_path, dtype=dtype, max_model_len=max_model_len, enforce_eager=config.enforce_eager,
+            model=model_path, dtype=cast("ModelDType", dtype),  # config.dtype passes through: vLLM checks it
+            max_model_len=max_model_len, enforce_eager=config.enforce_eager,
             enable_lora=True, max_lora_rank=vllm_lora_rank(max_lora_rank), max_loras=config.max_loras,
             max_cpu_loras=config.max_cpu_loras, max_num_seqs=config.max_num_seqs, seed=0,
             tensor_parallel_size=config.tensor_parallel_size,
@@ -131,10 +134,12 @@ def _topk(entries: dict[int, Any] | None, k: int) -> TopK | None:
 def _sequence(completion: CompletionOutput, topk: int) -> SampledSequence:
     if completion.finish_reason not in ("stop", "length"):
         raise ServerError(f"the sampler stopped a sequence for reason {completion.finish_reason!r}; retry it")
+    stop_reason = cast(Literal["stop", "length"], completion.finish_reason)  # checked just above
     tokens = list(completion.token_ids)
     steps = completion.logprobs or []
-    logprobs = [step[token].logprob for token, step in zip(tokens, steps)]
-    return SampledSequence(tokens=tokens, logprobs=logprobs, stop_reason=completion.finish_reason,
+    # vLLM types FlatLogprobs as a sequence of `dict | None`; sampled steps always have their dict
+    logprobs = [step[token].logprob for token, step in zip(tokens, steps)]  # type: ignore[index]
+    return SampledSequence(tokens=tokens, logprobs=logprobs, stop_reason=stop_reason,
                            topk_logprobs=[_topk(step, topk) for step in steps] if topk else None)
 
 

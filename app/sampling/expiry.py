@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 import time
 
-from app.errors import ServerError
-from app.storage.objects import ObjectStorage
 from app.db.futures import FutureStore
 from app.db.samplers import SamplerStore
+from app.errors import ServerError
+from app.storage.objects import ObjectStorage
 
 
 async def sweep_expired_samplers(store: SamplerStore, storage: ObjectStorage, ttl_s: float) -> int:

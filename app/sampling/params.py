@@ -39,8 +39,9 @@ class SampleArgs:
 
 def prompt_tokens(prompt: dict) -> tuple[int, ...]:
     """The tokens of a ModelInput JSON; only text chunks are served."""
-    chunks = prompt.get("chunks")
-    require(isinstance(chunks, list) and chunks, "prompt.chunks must be a non-empty list", field="prompt.chunks")
+    chunks = prompt.get("chunks", [])
+    require(isinstance(chunks, list) and len(chunks) > 0, "prompt.chunks must be a non-empty list",
+            field="prompt.chunks")
     tokens: list[int] = []
     for i, chunk in enumerate(chunks):
         kind = chunk.get("type", "encoded_text") if isinstance(chunk, dict) else None
@@ -96,7 +97,8 @@ def sample_args(req: SampleRequest, limits: LimitsConfig, model: ModelLimits) ->
     require(p.temperature >= 0, f"sampling_params.temperature {p.temperature} must be >= 0",
             field="sampling_params.temperature")
     require(p.top_k == -1 or 1 <= p.top_k <= model.vocab_size,
-            f"sampling_params.top_k {p.top_k} must be -1 (off) or in [1, {model.vocab_size}]", field="sampling_params.top_k")
+            f"sampling_params.top_k {p.top_k} must be -1 (off) or in [1, {model.vocab_size}]",
+            field="sampling_params.top_k")
     require(0 < p.top_p <= 1, f"sampling_params.top_p {p.top_p} must be in (0, 1]", field="sampling_params.top_p")
     for name in ("topk_prompt_logprobs", "topk_sample_logprobs"):
         k = getattr(req, name)
@@ -109,7 +111,8 @@ def sample_args(req: SampleRequest, limits: LimitsConfig, model: ModelLimits) ->
             field="target_prompt_logprobs")
     last_n = req.prompt_logprobs_last_n
     if last_n is not None:
-        require(req.prompt_logprobs, "prompt_logprobs_last_n needs prompt_logprobs=true", field="prompt_logprobs_last_n")
+        require(req.prompt_logprobs, "prompt_logprobs_last_n needs prompt_logprobs=true",
+                field="prompt_logprobs_last_n")
         require(last_n >= 0, f"prompt_logprobs_last_n {last_n} must be >= 0", field="prompt_logprobs_last_n")
     stop_strings, stop_ids, ignore_eos = _stops(p.stop, model.vocab_size)
     return SampleArgs(

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
+
 from app.protocol.proto import pb
 
 TopK = list[tuple[int, float]]  # (token id, logprob), best first
@@ -19,7 +21,7 @@ class SampledSequence:
     tokens: list[int]
     logprobs: list[float]
     stop_reason: Literal["stop", "length"]
-    topk_logprobs: list[TopK] | None = None
+    topk_logprobs: list[TopK | None] | None = None  # None at a step whose top-k is empty
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,7 @@ class SampleResult:
     prompt_cache_hit_tokens: int = 0
 
 
-def _topk_proto(rows: list[TopK | None], k: int) -> pb.TopkLogprobs:
+def _topk_proto(rows: Sequence[TopK | None], k: int) -> pb.TopkLogprobs:
     ids = np.full((len(rows), k), _EMPTY_CELL[0], dtype="<i4")
     lps = np.full((len(rows), k), _EMPTY_CELL[1], dtype="<f4")
     for i, row in enumerate(rows):

@@ -8,10 +8,12 @@ import logging
 import shutil
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
+from app.db.futures import PROTO_CONTENT_TYPE, FutureStore
 from app.errors import ServerError, TinkerServeError, UserError
 from app.metrics import server_metrics
 from app.request_log import log_request, outcome_of
@@ -19,7 +21,6 @@ from app.sampling.engine import SamplerEngine
 from app.sampling.params import SampleArgs
 from app.sampling.response import encode_sample_response
 from app.storage.objects import ObjectStorage
-from app.db.futures import PROTO_CONTENT_TYPE, FutureStore
 
 logger = logging.getLogger("tinker_serve.sampler")
 
@@ -87,7 +88,7 @@ class SamplerService:
                                              topk_sample=args.topk_sample_logprobs)
         except TinkerServeError as exc:
             error = exc.to_body()
-        except Exception as exc:  # noqa: BLE001 - the engine failed; the client must learn it, not hang
+        except Exception as exc:  # the engine failed; the client must learn it, not hang
             logger.exception("sampling %s failed", request_id)
             error = ServerError(f"sampling failed: {exc!r}").to_body()
         else:

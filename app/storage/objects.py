@@ -9,13 +9,14 @@ uploaded first, and the checkpoint row written afterwards is what makes it visib
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pyarrow.fs as pafs
 
@@ -122,7 +123,5 @@ class ObjectStorage:
                 return
             shutil.rmtree(doomed, ignore_errors=True)
             return
-        try:
+        with contextlib.suppress(FileNotFoundError):
             self._fs.delete_dir(self._full(location))
-        except FileNotFoundError:
-            pass

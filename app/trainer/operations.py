@@ -13,7 +13,7 @@ import json
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from app.db.checkpoints import CheckpointRecord, CheckpointStore
 from app.db.futures import JSON_CONTENT_TYPE, PROTO_CONTENT_TYPE
@@ -30,6 +30,7 @@ from app.messages import (
 )
 from app.protocol.codec import encode_forward_backward_output
 from app.storage.objects import ObjectStorage
+from app.training.batch import PackedBatch
 from app.training.sharding import merge_shards
 
 Op = TypeVar("Op")
@@ -90,7 +91,8 @@ class _ForwardBackward(Operation[ForwardBackward]):
 
     async def reply(self, model_id: str, op: ForwardBackward, per_rank: list[Any],
                     committer: CheckpointCommitter) -> Reply:
-        result = merge_shards(op.args.batch.offsets, per_rank)
+        batch = cast(PackedBatch, op.args.batch)  # an op keeps its batch; only the shipped command holds a ref
+        result = merge_shards(batch.offsets, per_rank)
         return Reply(encode_forward_backward_output(result), PROTO_CONTENT_TYPE)
 
 

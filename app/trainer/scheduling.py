@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from app.errors import UserError
 
@@ -95,7 +96,8 @@ class SeqScheduler(Generic[Op]):
             queue.gap_watch = None
         if queue.waiting and queue.gap_watch is None:
             expected = queue.next_seq
-            timer = asyncio.get_running_loop().call_later(self._gap_timeout_s, self._skip_gap, model_id, queue, expected)
+            timer = asyncio.get_running_loop().call_later(self._gap_timeout_s, self._skip_gap, model_id, queue,
+                                                          expected)
             queue.gap_watch = (expected, timer)
 
     def _skip_gap(self, model_id: str, queue: _ModelQueue[Op], expected: int) -> None:

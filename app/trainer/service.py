@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Awaitable
+from collections.abc import Awaitable, Sequence
+from typing import Any, cast
 
 from app.config import LimitsConfig
 from app.db.checkpoints import CheckpointStore
@@ -21,6 +22,7 @@ from app.request_log import log_request, outcome_of
 from app.storage.objects import ObjectStorage
 from app.trainer.operations import CheckpointCommitter, Reply, operation
 from app.trainer.scheduling import SeqScheduler
+from app.training.batch import PackedBatch
 from app.workers.group import WorkerGroup
 
 logger = logging.getLogger("tinker_serve.trainer")
@@ -46,7 +48,8 @@ class TrainerService:
         self._models: set[str] = set()
 
     async def start(self) -> None:
-        """Start the workers; futures left pending by a previous incarnation of this trainer can never finish: fail them."""
+        """Start the workers; futures left pending by a previous incarnation of this trainer can never finish:
+        fail them."""
         lost = ServerError(f"trainer {self.name} restarted and its models' in-memory state was lost; "
                            "create the model again (or load a checkpoint) and resend")
         orphans = await self._futures.fail_pending_of(await self._metadata.model_ids_on(self.name), lost.to_body())
@@ -112,7 +115,7 @@ class TrainerService:
                                          tags={"trainer": self.name, "model_id": model_id})
         return self._write_outcomes(model_id, len(run), work, pending)
 
-    async def _write_outcomes(self, model_id: str, run_length: int, work: list[Queued],
+    async def _write_outcomes(self, model_id: str, run_length: int, work: Sequence[Queued],
                               pending: Awaitable[list[list]] | None) -> list[None]:
         started = time.monotonic()
         try:
@@ -128,8 +131,9 @@ class TrainerService:
             except TinkerServeError as exc:
                 error = exc.to_body()
                 await self._futures.fail(op.request_id, error)
-            log_request("ran", op=operation(op).name(op), model_id=model_id, seq_id=seq_id, tinker_request_id=op.request_id,
-                        outcome=outcome_of(error), run_seconds=round(seconds, 4), run_ops=len(work))
+            log_request("ran", op=operation(op).name(op), model_id=model_id, seq_id=seq_id,
+                        tinker_request_id=op.request_id, outcome=outcome_of(error), run_seconds=round(seconds, 4),
+                        run_ops=len(work))
         return [None] * run_length
 
     async def _write_outcome(self, model_id: str, op: SequencedOp, per_rank: list[Any]) -> dict[str, Any] | None:
@@ -147,7 +151,8 @@ class TrainerService:
         for op in work:
             metrics.op_seconds.observe(seconds, tags={"trainer": self.name, "op": operation(op).name(op)})
             if isinstance(op, ForwardBackward) and not op.args.forward_only:
-                metrics.tokens.inc(int(op.args.batch.offsets[-1]), tags={"name": self.name, "kind": "trained"})
+                batch = cast(PackedBatch, op.args.batch)  # an op keeps its batch; only its command ships a ref
+                metrics.tokens.inc(int(batch.offsets[-1]), tags={"name": self.name, "kind": "trained"})
 
     def _lose_all_models(self, reason: Exception) -> None:
         logger.error("worker group restarted; %d models lost: %s", len(self._models), reason)

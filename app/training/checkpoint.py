@@ -28,7 +28,7 @@ ADAPTER_FILE = "adapter_model.safetensors"
 
 def write_adapter(model: PeftModel, adapter: str, out: Path) -> None:
     """The adapter alone, as a PEFT adapter directory at `out`."""
-    model.save_pretrained(out.parent / f"{out.name}.peft", selected_adapters=[adapter])
+    model.save_pretrained(str(out.parent / f"{out.name}.peft"), selected_adapters=[adapter])
     os.rename(out.parent / f"{out.name}.peft" / adapter, out)  # PEFT nests non-default adapters
 
 
@@ -59,9 +59,11 @@ def load_state(model: PeftModel, adapter: str, value_head: torch.nn.Module | Non
     directory = Path(directory)
     weights = load_file(str(directory / ADAPTER_FILE), device=str(device))
     result = set_peft_model_state_dict(model, weights, adapter_name=adapter)
-    if result.unexpected_keys:
+    # peft annotates the result as `namedtuple` (the factory); it is torch's load_state_dict result
+    unexpected_keys = result.unexpected_keys  # type: ignore[attr-defined]
+    if unexpected_keys:
         raise UserError("the checkpoint does not fit this model: unexpected "
-                        f"{result.unexpected_keys[:3]}", field="path")
+                        f"{unexpected_keys[:3]}", field="path")
     if value_head is not None:
         value_head.load_state_dict(load_file(str(directory / VALUE_HEAD_FILE), device=str(device)))
     if optimizer is not None:

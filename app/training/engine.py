@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -16,12 +17,12 @@ import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
 from app.errors import NotFound, UserError
-from app.training.batch import PackedBatch
+from app.messages import AdamParams, AdapterSpec, ShardOutput
 from app.training import checkpoint
+from app.training.batch import PackedBatch
+from app.training.lora import AdapterPool
 from app.training.losses import get_loss
 from app.training.losses.functions import LOSS_FUNCTIONS
-from app.messages import AdamParams, AdapterSpec, ShardOutput
-from app.training.lora import AdapterPool
 from app.training.optim import apply_step, make_optimizer
 
 
@@ -30,7 +31,7 @@ def shard_indices(num_datums: int, rank: int, world_size: int) -> np.ndarray:
 
 
 def load_base_model(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu") -> torch.nn.Module:
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     return model.to(device).eval()
 
 
@@ -148,7 +149,7 @@ class TrainingEngine:
     def _values(self, head: torch.nn.Linear, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The critic's value of each position (after reading that token), flat over the shard: [T].
         Runs the adapted backbone only, skipping the vocabulary projection."""
-        backbone = self.pool.model.get_base_model().base_model
+        backbone = cast(torch.nn.Module, self.pool.model.get_base_model().base_model)  # a submodule, not a tensor
         hidden = backbone(input_ids=input_ids, attention_mask=mask).last_hidden_state
         return head(hidden[mask.bool()].float()).squeeze(-1)
 
@@ -204,10 +205,11 @@ class TrainingEngine:
 
 def _all_reduce_sum_grads(params: list[torch.nn.Parameter]) -> None:
     """Sum every rank's gradients of `params` with one collective over a flat buffer."""
+    grads: list[torch.Tensor] = []
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-    grads = [p.grad for p in params]
+        grads.append(p.grad)
     flat = torch.cat([g.reshape(-1) for g in grads])
     dist.all_reduce(flat, op=dist.ReduceOp.SUM)
     offset = 0

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from app.training.batch import ForwardBackwardResult
 from app.messages import ShardOutput
+from app.training.batch import ForwardBackwardResult
 
 
 def merge_shards(batch_offsets: np.ndarray, shards: list[ShardOutput]) -> ForwardBackwardResult:

@@ -21,11 +21,13 @@ logger = logging.getLogger("tinker_serve.worker")
 
 def command_loop(config: dict) -> None:
     """Runs on every rank. `config`: mailbox (actor handle), base_path (absolute), storage_uri, threads, use_gpu."""
+    from ray.train.torch import get_device  # loaded already: a TorchTrainer runs this loop
+
     ctx = ray.train.get_context()
     rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
     torch.set_num_threads(config["threads"])
     started = time.monotonic()
-    device = str(ray.train.torch.get_device()) if config["use_gpu"] else "cpu"
+    device = str(get_device()) if config["use_gpu"] else "cpu"
     engine = TrainingEngine(load_base_model(config["base_path"], device=device), rank=rank,
                             world_size=world_size, device=device)
     storage = ObjectStorage(config["storage_uri"])

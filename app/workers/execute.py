@@ -6,7 +6,7 @@ import os
 import tempfile
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import ray
 
@@ -15,6 +15,15 @@ from app.messages import Command, CommandError, CommandKind
 from app.storage.objects import ObjectStorage
 from app.training.batch import PackedBatch
 from app.training.engine import TrainingEngine
+
+_T = TypeVar("_T")
+
+
+def _payload(cmd: Command, value: _T | None) -> _T:
+    """The part of `cmd` its kind needs (Command carries one optional field per kind)."""
+    if value is None:
+        raise ServerError(f"{cmd.kind.value} command sent without its arguments")
+    return value
 
 
 def _save(engine: TrainingEngine, storage: ObjectStorage, cmd: Command) -> int:
@@ -41,17 +50,17 @@ def execute(engine: TrainingEngine, storage: ObjectStorage, cmd: Command) -> Any
     """Run one command on this rank; errors come back as CommandError instead of killing the loop."""
     try:
         if cmd.kind is CommandKind.FORWARD_BACKWARD:
-            args = cmd.fwdbwd
+            args = _payload(cmd, cmd.fwdbwd)
             batch = args.batch if isinstance(args.batch, PackedBatch) else ray.get(args.batch)
             return engine.forward_backward(cmd.model_id, args.loss_fn, args.loss_config, batch, args.forward_only)
         if cmd.kind is CommandKind.OPTIM_STEP:
-            return engine.optim_step(cmd.model_id, cmd.adam)
+            return engine.optim_step(cmd.model_id, _payload(cmd, cmd.adam))
         if cmd.kind in (CommandKind.SAVE_ADAPTER, CommandKind.SAVE_STATE, CommandKind.SAVE_EXPORT):
             return _save(engine, storage, cmd)
         if cmd.kind is CommandKind.LOAD_STATE:
             return _load(engine, storage, cmd)
         if cmd.kind is CommandKind.CREATE_MODEL:
-            return engine.create_model(cmd.model_id, cmd.spec)
+            return engine.create_model(cmd.model_id, _payload(cmd, cmd.spec))
         if cmd.kind is CommandKind.REMOVE_MODEL:
             return engine.remove_model(cmd.model_id)
         return os.getpid()  # PING: which process serves this rank (diagnostics, failure tests)

@@ -14,16 +14,17 @@ import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
+from collections.abc import Awaitable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Awaitable
+from typing import Any
 
 import ray
 
 from app.config import WorkerGroupConfig
 from app.errors import ServerError
-from app.workers.command_loop import command_loop
 from app.messages import Command, CommandKind
+from app.workers.command_loop import command_loop
 from app.workers.mailbox import Mailbox
 
 logger = logging.getLogger("tinker_serve.trainer")
@@ -55,7 +56,8 @@ class WorkerGroup(ABC):
 
 class TorchTrainerGroup(WorkerGroup):
     def __init__(self, name: str, base_path: str, shape: WorkerGroupConfig, storage_dir: str, *,
-                 checkpoint_uri: str, command_timeout_s: float, startup_timeout_s: float = 600.0, max_failures: int = 2) -> None:
+                 checkpoint_uri: str, command_timeout_s: float, startup_timeout_s: float = 600.0,
+                 max_failures: int = 2) -> None:
         self._name = name
         self._base_path = base_path
         self._shape = shape
@@ -65,7 +67,7 @@ class TorchTrainerGroup(WorkerGroup):
         self._startup_timeout_s = startup_timeout_s
         self._max_failures = max_failures
         self._msg_ids = itertools.count(1)
-        self._mailbox = None
+        self._mailbox: Any = None  # the Mailbox actor's handle once started (Ray does not type actor methods)
         self._fit_thread: threading.Thread | None = None
         self._fit_error: BaseException | None = None
 
@@ -79,7 +81,9 @@ class TorchTrainerGroup(WorkerGroup):
 
         started = time.monotonic()
         self._fit_error = None
-        self._mailbox = ray.remote(num_cpus=0, max_concurrency=10_000)(Mailbox).remote(self.world_size)
+        # ray.remote's keyword overload lists task options only; max_concurrency is an actor option
+        as_actor = ray.remote(num_cpus=0, max_concurrency=10_000)  # type: ignore[call-overload]
+        self._mailbox = as_actor(Mailbox).remote(self.world_size)
         trainer = TorchTrainer(
             command_loop,
             train_loop_config={"mailbox": self._mailbox, "base_path": self._base_path,
@@ -100,8 +104,9 @@ class TorchTrainerGroup(WorkerGroup):
             if status["registered"] == self.world_size:
                 break
             if time.monotonic() - started > self._startup_timeout_s:
-                raise ServerError(f"worker group for {self._name} did not start within {self._startup_timeout_s:.0f} s; "
-                                  "check the Ray dashboard/logs for worker errors and free CPUs/GPUs")
+                raise ServerError(f"worker group for {self._name} did not start within "
+                                  f"{self._startup_timeout_s:.0f} s; check the Ray dashboard/logs for worker errors "
+                                  "and free CPUs/GPUs")
             await asyncio.sleep(0.5)
         await self.call([Command(CommandKind.PING)])
         logger.info("worker group for %s ready: %d ranks in %.1f s", self._name, self.world_size,
@@ -111,7 +116,7 @@ class TorchTrainerGroup(WorkerGroup):
         try:
             trainer.fit()
             self._fit_error = ServerError("the worker group's train loop ended")
-        except BaseException as exc:  # noqa: BLE001 - surfaced through check_health
+        except BaseException as exc:  # surfaced through check_health
             logger.exception("worker group for %s failed", self._name)
             self._fit_error = exc
 
@@ -127,7 +132,7 @@ class TorchTrainerGroup(WorkerGroup):
     async def _replies(self, ref: ray.ObjectRef) -> list[list[Any]]:
         try:
             return await asyncio.wait_for(ref, self._command_timeout_s)
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             raise ServerError(f"worker group for {self._name} did not answer within "
                               f"{self._command_timeout_s:.0f} s (limits.command_timeout_seconds)") from exc
 

@@ -50,7 +50,7 @@ class Mailbox:
     async def next(self, rank: int, timeout_s: float) -> tuple[int, Any] | None:
         try:
             return await asyncio.wait_for(self._queues[rank].get(), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return None
 
     async def reply(self, msg_id: int, rank: int, result: Any) -> None:

@@ -10,11 +10,10 @@ import tinker
 import torch
 from tinker import types
 
+from app.messages import AdamParams, AdapterSpec
 from app.storage.paths import parse_tinker_path
 from app.training.batch import PackedBatch
 from app.training.engine import TrainingEngine
-from app.messages import AdapterSpec
-from app.messages import AdamParams
 
 SENTENCES = [
     "What is 12 + 7? The answer is 19.",

@@ -98,7 +98,8 @@ def test_critic_round_trip(service_client: tinker.ServiceClient, state_dir: Path
         train(tc, step_data, "ppo")
     assert_same(values_of(restored.forward(bare, "ppo").result()), values_of(critic.forward(bare, "ppo").result()))
     with sqlite3.connect(state_dir / "tinker_serve.db") as db:
-        route = db.execute("SELECT role, trainer FROM training_runs WHERE model_id = ?", (restored.model_id,)).fetchone()
+        route = db.execute("SELECT role, trainer FROM training_runs WHERE model_id = ?",
+                           (restored.model_id,)).fetchone()
     assert route == ("critic", f"{BASE_MODEL}:critic")
 
 

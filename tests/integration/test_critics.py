@@ -12,8 +12,7 @@ import tinker
 from tinker import types
 
 from tests.integration.conftest import BASE_MODEL
-from tests.integration.helpers import (critic_datums, logprobs_of, new_client, parity_returns, sft_datums,
-                                       values_of)
+from tests.integration.helpers import critic_datums, logprobs_of, new_client, parity_returns, sft_datums, values_of
 
 CRITIC_METADATA = {"model_role": "critic"}
 
@@ -61,9 +60,9 @@ def test_critic_learns_values_and_policy_is_independent(pair, state_dir: Path) -
 
     # The routing table: each model on the trainer of its role (critics have their own worker group here).
     with sqlite3.connect(state_dir / "tinker_serve.db") as db:
-        routes = dict((m, (role, trainer)) for m, role, trainer in db.execute(
+        routes = {m: (role, trainer) for m, role, trainer in db.execute(
             "SELECT model_id, role, trainer FROM training_runs WHERE model_id IN (?, ?)",
-            (policy.model_id, critic.model_id)))
+            (policy.model_id, critic.model_id))}
     assert routes == {policy.model_id: ("policy", BASE_MODEL), critic.model_id: ("critic", f"{BASE_MODEL}:critic")}
 
 
@@ -119,5 +118,6 @@ def test_model_role_field(base_url: str, state_dir: Path) -> None:
         done = http.post("/api/v1/retrieve_future", json={"request_id": created["request_id"]}).json()
         assert done["model_id"] == created["model_id"]
     with sqlite3.connect(state_dir / "tinker_serve.db") as db:
-        row = db.execute("SELECT role, trainer FROM training_runs WHERE model_id = ?", (created["model_id"],)).fetchone()
+        row = db.execute("SELECT role, trainer FROM training_runs WHERE model_id = ?",
+                         (created["model_id"],)).fetchone()
     assert row == ("critic", f"{BASE_MODEL}:critic")

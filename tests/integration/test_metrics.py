@@ -4,6 +4,7 @@ sampled, adapter loads; and Serve's own replica metrics beside them."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 
@@ -47,10 +48,8 @@ def test_custom_metrics_reach_rays_metrics_endpoint(service_client) -> None:
     deadline, missing = time.monotonic() + 90, list(expectations)  # Ray exports every few seconds
     text = ""
     while missing and time.monotonic() < deadline:
-        try:
+        with contextlib.suppress(httpx.ConnectError):  # the node's metrics agent starts after the app can answer
             text = httpx.get(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=10).text
-        except httpx.ConnectError:  # the node's metrics agent starts after the app can already answer
-            pass
         missing = [name for name, holds in expectations.items() if not holds(text)]
         time.sleep(2)
     assert not missing, f"not on the metrics endpoint (or implausible): {missing}"

@@ -172,8 +172,8 @@ def test_each_ingress_replica_answers_futures_the_other_created(cluster, client)
     while True:
         logs = _replica_logs(session_dir, "Ingress")
         creator = [r for r, text in logs.items() if re.search(
-            rf"queued op=forward_backward model_id={re.escape(tc.model_id)} seq_id=1 tinker_request_id={request_id}",
-            text)]
+            rf"queued op=forward_backward model_id={re.escape(tc.model_id)} seq_id=1 "
+            rf"tinker_request_id={request_id}", text)]
         answered = {r for r, text in logs.items() for i in range(PROBES) if f"probe-{request_id}-{i} " in text}
         if len(logs) == 2 and creator and answered == set(logs):
             break

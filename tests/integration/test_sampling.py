@@ -103,8 +103,11 @@ def test_stop_tokens_strings_and_empty_stop(base_sampler, prompt, trained):
 
 def test_three_adapters_and_the_base_sampled_concurrently(service_client, base_sampler, reference_base):
     clients = [trained_client(service_client, seed=s, steps=2) for s in (21, 22, 23)]
-    samplers = [service_client.create_sampling_client(model_path=tc.save_weights_for_sampler(f"multi-{i}").result().path).result()
-                for i, tc in enumerate(clients)]
+    samplers = [
+        service_client.create_sampling_client(model_path=tc.save_weights_for_sampler(f"multi-{i}").result().path)
+        .result()
+        for i, tc in enumerate(clients)
+    ]
     tokenizer = clients[0].get_tokenizer()
     prompts = [tokenizer.encode(text) for text in SENTENCES[:3]]
     expected = [[trainer_logprobs(tc, p) for p in prompts] for tc in clients]
@@ -150,7 +153,8 @@ def test_ephemeral_sampler_expires_and_persistent_one_survives(trained, prompt, 
 @pytest.mark.parametrize("call, field", [
     (lambda s, p: s.sample(p, 100_000, types.SamplingParams(max_tokens=2)), "num_samples"),
     (lambda s, p: s.sample(p, 1, types.SamplingParams(max_tokens=-1)), "max_tokens"),
-    (lambda s, p: s.sample(p, 1, types.SamplingParams(max_tokens=2), topk_sample_logprobs=10_000), "topk_sample_logprobs"),
+    (lambda s, p: s.sample(p, 1, types.SamplingParams(max_tokens=2), topk_sample_logprobs=10_000),
+     "topk_sample_logprobs"),
     (lambda s, p: s.sample(types.ModelInput.from_ints([5] * 2048), 1, types.SamplingParams(max_tokens=2)), "prompt"),
     (lambda s, p: s.sample(p, 1, types.SamplingParams(max_tokens=2), prompt_alt_tokens_k=2), "prompt_alt_tokens_k"),
     (lambda s, p: s.sample(p, 1, types.SamplingParams(max_tokens=2, top_p=0.0)), "top_p"),
@@ -176,14 +180,16 @@ def test_saturation_answers_429_with_queue_state_and_loses_nothing(base_url):
     with httpx.Client(base_url=base_url, headers=headers, timeout=30) as http:
         session = http.post("/api/v1/create_session", json={}).json()["session_id"]
         sampler = http.post("/api/v1/create_sampling_session", json={
-            "session_id": session, "sampling_session_seq_id": 0, "base_model": BASE_MODEL}).json()["sampling_session_id"]
+            "session_id": session, "sampling_session_seq_id": 0, "base_model": BASE_MODEL,
+        }).json()["sampling_session_id"]
 
         async def submit_all() -> list[httpx.Response]:
             async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=30) as client:
                 return await asyncio.gather(*(client.post("/api/v1/asample", json={
                     "sampling_session_id": sampler, "seq_id": i, "num_samples": 1,
                     "prompt": {"chunks": [{"type": "encoded_text", "tokens": [5, 6, 7]}]},
-                    "sampling_params": {"max_tokens": 400, "stop": [], "seed": i}}) for i in range(3 * MAX_PENDING_SAMPLES)))
+                    "sampling_params": {"max_tokens": 400, "stop": [], "seed": i},
+                }) for i in range(3 * MAX_PENDING_SAMPLES)))
 
         responses = asyncio.run(submit_all())
         accepted = [r.json()["request_id"] for r in responses if r.status_code == 200]

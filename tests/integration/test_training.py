@@ -17,7 +17,8 @@ def test_sft_loss_falls_steadily_over_20_pipelined_steps(service_client):
     data = sft_datums(tc.get_tokenizer())
     futures = []
     for _ in range(20):  # submit everything before waiting on anything
-        futures.append((tc.forward_backward(data, "cross_entropy"), tc.optim_step(types.AdamParams(learning_rate=3e-3))))
+        futures.append((tc.forward_backward(data, "cross_entropy"),
+                        tc.optim_step(types.AdamParams(learning_rate=3e-3))))
     losses = []
     for fb, opt in futures:
         result = fb.result()

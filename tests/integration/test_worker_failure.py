@@ -92,7 +92,8 @@ def test_app_restart_keeps_what_was_saved(service_client, base_url: str, state_d
         assert failed.get("category") == "server" and failed["error"], failed  # failed, not left pending
     rest = service_client.create_rest_client()
     assert rest.get_training_run(tc.model_id).result().base_model == BASE_MODEL
-    assert "weights/before-restart" in {c.checkpoint_id for c in rest.list_checkpoints(tc.model_id).result().checkpoints}
+    checkpoints = rest.list_checkpoints(tc.model_id).result().checkpoints
+    assert "weights/before-restart" in {c.checkpoint_id for c in checkpoints}
     with pytest.raises(tinker.RequestFailedError, match="not loaded"):  # its in-memory state went with the app
         tc.forward(data, "cross_entropy").result()
     restored = service_client.create_training_client_from_state_with_optimizer(saved).result()

@@ -103,7 +103,7 @@ def test_rayservice_takes_secrets_from_kubernetes_secrets() -> None:
     for pod in pods:
         for container in pod["containers"]:
             env = {e["name"]: e for e in container["env"]}
-            assert SECRET_ENV <= env.keys()
+            assert env.keys() >= SECRET_ENV
             for name in SECRET_ENV:
                 assert "value" not in env[name] and "secretKeyRef" in env[name]["valueFrom"], name
             assert any(m["mountPath"] == "/etc/tinker-serve/api-keys" for m in container["volumeMounts"])

@@ -65,13 +65,16 @@ def test_ingress_loads_no_training_or_vllm_stack() -> None:
     """In a fresh interpreter, importing the ingress deployment (and the whole API) loads none of HEAVY."""
     probe = ("import json, sys\nimport deployments.ingress, app.api.main\n"
              f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))")
-    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         check=True)
     assert json.loads(out.stdout.splitlines()[-1]) == []
 
 
 def test_heavy_probe_sees_a_heavy_import() -> None:
-    probe = f"import json, sys\nimport app.training.engine\nprint(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
-    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120, check=True)
+    probe = ("import json, sys\nimport app.training.engine\n"
+             f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         check=True)
     assert "torch" in json.loads(out.stdout.splitlines()[-1])
 
 

@@ -6,15 +6,16 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Awaitable, Callable, TypeVar
+from typing import TypeVar
 
 import pytest
 
-from app.errors import NotFound, UserError
-from app.storage.paths import checkpoint_path
 from app.db.checkpoints import CheckpointRecord, CheckpointStore
 from app.db.schema import SCHEMA_VERSION, SchemaMismatch
+from app.errors import NotFound, UserError
+from app.storage.paths import checkpoint_path
 from tests.conftest import run_on_db
 
 T = TypeVar("T")

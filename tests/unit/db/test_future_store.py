@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Awaitable, Callable, TypeVar
+from typing import TypeVar
 
 import pytest
 
-from app.db.schema import create_tables, connect
 from app.db.futures import (
     JSON_CONTENT_TYPE,
     PROTO_CONTENT_TYPE,
@@ -19,6 +19,7 @@ from app.db.futures import (
     Pending,
     Unknown,
 )
+from app.db.schema import connect, create_tables
 
 T = TypeVar("T")
 
@@ -114,7 +115,8 @@ def test_finished_future_is_not_changed_later(db: Path) -> None:
     run_with_store(db, body)
 
 
-async def _complete_while_waiting(writer: FutureStore, waiter: FutureStore, payload: bytes, delay_s: float) -> tuple[object, float]:
+async def _complete_while_waiting(writer: FutureStore, waiter: FutureStore, payload: bytes,
+                                  delay_s: float) -> tuple[object, float]:
     """`writer` completes a new future after `delay_s` while `waiter` long-polls it: (outcome, seconds waited)."""
     rid, _ = await writer.create("forward", "m", 1)
 

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Awaitable, Callable, TypeVar
+from typing import TypeVar
 
 import pytest
 from sqlalchemy import select
 
-from app.errors import NotFound, UserError
-from app.db.schema import create_tables, connect, sessions
 from app.db.metadata import MetadataStore, TrainingRun, model_id_for
+from app.db.schema import connect, create_tables, sessions
+from app.errors import NotFound, UserError
 
 T = TypeVar("T")
 
@@ -37,7 +38,7 @@ def _run(model_id: str, session_id: str = "sess", role: str = "policy") -> Train
                        user_metadata={"k": "v"}, created_at=123.5, unloaded=False)
 
 
-async def _session_row(engine, session_id: str):  # noqa: ANN001, ANN202
+async def _session_row(engine, session_id: str):
     async with engine.connect() as conn:
         return (await conn.execute(select(sessions).where(sessions.c.session_id == session_id))).first()
 
@@ -48,7 +49,7 @@ def test_model_id_format() -> None:
 
 
 def test_session_lifecycle(tmp_path: Path) -> None:
-    async def body(store: MetadataStore, engine) -> None:  # noqa: ANN001
+    async def body(store: MetadataStore, engine) -> None:
         before = time.time()
         sid = await store.create_session("0.9.0", ["a", "b"], {"user": "me"})
         assert len(sid) == 16
@@ -71,7 +72,7 @@ def test_session_lifecycle(tmp_path: Path) -> None:
 
 
 def test_require_unknown_session(tmp_path: Path) -> None:
-    async def body(store: MetadataStore, _engine) -> None:  # noqa: ANN001
+    async def body(store: MetadataStore, _engine) -> None:
         with pytest.raises(NotFound) as info:
             await store.require_session("missing")
         assert info.value.field == "session_id"
@@ -81,7 +82,7 @@ def test_require_unknown_session(tmp_path: Path) -> None:
 
 
 def test_training_run_round_trip(tmp_path: Path) -> None:
-    async def body(store: MetadataStore, _engine) -> TrainingRun:  # noqa: ANN001
+    async def body(store: MetadataStore, _engine) -> TrainingRun:
         await store.add_training_run(_run("sess:train:0"))
         await store.add_training_run(_run("sess:train:1"))
         await store.mark_unloaded("sess:train:1")
@@ -92,7 +93,7 @@ def test_training_run_round_trip(tmp_path: Path) -> None:
 
 
 def test_routing_table(tmp_path: Path) -> None:
-    async def body(store: MetadataStore, _engine) -> None:  # noqa: ANN001
+    async def body(store: MetadataStore, _engine) -> None:
         await store.add_training_run(_run("sess:train:0"))
         await store.add_training_run(_run("sess:train:1", role="critic"))
         await store.add_training_run(_run("sess:train:2"))
@@ -106,7 +107,7 @@ def test_routing_table(tmp_path: Path) -> None:
 
 
 def test_duplicate_model_id(tmp_path: Path) -> None:
-    async def body(store: MetadataStore, _engine) -> None:  # noqa: ANN001
+    async def body(store: MetadataStore, _engine) -> None:
         await store.add_training_run(_run("sess:train:0"))
         with pytest.raises(UserError) as info:
             await store.add_training_run(_run("sess:train:0"))
@@ -117,7 +118,7 @@ def test_duplicate_model_id(tmp_path: Path) -> None:
 
 
 def test_unknown_training_run(tmp_path: Path) -> None:
-    async def body(store: MetadataStore, _engine) -> None:  # noqa: ANN001
+    async def body(store: MetadataStore, _engine) -> None:
         with pytest.raises(NotFound) as info:
             await store.get_training_run("sess:train:9")
         assert info.value.field == "model_id"
@@ -128,10 +129,10 @@ def test_unknown_training_run(tmp_path: Path) -> None:
 def test_runs_survive_new_engine(tmp_path: Path) -> None:
     db = tmp_path / "m.db"
 
-    async def write(store: MetadataStore, _engine) -> None:  # noqa: ANN001
+    async def write(store: MetadataStore, _engine) -> None:
         await store.add_training_run(_run("sess:train:5"))
 
-    async def read(store: MetadataStore, _engine) -> TrainingRun:  # noqa: ANN001
+    async def read(store: MetadataStore, _engine) -> TrainingRun:
         return await store.get_training_run("sess:train:5")
 
     run_with_store(db, write)
@@ -139,7 +140,7 @@ def test_runs_survive_new_engine(tmp_path: Path) -> None:
 
 
 def test_training_runs_page_newest_first(tmp_path: Path) -> None:
-    async def body(store: MetadataStore, _engine) -> None:  # noqa: ANN001
+    async def body(store: MetadataStore, _engine) -> None:
         for i in range(5):
             await store.add_training_run(replace(_run(f"sess:train:{i}"), created_at=100.0 + i))
         first, total = await store.list_training_runs(limit=2, offset=0)
@@ -152,7 +153,7 @@ def test_training_runs_page_newest_first(tmp_path: Path) -> None:
 
 
 def test_silent_sessions_expire_and_stop_heartbeating(tmp_path: Path) -> None:
-    async def body(store: MetadataStore, _engine) -> None:  # noqa: ANN001
+    async def body(store: MetadataStore, _engine) -> None:
         silent, alive, closed = [await store.create_session(None, [], {}) for _ in range(3)]
         await store.finish_session(closed, "success")
         cutoff = time.time() + 1  # everything beats before it...

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
 import pytest
 
+from app.db.samplers import SamplerStore, SamplingSession, sampling_session_id_for
 from app.errors import NotFound
 from app.sampling.expiry import sweep_expired_samplers
 from app.storage.objects import ObjectStorage
-from app.db.samplers import SamplerStore, SamplingSession, sampling_session_id_for
 from tests.conftest import run_on_db
 
 
@@ -20,7 +21,7 @@ def _session(sid: str, *, ephemeral: bool, last_used_at: float, location: str | 
                            last_used_at=last_used_at)
 
 
-def run(db: Path, body) -> object:  # noqa: ANN001
+def run(db: Path, body) -> object:
     return run_on_db(db, lambda engine: body(SamplerStore(engine)))
 
 
@@ -45,7 +46,8 @@ def test_sweep_removes_only_expired_ephemeral_sessions_and_their_files(tmp_path:
     now = time.time()
     storage = ObjectStorage(str(tmp_path / "storage"))
     for name in ("old", "fresh", "named"):
-        storage.write(f"ephemeral/{name}", lambda out: (out.mkdir(), (out / "adapter_model.safetensors").write_bytes(b"x")))
+        storage.write(f"ephemeral/{name}",
+                      lambda out: (out.mkdir(), (out / "adapter_model.safetensors").write_bytes(b"x")))
 
     async def body(store: SamplerStore) -> list[str]:
         await store.create(_session("old", ephemeral=True, last_used_at=now - 100, location="ephemeral/old"))
@@ -56,10 +58,8 @@ def test_sweep_removes_only_expired_ephemeral_sessions_and_their_files(tmp_path:
         assert await sweep_expired_samplers(store, storage, ttl_s=50) == 0
         kept = []
         for sid in ("old", "fresh", "named"):
-            try:
+            with contextlib.suppress(NotFound):
                 kept.append((await store.get(sid)).sampling_session_id)
-            except NotFound:
-                pass
         return kept
 
     assert run(tmp_path / "db.sqlite", body) == ["fresh", "named"]

@@ -29,7 +29,8 @@ def _version_2_database(path: Path) -> None:
     with sqlite3.connect(path) as conn:
         conn.execute("DROP TABLE training_runs")
         conn.execute(_V2_TRAINING_RUNS)
-        conn.execute("INSERT INTO training_runs VALUES ('s:train:0', 's', 'b', 4, 'policy', 'b', '{}', '{}', 1.0, 7, 0)")
+        conn.execute("INSERT INTO training_runs VALUES "
+                     "('s:train:0', 's', 'b', 4, 'policy', 'b', '{}', '{}', 1.0, 7, 0)")
         conn.execute("UPDATE schema_info SET version = 2")
 
 

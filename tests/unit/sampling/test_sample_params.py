@@ -14,7 +14,7 @@ LIMITS = LimitsConfig(max_num_samples=8, max_sample_tokens=32, default_sample_to
 MODEL = ModelLimits(vocab_size=100, max_context_length=40)
 
 
-def request(**overrides) -> SampleRequest:  # noqa: ANN003
+def request(**overrides) -> SampleRequest:
     body = {"sampling_session_id": "s:sample:0", "seq_id": 0,
             "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2, 3]}]},
             "sampling_params": {"temperature": 1.0, "top_k": -1, "top_p": 1.0}}

@@ -10,10 +10,9 @@ import pytest
 import torch
 
 from app.errors import NotFound, UserError
+from app.messages import AdamParams, AdapterSpec
 from app.training.batch import PackedBatch
 from app.training.engine import TrainingEngine, load_base_model
-from app.messages import AdapterSpec
-from app.messages import AdamParams
 from tests.conftest import TINY_MODEL
 
 POLICY = AdapterSpec(rank=4, seed=5)

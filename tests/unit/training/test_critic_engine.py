@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from app.messages import AdamParams, AdapterSpec
 from app.training.batch import PackedBatch
 from app.training.engine import TrainingEngine, load_base_model
-from app.messages import AdapterSpec
-from app.messages import AdamParams
 from app.training.sharding import merge_shards
 from tests.conftest import TINY_MODEL
 
@@ -36,7 +35,8 @@ def parity_returns(batch: PackedBatch) -> np.ndarray:
 
 def values_of(engine: TrainingEngine, model_id: str, batch: PackedBatch) -> np.ndarray:
     bare = PackedBatch(batch.tokens, batch.offsets, {})
-    return engine.forward_backward(model_id, "ppo_critic", {"value_clip": 0.2}, bare, forward_only=True).outputs["values"]
+    result = engine.forward_backward(model_id, "ppo_critic", {"value_clip": 0.2}, bare, forward_only=True)
+    return result.outputs["values"]
 
 
 def test_fresh_critic_predicts_zero_values_only(engine: TrainingEngine) -> None:

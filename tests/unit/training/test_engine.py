@@ -8,11 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from app.errors import NotFound, UserError
+from app.errors import NotFound
+from app.messages import AdamParams, AdapterSpec
 from app.training.batch import PackedBatch
 from app.training.engine import TrainingEngine, load_base_model
-from app.messages import AdapterSpec
-from app.messages import AdamParams
 from app.training.sharding import merge_shards
 from tests.conftest import TINY_MODEL
 
@@ -61,7 +60,7 @@ def reference_logprobs(model: torch.nn.Module, batch: PackedBatch) -> np.ndarray
     return torch.cat(out).numpy()
 
 
-def forward(engine: TrainingEngine, model_id: str, batch: PackedBatch, forward_only: bool = True):  # noqa: ANN201
+def forward(engine: TrainingEngine, model_id: str, batch: PackedBatch, forward_only: bool = True):
     return engine.forward_backward(model_id, "cross_entropy", {}, batch, forward_only=forward_only)
 
 
@@ -202,8 +201,8 @@ def test_remove_and_recreate(engine: TrainingEngine) -> None:
 def test_save_adapter_writes_a_loadable_peft_directory_on_rank_zero_only(tmp_path) -> None:
     from peft import PeftModel
 
-    from app.storage.objects import ObjectStorage
     from app.messages import Command, CommandError, CommandKind
+    from app.storage.objects import ObjectStorage
     from app.workers.execute import execute
 
     storage = ObjectStorage(str(tmp_path))
