@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml requirements/cpu-lock.txt requirements/extras-lock.txt
 	touch $(STAMP)
 
 model: setup
-	$(PY) -m app.models.embedded --preset tiny --out models/tiny
+	$(PY) -m app.models.embedded --preset tiny --out models/tiny --register-as tinker-serve/tiny
 
 serve: model
 	$(VENV)/bin/serve run serve_config.yaml
@@ -43,7 +43,7 @@ test: lint model
 	$(PY) -m pytest tests -v -p no:cacheprovider
 
 bench: setup
-	$(PY) -m app.models.embedded --preset small --out models/small
+	$(PY) -m app.models.embedded --preset small --out models/small --register-as tinker-serve/small
 	$(PY) bench/train_step.py
 	$(PY) bench/sample_throughput.py
 	$(PY) bench/ppo_iteration.py

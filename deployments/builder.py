@@ -12,6 +12,7 @@ from ray.serve import Application
 from transformers import AutoConfig
 
 from app.config import ServerConfig
+from app.models import hub_cache
 from app.models.embedded import build_embedded_model
 from deployments.ingress import Ingress
 from deployments.logs import route_app_logs
@@ -28,12 +29,24 @@ def _model_limits(config: ServerConfig) -> dict[str, dict[str, int]]:
         started = time.monotonic()
         if base.embedded_preset:
             build_embedded_model(base.embedded_preset, Path(base.path))
+            _register_name(base.name, Path(base.path))
         hf = AutoConfig.from_pretrained(base.path)
         logger.info("base model %s at %s: config read%s in %.1f s", base.name, base.path,
                     " (embedded model built or found)" if base.embedded_preset else "", time.monotonic() - started)
         limits[base.name] = {"vocab_size": hf.vocab_size,
                              "max_context_length": min(base.max_context_length, hf.max_position_embeddings)}
     return limits
+
+
+def _register_name(name: str, path: Path) -> None:
+    """Make the embedded model's served name resolve offline on this machine (tokenizers by model name)."""
+    try:
+        snapshot = hub_cache.register(name, path)
+    except (OSError, ValueError) as exc:
+        logger.warning("could not register %s in the Hugging Face cache (%s): naming it will not find its "
+                       "tokenizer offline; load it from %s instead", name, exc, path)
+    else:
+        logger.info("base model %s: tokenizer and config resolvable by name (Hugging Face cache: %s)", name, snapshot)
 
 
 def build_app(args: dict[str, Any]) -> Application:

@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from app.models import hub_cache
+
 if TYPE_CHECKING:  # heavy imports stay lazy so `import app.models` is cheap
     from transformers import PreTrainedTokenizerFast
 
@@ -217,6 +219,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--register-as", metavar="ORG/NAME",
+                        help="also make this name resolve to the model's tokenizer and config offline (Hugging Face "
+                             "cache), as the server does for the names it serves")
     args = parser.parse_args(argv)
     already = is_complete(args.out.resolve(), args.preset, args.seed)
     start = time.perf_counter()
@@ -227,6 +232,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{verb}: preset={args.preset} seed={args.seed} at {path} in {elapsed:.2f}s "
           f"(params={marker['num_parameters']:,}, vocab={marker['vocab_size']}, "
           f"eos={marker['eos_token_id']}, pad={marker['pad_token_id']}, im_start={marker['im_start_token_id']})")
+    if args.register_as:
+        print(f"registered as {args.register_as}: {hub_cache.register(args.register_as, path)}")
 
 
 if __name__ == "__main__":

@@ -70,6 +70,14 @@ def test_prompt_logprob_options(trained, base_sampler, prompt):
         assert logprob <= row[0][1] + 1e-6 and (token != row[0][0] or abs(logprob - row[0][1]) < 1e-5)
 
 
+def test_tokenizer_by_model_name_offline(base_sampler, trained):
+    """The app registered its served name in the Hugging Face cache: SamplingClient.get_tokenizer() (which loads
+    by base model name, as the cookbook's get_tokenizer does) works offline and equals the trainer's."""
+    assert base_sampler.get_base_model() == BASE_MODEL
+    by_name, trainer_side = base_sampler.get_tokenizer(), trained.get_tokenizer()
+    assert by_name.encode(SENTENCES[0]) == trainer_side.encode(SENTENCES[0])
+
+
 def test_greedy_and_seed_determinism(base_sampler, prompt):
     model_input = types.ModelInput.from_ints(prompt)
     greedy = types.SamplingParams(max_tokens=10, temperature=0.0)
