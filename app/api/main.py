@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import Depends, FastAPI, Request
 
-from app.api import checkpoints, downloads, futures, models, rest, sampling, service, training
+from app.api import checkpoints, downloads, futures, hub, models, rest, sampling, service, training
 from app.api.auth import check_api_key
 from app.api.errors import register_exception_handlers
 from app.errors import Unavailable
@@ -21,7 +21,7 @@ def create_api() -> FastAPI:
     api = FastAPI(title="tinker-serve", description="Tinker training API on Ray Serve",
                   dependencies=[Depends(authenticate)])
     for router in (service.router, models.router, training.router, checkpoints.router, sampling.router,
-                   futures.router, rest.router, downloads.router):
+                   futures.router, rest.router, downloads.router, hub.router):
         api.include_router(router)
     register_exception_handlers(api)
 

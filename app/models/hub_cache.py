@@ -26,7 +26,13 @@ def hub_cache_dir() -> Path:
     return Path(constants.HF_HUB_CACHE)
 
 
-def _revision(files: list[Path]) -> str:
+def registered_files(model_dir: Path) -> list[Path]:
+    """The files of `model_dir` that naming the model resolves."""
+    return [model_dir / f for f in REGISTERED_FILES if (model_dir / f).is_file()]
+
+
+def revision(files: list[Path]) -> str:
+    """A commit-like id of these files' names and contents (40 hex digits, as Hub revisions are)."""
     digest = hashlib.sha1()
     for path in files:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
@@ -39,15 +45,15 @@ def register(repo_id: str, model_dir: Path, cache_dir: Path | None = None) -> Pa
     org, sep, name = repo_id.partition("/")
     if not (org and sep and name) or "/" in name:
         raise ValueError(f"a Hub repo id is 'org/name', got {repo_id!r}")
-    files = [model_dir / f for f in REGISTERED_FILES if (model_dir / f).is_file()]
+    files = registered_files(model_dir)
     if not any(f.name.startswith("tokenizer") for f in files):
         raise FileNotFoundError(f"{model_dir} holds no tokenizer files to register as {repo_id!r}")
     repo = (cache_dir or hub_cache_dir()) / f"models--{org}--{name}"
-    revision = _revision(files)
-    snapshot = repo / "snapshots" / revision
+    commit = revision(files)
+    snapshot = repo / "snapshots" / commit
     if not snapshot.is_dir():
         (repo / "snapshots").mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{revision}-", dir=repo / "snapshots"))
+        staging = Path(tempfile.mkdtemp(prefix=f".{commit}-", dir=repo / "snapshots"))
         for path in files:
             shutil.copyfile(path, staging / path.name)
         try:
@@ -58,8 +64,8 @@ def register(repo_id: str, model_dir: Path, cache_dir: Path | None = None) -> Pa
                 raise
     (repo / "refs").mkdir(exist_ok=True)
     ref = repo / "refs" / "main"
-    if not ref.is_file() or ref.read_text() != revision:
+    if not ref.is_file() or ref.read_text() != commit:
         partial = ref.with_name(f".main-{os.getpid()}")
-        partial.write_text(revision)
+        partial.write_text(commit)
         partial.replace(ref)
     return snapshot

@@ -83,3 +83,23 @@ def test_healthz_open_through_the_app_and_other_routes_are_not() -> None:
     # Download links need no key but a valid signature: a forged one is refused before anything is read.
     forged = remote.get("/api/v1/downloads/m:train:0/e1/adapter_config.json?expires=9999999999&signature=00")
     assert forged.status_code == 403 and forged.json()["field"] == "signature"
+
+
+def test_hub_routes_take_the_key_as_a_bearer_token() -> None:
+    """Hugging Face clients send HF_TOKEN as `Authorization: Bearer`; on loopback the tokenizer files need none."""
+    check_api_key(make_request(path="/hub/tinker-serve/tiny/resolve/main/config.json"), LOOPBACK, frozenset())
+    with pytest.raises(Unauthorized):
+        check_api_key(make_request(path="/hub/a/b/resolve/main/config.json", client="10.1.2.3"), LOOPBACK, frozenset())
+    keys = frozenset({"secret-1"})
+    request = make_request(path="/hub/a/b/resolve/main/config.json", client="10.1.2.3")
+    request.scope["headers"].append((b"authorization", b"Bearer secret-1"))
+    check_api_key(request, "api_keys", keys)
+    for header in (b"Bearer secret-2", b"Basic secret-1", b"secret-1"):
+        request = make_request(path="/hub/a/b/resolve/main/config.json", client="10.1.2.3")
+        request.scope["headers"].append((b"authorization", header))
+        with pytest.raises(Unauthorized):
+            check_api_key(request, "api_keys", keys)
+    api_request = make_request(path="/api/v1/create_session", client="10.1.2.3")  # the Tinker API wants X-API-Key
+    api_request.scope["headers"].append((b"authorization", b"Bearer secret-1"))
+    with pytest.raises(Unauthorized):
+        check_api_key(api_request, "api_keys", keys)

@@ -1,0 +1,113 @@
+"""The small read-only part of the Hugging Face Hub's HTTP API that `from_pretrained` uses, for the served base
+models' configuration and tokenizer files: a client on another machine sets `HF_ENDPOINT=http://<server>:8000/hub`
+and resolves a tokenizer by the model's served name (`AutoTokenizer.from_pretrained("tinker-serve/tiny")`).
+
+Routes: file resolve (HEAD and GET, with the headers the Hub client reads: X-Repo-Commit, ETag, Content-Length),
+model info by revision, and a repo tree listing. Missing things answer 404 with the Hub's X-Error-Code, which
+the client turns into its own RepositoryNotFound / RevisionNotFound / EntryNotFound errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastapi import APIRouter, Request, Response
+
+from app.api.deps import Services, ServicesDep
+from app.errors import NotFound
+from app.models.hub_cache import REGISTERED_FILES, registered_files, revision
+
+HUB_PREFIX = "/hub"
+router = APIRouter(prefix=HUB_PREFIX)
+
+
+class HubNotFound(NotFound):
+    """A 404 the Hub client understands: `code` is RepoNotFound, RevisionNotFound or EntryNotFound."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+    def headers(self) -> dict[str, str]:
+        return {"x-error-code": self.code}
+
+
+@dataclass(frozen=True)
+class HubRepo:
+    repo_id: str
+    commit: str
+    files: dict[str, tuple[Path, str]]  # name -> (path, sha256)
+
+
+def _read_repo(repo_id: str, directory: Path) -> HubRepo:
+    files = registered_files(directory)
+    return HubRepo(repo_id, revision(files),
+                   {f.name: (f, hashlib.sha256(f.read_bytes()).hexdigest()) for f in files})
+
+
+def _model_directory(path: str) -> Path | None:
+    """A base model's files on this machine: its directory, or the server's own Hugging Face cache of it."""
+    if Path(path).is_dir():
+        return Path(path)
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(path, local_files_only=True, allow_patterns=list(REGISTERED_FILES)))
+    except Exception:  # noqa: BLE001 - the Hub client raises several kinds for "not in the cache"
+        return None
+
+
+async def _repo(services: Services, org: str, name: str, revision_asked: str | None = None) -> HubRepo:
+    repo_id = f"{org}/{name}"
+    base = services.config.base_model(repo_id)
+    directory = await asyncio.to_thread(_model_directory, base.path) if base else None
+    if directory is None:
+        served = [m.name for m in services.config.base_models]
+        raise HubNotFound(f"{repo_id!r} is not a base model with files on this server; served: {served}",
+                          "RepoNotFound")
+    repo = await asyncio.to_thread(_read_repo, repo_id, directory)
+    if revision_asked not in (None, "main", repo.commit):
+        raise HubNotFound(f"{repo_id!r} has only the revision 'main' ({repo.commit})", "RevisionNotFound")
+    return repo
+
+
+@router.api_route("/{org}/{name}/resolve/{revision_asked}/{filename:path}", methods=["GET", "HEAD"])
+async def resolve(org: str, name: str, revision_asked: str, filename: str, request: Request,
+                  services: ServicesDep) -> Response:
+    repo = await _repo(services, org, name, revision_asked)
+    if filename not in repo.files:
+        raise HubNotFound(f"{repo.repo_id!r} serves only {sorted(repo.files)}, not {filename!r}", "EntryNotFound")
+    path, sha256 = repo.files[filename]
+    body = await asyncio.to_thread(path.read_bytes)
+    headers = {"x-repo-commit": repo.commit, "etag": f'"{sha256}"', "content-length": str(len(body))}
+    return Response(b"" if request.method == "HEAD" else body, headers=headers,
+                    media_type="application/octet-stream")
+
+
+def _info(repo: HubRepo) -> dict:
+    return {"id": repo.repo_id, "modelId": repo.repo_id, "sha": repo.commit, "private": False, "gated": False,
+            "disabled": False, "siblings": [{"rfilename": name} for name in sorted(repo.files)]}
+
+
+@router.get("/api/models/{org}/{name}")
+async def model_info(org: str, name: str, services: ServicesDep) -> dict:
+    return _info(await _repo(services, org, name))
+
+
+@router.get("/api/models/{org}/{name}/revision/{revision_asked}")
+async def model_info_at(org: str, name: str, revision_asked: str, services: ServicesDep) -> dict:
+    return _info(await _repo(services, org, name, revision_asked))
+
+
+@router.get("/api/models/{org}/{name}/tree/{revision_asked}")
+@router.get("/api/models/{org}/{name}/tree/{revision_asked}/{path:path}")
+async def tree(org: str, name: str, revision_asked: str, services: ServicesDep, path: str = "") -> list[dict]:
+    """The repo is flat: its root lists the files; any folder (e.g. additional_chat_templates) does not exist."""
+    repo = await _repo(services, org, name, revision_asked)
+    if path.strip("/"):
+        raise HubNotFound(f"{repo.repo_id!r} has no folder {path!r}", "EntryNotFound")
+    return [{"type": "file", "path": name, "size": p.stat().st_size, "oid": sha}
+            for name, (p, sha) in sorted(repo.files.items())]
