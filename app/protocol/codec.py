@@ -100,7 +100,7 @@ def peek_sequence(
         else:
             msg = pb.ForwardBackwardRequest.FromString(body)
             model_id, seq_id = msg.model_id, msg.seq_id
-    except (UserError, DecodeError, ValueError, AttributeError):
+    except (UserError, DecodeError, ValueError, AttributeError, RecursionError):
         return None
     if isinstance(model_id, str) and model_id and isinstance(seq_id, int) and seq_id >= 1:
         return model_id, seq_id
@@ -153,8 +153,8 @@ def _densify(
         raise _err(field, f"has negative shape {shape}")
     if rows != n_tokens:
         raise _err(field, f"has length {rows} but model_input has {n_tokens} tokens")
-    if rows * cols > max_cells:
-        raise LimitExceeded(f"{field} densifies to {rows * cols} cells, more than {max_cells}", field=field)
+    if max(rows, 1) * cols > max_cells:  # zero rows still bound the width: numpy cannot allocate (0, 2**62)
+        raise LimitExceeded(f"{field} densifies to {rows} x {cols} cells, more than {max_cells}", field=field)
     nnz = len(values)
     if len(crow) != rows + 1 or len(col) != nnz or crow[0] != 0 or crow[-1] != nnz:
         raise _err(field, f"has inconsistent sparse CSR indices for shape {shape} and {nnz} values")
@@ -177,7 +177,10 @@ def _reshape(field: str, arr: np.ndarray, shape: list[int] | None) -> np.ndarray
         return arr
     if any(s < 0 for s in shape) or math.prod(shape) != arr.size:
         raise _err(field, f"has {arr.size} values but shape {shape}")
-    return arr.reshape(shape)
+    try:
+        return arr.reshape(shape)
+    except ValueError as exc:  # zero-size, but a dimension beyond what numpy can index
+        raise _err(field, f"has an impossible shape {shape}") from exc
 
 
 def _widen(arr: np.ndarray, proto_dtype: int) -> np.ndarray:
@@ -240,7 +243,7 @@ def _json_tensor(field: str, name: str, obj: Any, n_tokens: int, max_cells: int)
     if not isinstance(obj, dict):
         raise _err(field, "must be an object with data and dtype")
     dtype = obj.get("dtype")
-    if dtype not in _JSON_DTYPES:
+    if not isinstance(dtype, str) or dtype not in _JSON_DTYPES:
         raise _err(f"{field}.dtype", f"is unknown ({dtype!r}); expected 'int64' or 'float32'")
     try:
         raw = np.asarray(obj.get("data") or [])
@@ -262,13 +265,20 @@ def _json_datum(i: int, d: Any, max_cells: int) -> tuple[np.ndarray, dict[str, n
     if not isinstance(d, dict) or not isinstance(d.get("model_input"), dict):
         raise _err(f"data[{i}]", "must be an object with model_input and loss_fn_inputs")
     parts = []
-    for j, chunk in enumerate(d["model_input"].get("chunks") or []):
+    chunks = d["model_input"].get("chunks") or []
+    if not isinstance(chunks, list):
+        raise _err(f"data[{i}].model_input.chunks", "must be a list")
+    for j, chunk in enumerate(chunks):
         kind = chunk.get("type", "encoded_text") if isinstance(chunk, dict) else "malformed"
         if kind != "encoded_text":
             raise _err(f"data[{i}].model_input.chunks[{j}]", f"is a {kind} chunk; only text is supported")
-        toks = np.asarray(chunk.get("tokens") or [])
+        field = f"data[{i}].model_input.chunks[{j}].tokens"
+        try:
+            toks = np.asarray(chunk.get("tokens") or [])
+        except ValueError as exc:  # ragged nesting
+            raise _err(field, "must be a list of integers") from exc
         if toks.ndim != 1 or (toks.size and toks.dtype.kind not in "iu"):
-            raise _err(f"data[{i}].model_input.chunks[{j}].tokens", "must be a list of integers")
+            raise _err(field, "must be a list of integers")
         parts.append(toks.astype(np.int64))
     tokens = np.concatenate(parts) if parts else np.zeros(0, np.int64)
     raw_inputs = d.get("loss_fn_inputs") or {}
@@ -282,7 +292,7 @@ def _json_datum(i: int, d: Any, max_cells: int) -> tuple[np.ndarray, dict[str, n
 def _decode_json(body: bytes, max_cells: int) -> ForwardBackwardInput:
     try:
         obj = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise _err("body", f"is not valid JSON: {exc}") from exc
     if not isinstance(obj, dict):
         raise _err("body", "must be a JSON object")
@@ -305,7 +315,10 @@ def _decode_json(body: bytes, max_cells: int) -> ForwardBackwardInput:
     for k, v in raw_config.items():
         if isinstance(v, bool) or not isinstance(v, (int, float, str)):
             raise _err(f"loss_fn_config.{k}", "must be a number or a string")
-        config[k] = v if isinstance(v, str) else float(v)
+        try:
+            config[k] = v if isinstance(v, str) else float(v)
+        except OverflowError as exc:  # an integer beyond the float range
+            raise _err(f"loss_fn_config.{k}", "is out of the float range") from exc
     forward_only = bool(obj.get("forward_only", inner.get("forward_only", False)))
     batch = _pack([_json_datum(i, d, max_cells) for i, d in enumerate(data)])
     return ForwardBackwardInput(model_id, seq_id, loss_fn, config, forward_only, batch)
