@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from app.training.losses import get_loss, resolve_config
+from app.training.losses.functions import LOSS_FUNCTIONS
 
 PG_LOSSES = ("importance_sampling", "ppo", "cispo", "gspo")
 DTYPES = {"float32": (torch.float32, 1e-5), "float64": (torch.float64, 1e-12)}  # dtype, relative tolerance
@@ -54,7 +55,7 @@ def grad_of(name: str, b: dict[str, torch.Tensor],
     config = resolve_config(name, {k: v for k, v in config.items() if k in (spec.config_defaults or {})})
     lp = b["lp"].clone().requires_grad_(True)
     inputs = {"logprobs": b["q"], "advantages": b["advantages"], "sequence_ratio_mask": b["mask"]}
-    loss, elementwise = spec.fn(lp, inputs, config, b["ids"])
+    loss, elementwise = LOSS_FUNCTIONS[name](lp, inputs, config, b["ids"])
     loss.backward()
     return loss.detach(), elementwise.detach(), lp.grad
 
@@ -171,7 +172,7 @@ def test_cross_entropy_is_minus_weighted_sum(n: int, trailing: tuple[int, ...], 
     if not weighted:
         w = torch.ones_like(lp)
     lp.requires_grad_(True)
-    loss, elementwise = get_loss("cross_entropy").fn(lp, inputs, {}, torch.zeros(n, dtype=torch.long))
+    loss, elementwise = LOSS_FUNCTIONS["cross_entropy"](lp, inputs, {}, torch.zeros(n, dtype=torch.long))
     loss.backward()
     assert torch.equal(lp.grad, -w)
     assert torch.equal(elementwise.detach(), -w * lp.detach())
