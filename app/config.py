@@ -187,14 +187,18 @@ class ServerConfig(_Strict):
     @property
     def db_url(self) -> str:
         """Read in each process (the environment holds secrets that must not travel in deployment args)."""
-        return self.database_url or os.environ.get(DATABASE_URL_ENV) or \
-            f"sqlite+aiosqlite:///{Path(self.state_dir).resolve() / 'tinker_serve.db'}"
+        return (
+            self.database_url
+            or os.environ.get(DATABASE_URL_ENV)
+            or f"sqlite+aiosqlite:///{Path(self.state_dir).resolve() / 'tinker_serve.db'}"
+        )
 
     @property
     def checkpoint_uri(self) -> str:
         """Where checkpoints are stored (like db_url, read in each process)."""
-        return self.storage_uri or os.environ.get(STORAGE_URI_ENV) or \
-            str(Path(self.state_dir).resolve() / "checkpoints")
+        return (
+            self.storage_uri or os.environ.get(STORAGE_URI_ENV) or str(Path(self.state_dir).resolve() / "checkpoints")
+        )
 
     def base_model(self, name: str) -> BaseModelConfig | None:
         return next((m for m in self.base_models if m.name == name), None)

@@ -57,6 +57,7 @@ class AdamParams:
 
 # ---- ingress -> Trainer: operations, each answered through its future (request_id) ----
 
+
 @dataclass(frozen=True)
 class ForwardBackwardArgs:
     loss_fn: str  # the loss to run, already resolved for the model's role
@@ -126,6 +127,7 @@ class CreateModel:
 
 
 # ---- Trainer -> workers: commands every rank runs, in the order sent ----
+
 
 class CommandKind(StrEnum):
     CREATE_MODEL = "create_model"

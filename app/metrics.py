@@ -17,18 +17,27 @@ _SECONDS = [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300]
 class ServerMetrics:
     def __init__(self) -> None:
         self.requests = metrics.Counter(
-            "tinker_serve_requests", "HTTP requests answered, by route and status code", tag_keys=("route", "status"))
+            "tinker_serve_requests", "HTTP requests answered, by route and status code", tag_keys=("route", "status")
+        )
         self.queue_depth = metrics.Gauge(
-            "tinker_serve_queue_depth", "Training operations waiting for their turn, per model",
-            tag_keys=("trainer", "model_id"))
+            "tinker_serve_queue_depth",
+            "Training operations waiting for their turn, per model",
+            tag_keys=("trainer", "model_id"),
+        )
         self.op_seconds = metrics.Histogram(
-            "tinker_serve_training_op_seconds", "Worker-group time of a training operation's run, by operation",
-            boundaries=_SECONDS, tag_keys=("trainer", "op"))
+            "tinker_serve_training_op_seconds",
+            "Worker-group time of a training operation's run, by operation",
+            boundaries=_SECONDS,
+            tag_keys=("trainer", "op"),
+        )
         self.tokens = metrics.Counter(
-            "tinker_serve_tokens", "Tokens processed: `trained` (forward_backward inputs) or `sampled`",
-            tag_keys=("name", "kind"))  # name: a trainer or a base model
+            "tinker_serve_tokens",
+            "Tokens processed: `trained` (forward_backward inputs) or `sampled`",
+            tag_keys=("name", "kind"),
+        )  # name: a trainer or a base model
         self.adapter_loads = metrics.Counter(
-            "tinker_serve_adapter_loads", "LoRA adapters loaded into a sampler's engine", tag_keys=("base_model",))
+            "tinker_serve_adapter_loads", "LoRA adapters loaded into a sampler's engine", tag_keys=("base_model",)
+        )
 
 
 @cache

@@ -9,8 +9,9 @@ from collections.abc import Awaitable, Callable
 logger = logging.getLogger("tinker_serve.sweeps")
 
 
-async def sweep_forever(what: str, sweep: Callable[[], Awaitable[int]], interval_s: float,
-                        first_delay_s: float | None = None) -> None:
+async def sweep_forever(
+    what: str, sweep: Callable[[], Awaitable[int]], interval_s: float, first_delay_s: float | None = None
+) -> None:
     """Run `sweep` every `interval_s` (first after `first_delay_s`, default one interval) until cancelled; a
     failed sweep is logged and retried on the next round."""
     await asyncio.sleep(interval_s if first_delay_s is None else first_delay_s)

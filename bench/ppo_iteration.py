@@ -44,16 +44,20 @@ def main() -> None:
     url, _ = start_server([base], limits={"max_lora_rank": 8})
     service = tinker.ServiceClient(base_url=url, api_key="tml-bench")
     policy = service.create_lora_training_client(base_model=name, rank=8, seed=0).result()
-    critic = service.create_lora_training_client(base_model=name, rank=8, seed=0,
-                                                 user_metadata={"model_role": "critic"}).result()
+    critic = service.create_lora_training_client(
+        base_model=name, rank=8, seed=0, user_metadata={"model_role": "critic"}
+    ).result()
     sampler = policy.save_weights_and_get_sampling_client().result()
     task = make_task(policy.get_tokenizer(), sampler, completion_tokens=args.completion_tokens)
     ppo = PPOTrainer(policy, critic, task, group_size=args.group_size, sampler=sampler)
     sequences = len(task.prompts) * args.group_size
     length = max(len(p) for p in task.prompts) + args.completion_tokens - 1
-    print(f"\npreset={args.preset}: {sequences} sequences x {args.completion_tokens} sampled tokens per iteration; "
-          f"policy and critic rank 8, {args.workers} trainer workers"
-          f"{' each' if args.critic_trainer else ' shared'}; 1 warm-up + {args.iterations} iterations", flush=True)
+    print(
+        f"\npreset={args.preset}: {sequences} sequences x {args.completion_tokens} sampled tokens per iteration; "
+        f"policy and critic rank 8, {args.workers} trainer workers"
+        f"{' each' if args.critic_trainer else ' shared'}; 1 warm-up + {args.iterations} iterations",
+        flush=True,
+    )
     reference = baseline_step(path, random_batch(sequences, length, vocab), threads=args.workers)
     ppo.iteration(seed=0)
     reference()

@@ -53,9 +53,16 @@ def hf_generate(path: str, adapter_dir: str, batch: list[list[int]], new_tokens:
 
     def run() -> int:
         with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=new_tokens,
-                                 min_new_tokens=new_tokens, pad_token_id=0, return_dict_in_generate=True,
-                                 output_logits=True)
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=True,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                pad_token_id=0,
+                return_dict_in_generate=True,
+                output_logits=True,
+            )
             model.compute_transition_scores(out.sequences, out.logits, normalize_logits=True)
         return (out.sequences.shape[1] - width) * len(batch)
 
@@ -70,14 +77,29 @@ async def raw_engine(path: str, adapter_dir: str, max_model_len: int):
     from vllm.sampling_params import RequestOutputKind
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    llm = AsyncLLM.from_engine_args(AsyncEngineArgs(
-        model=path, dtype="float32", max_model_len=max_model_len, enforce_eager=True, enable_lora=True,
-        max_lora_rank=RANK, max_loras=4, max_num_seqs=64, kv_cache_memory_bytes=KV_CACHE_MIB * 2**20))
+    llm = AsyncLLM.from_engine_args(
+        AsyncEngineArgs(
+            model=path,
+            dtype="float32",
+            max_model_len=max_model_len,
+            enforce_eager=True,
+            enable_lora=True,
+            max_lora_rank=RANK,
+            max_loras=4,
+            max_num_seqs=64,
+            kv_cache_memory_bytes=KV_CACHE_MIB * 2**20,
+        )
+    )
     lora = LoRARequest("bench", 1, adapter_dir)
 
     async def one(prompt: list[int], new_tokens: int) -> int:
-        params = SamplingParams(max_tokens=new_tokens, ignore_eos=True, logprobs=0, detokenize=False,
-                                output_kind=RequestOutputKind.FINAL_ONLY)
+        params = SamplingParams(
+            max_tokens=new_tokens,
+            ignore_eos=True,
+            logprobs=0,
+            detokenize=False,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
         async for out in llm.generate({"prompt_token_ids": prompt}, params, uuid.uuid4().hex, lora_request=lora):
             final = out
         return len(final.outputs[0].token_ids)
@@ -93,8 +115,7 @@ def sdk_sampler(sampler):
 
     async def run(batch: list[list[int]], new_tokens: int) -> int:
         params = types.SamplingParams(max_tokens=new_tokens, stop=[], temperature=1.0)
-        results = await asyncio.gather(*(sampler.sample_async(types.ModelInput.from_ints(p), 1, params)
-                                         for p in batch))
+        results = await asyncio.gather(*(sampler.sample_async(types.ModelInput.from_ints(p), 1, params) for p in batch))
         return sum(len(r.sequences[0].tokens) for r in results)
 
     return run
@@ -111,8 +132,10 @@ def trained_client(service, name: str, tokens: list[int]):
     from tinker import types
 
     tc = service.create_lora_training_client(base_model=name, rank=RANK, seed=0).result()
-    datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)},
+    )
     tc.forward_backward([datum], "cross_entropy").result()
     tc.optim_step(types.AdamParams(learning_rate=1e-3)).result()
     return tc, datum
@@ -153,20 +176,27 @@ async def scaling_demo(sampler, deployment: str, vocab: int, concurrency: int, m
     started = time.monotonic()
     while time.monotonic() < stop_at and scaled_at is None:
         done, in_flight = await asyncio.wait(in_flight, timeout=1.0)
-        in_flight |= {asyncio.ensure_future(sampler.sample_async(types.ModelInput.from_ints(batch[0]), 1, params))
-                      for _ in done}
+        in_flight |= {
+            asyncio.ensure_future(sampler.sample_async(types.ModelInput.from_ints(batch[0]), 1, params)) for _ in done
+        }
         if replica_states(deployment).get("RUNNING", 0) >= 2:
             scaled_at = time.monotonic() - started
-    print(f"autoscaling: under load ({concurrency} in flight) {replica_states(deployment)}; "
-          f"second replica running after {scaled_at:.0f} s" if scaled_at else
-          f"autoscaling: no second replica within {max_load_s:.0f} s: {replica_states(deployment)}", flush=True)
+    print(
+        f"autoscaling: under load ({concurrency} in flight) {replica_states(deployment)}; "
+        f"second replica running after {scaled_at:.0f} s"
+        if scaled_at
+        else f"autoscaling: no second replica within {max_load_s:.0f} s: {replica_states(deployment)}",
+        flush=True,
+    )
     await asyncio.gather(*in_flight)
     idle_since = time.monotonic()
     # polls Serve's replica states: there is no event to wait on
     while replica_states(deployment).get("RUNNING", 0) > 1 and time.monotonic() - idle_since < 180:  # noqa: ASYNC110
         await asyncio.sleep(2)
-    print(f"autoscaling: {time.monotonic() - idle_since:.0f} s after the load ended {replica_states(deployment)}",
-          flush=True)
+    print(
+        f"autoscaling: {time.monotonic() - idle_since:.0f} s after the load ended {replica_states(deployment)}",
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -183,13 +213,25 @@ def main() -> None:
     paths = {p: build_embedded_model(p, ROOT / "models" / p) for p in {args.preset, "tiny"}}
     name, path = f"tinker-serve/{args.preset}", str(paths[args.preset])
     vocab = AutoConfig.from_pretrained(path).vocab_size
-    sampler_cfg = {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 2 * args.prompts,
-                   "max_ongoing_requests": 4 * args.prompts, "num_cpus": 1, "kv_cache_mib": KV_CACHE_MIB,
-                   "max_num_seqs": 64}
+    sampler_cfg = {
+        "min_replicas": 1,
+        "max_replicas": 2,
+        "target_ongoing_requests": 2 * args.prompts,
+        "max_ongoing_requests": 4 * args.prompts,
+        "num_cpus": 1,
+        "kv_cache_mib": KV_CACHE_MIB,
+        "max_num_seqs": 64,
+    }
     bases = [{"name": name, "path": path, "trainer": {"num_workers": 1, "cpus_per_worker": 1}, "sampler": sampler_cfg}]
     if args.preset != "tiny":
-        bases.append({"name": "tinker-serve/tiny", "path": str(paths["tiny"]),
-                      "trainer": {"num_workers": 1, "cpus_per_worker": 1}, "sampler": {"kv_cache_mib": 64}})
+        bases.append(
+            {
+                "name": "tinker-serve/tiny",
+                "path": str(paths["tiny"]),
+                "trainer": {"num_workers": 1, "cpus_per_worker": 1},
+                "sampler": {"kv_cache_mib": 64},
+            }
+        )
     url, state_dir = start_server(bases, limits={"max_lora_rank": RANK})  # the raw engine's LoRA width too
     service = tinker.ServiceClient(base_url=url, api_key="tml-bench")
     batch = prompts(args.prompts, vocab)
@@ -202,8 +244,11 @@ def main() -> None:
     hf = hf_generate(path, adapter_dir, batch, args.new_tokens)
     for run in (hf, raw, sdk):  # warm-up
         rate(loop, run, *(() if run is hf else (batch[:4], 4)))
-    print(f"\npreset={args.preset}: {args.prompts} concurrent prompts x {args.new_tokens} new tokens, LoRA rank "
-          f"{RANK}, sampled-token logprobs, 1 thread each; rounds alternate HF / vLLM / SDK", flush=True)
+    print(
+        f"\npreset={args.preset}: {args.prompts} concurrent prompts x {args.new_tokens} new tokens, LoRA rank "
+        f"{RANK}, sampled-token logprobs, 1 thread each; rounds alternate HF / vLLM / SDK",
+        flush=True,
+    )
     print(f"{'round':>5} {'HF tok/s':>9} {'vLLM tok/s':>11} {'SDK tok/s':>10}", flush=True)
     rates = []
     for r in range(args.rounds):
@@ -211,18 +256,25 @@ def main() -> None:
         rates.append(row)
         print(f"{r:>5} {row[0]:9.0f} {row[1]:11.0f} {row[2]:10.0f}", flush=True)
     h, v, s = (statistics.median(col) for col in zip(*rates))
-    print(f"median  HF {h:.0f}  vLLM {v:.0f}  SDK {s:.0f} tok/s;  SDK/vLLM {s / v:.2f} (goal >= 0.90)  "
-          f"vLLM/HF {v / h:.2f}  SDK/HF {s / h:.2f}", flush=True)
+    print(
+        f"median  HF {h:.0f}  vLLM {v:.0f}  SDK {s:.0f} tok/s;  SDK/vLLM {s / v:.2f} (goal >= 0.90)  "
+        f"vLLM/HF {v / h:.2f}  SDK/HF {s / h:.2f}",
+        flush=True,
+    )
     llm.shutdown()
 
     tiny_tc, tiny_datum = trained_client(service, "tinker-serve/tiny", batch[1][:12])
     latencies = save_to_first_token(tiny_tc, tiny_datum, repeats=5)
-    print(f"\nsave_weights_and_get_sampling_client -> first token (tiny): median {statistics.median(latencies):.3f} s, "
-          f"all {[round(x, 3) for x in latencies]} (goal < 1 s)", flush=True)
+    print(
+        f"\nsave_weights_and_get_sampling_client -> first token (tiny): median {statistics.median(latencies):.3f} s, "
+        f"all {[round(x, 3) for x in latencies]} (goal < 1 s)",
+        flush=True,
+    )
     if not args.skip_scaling:
         sampler = service.create_sampling_client(model_path=adapter_path).result()
-        loop.run_until_complete(scaling_demo(sampler, f"Sampler:{name}", vocab, concurrency=4 * args.prompts,
-                                             max_load_s=180))
+        loop.run_until_complete(
+            scaling_demo(sampler, f"Sampler:{name}", vocab, concurrency=4 * args.prompts, max_load_s=180)
+        )
     service.close("success").result()
 
 

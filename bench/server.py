@@ -33,8 +33,12 @@ def start_server(base_models: list[dict], **config: object) -> tuple[str, Path]:
         port = s.getsockname()[1]
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     state_dir = Path(tempfile.mkdtemp(prefix="tsbench-"))
-    full = {"state_dir": str(state_dir), "auth": {"mode": "any_tml_key_on_loopback"},
-            "base_models": base_models, **config}
+    full = {
+        "state_dir": str(state_dir),
+        "auth": {"mode": "any_tml_key_on_loopback"},
+        "base_models": base_models,
+        **config,
+    }
     started = time.monotonic()
     serve.run(build_app(full), name=APP_NAME, route_prefix="/")
     url = f"http://127.0.0.1:{port}"

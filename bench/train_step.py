@@ -34,8 +34,10 @@ def random_batch(n: int, length: int, vocab: int, seed: int = 0) -> tuple[np.nda
 def baseline_step(path: Path, batch: tuple, threads: int):
     """A plain PEFT + AdamW loop in this process: the same forward, summed CE loss, backward and step."""
     torch.set_num_threads(threads)
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
-                           LoraConfig(r=RANK, lora_alpha=32, target_modules=TARGETS))
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
+        LoraConfig(r=RANK, lora_alpha=32, target_modules=TARGETS),
+    )
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR, betas=(0.9, 0.95), eps=1e-12)
     inputs, targets, weights = (torch.from_numpy(a) for a in batch)
 
@@ -55,9 +57,13 @@ def server_step(client, name: str, batch: tuple):
 
     tc = client.create_lora_training_client(base_model=name, rank=RANK, seed=0).result()
     inputs, targets, weights = batch
-    data = [types.Datum(model_input=types.ModelInput.from_ints(inputs[i].tolist()),
-                        loss_fn_inputs={"target_tokens": targets[i].tolist(), "weights": weights[i].tolist()})
-            for i in range(len(inputs))]
+    data = [
+        types.Datum(
+            model_input=types.ModelInput.from_ints(inputs[i].tolist()),
+            loss_fn_inputs={"target_tokens": targets[i].tolist(), "weights": weights[i].tolist()},
+        )
+        for i in range(len(inputs))
+    ]
 
     def step() -> None:
         fb = tc.forward_backward(data, "cross_entropy")
@@ -86,12 +92,15 @@ def main() -> None:
     vocab = AutoModelForCausalLM.from_pretrained(path).config.vocab_size
     name = f"tinker-serve/{args.preset}"
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
-    url, _ = start_server([{"name": name, "path": str(path),
-                            "trainer": {"num_workers": args.workers, "cpus_per_worker": 1}}])
+    url, _ = start_server(
+        [{"name": name, "path": str(path), "trainer": {"num_workers": args.workers, "cpus_per_worker": 1}}]
+    )
     client = tinker.ServiceClient(base_url=url, api_key="tml-bench")
-    print(f"\npreset={args.preset} LoRA rank {RANK} on all linear layers; server: {args.workers} "
-          f"data-parallel TorchTrainer workers x 1 thread; baseline: one process x {args.workers} threads; "
-          f"steps alternate baseline/server ({args.steps} each after 2 warm-up) so machine noise hits both")
+    print(
+        f"\npreset={args.preset} LoRA rank {RANK} on all linear layers; server: {args.workers} "
+        f"data-parallel TorchTrainer workers x 1 thread; baseline: one process x {args.workers} threads; "
+        f"steps alternate baseline/server ({args.steps} each after 2 warm-up) so machine noise hits both"
+    )
     print(f"{'shape':>10} {'baseline s/step':>16} {'server s/step':>14} {'ratio':>7}", flush=True)
     for shape in shapes:
         batch = random_batch(*shape, vocab)

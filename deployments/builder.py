@@ -31,10 +31,17 @@ def _model_limits(config: ServerConfig) -> dict[str, dict[str, int]]:
             build_embedded_model(base.embedded_preset, Path(base.path))
             _register_name(base.name, Path(base.path))
         hf = AutoConfig.from_pretrained(base.path)
-        logger.info("base model %s at %s: config read%s in %.1f s", base.name, base.path,
-                    " (embedded model built or found)" if base.embedded_preset else "", time.monotonic() - started)
-        limits[base.name] = {"vocab_size": hf.vocab_size,
-                             "max_context_length": min(base.max_context_length, hf.max_position_embeddings)}
+        logger.info(
+            "base model %s at %s: config read%s in %.1f s",
+            base.name,
+            base.path,
+            " (embedded model built or found)" if base.embedded_preset else "",
+            time.monotonic() - started,
+        )
+        limits[base.name] = {
+            "vocab_size": hf.vocab_size,
+            "max_context_length": min(base.max_context_length, hf.max_position_embeddings),
+        }
     return limits
 
 
@@ -43,8 +50,13 @@ def _register_name(name: str, path: Path) -> None:
     try:
         snapshot = hub_cache.register(name, path)
     except (OSError, ValueError) as exc:
-        logger.warning("could not register %s in the Hugging Face cache (%s): naming it will not find its "
-                       "tokenizer offline; load it from %s instead", name, exc, path)
+        logger.warning(
+            "could not register %s in the Hugging Face cache (%s): naming it will not find its "
+            "tokenizer offline; load it from %s instead",
+            name,
+            exc,
+            path,
+        )
     else:
         logger.info("base model %s: tokenizer and config resolvable by name (Hugging Face cache: %s)", name, snapshot)
 
@@ -57,12 +69,15 @@ def build_app(args: dict[str, Any]) -> Application:
     raw = config.model_dump()
     limits = _model_limits(config)
     trainers = {
-        trainer: serve.deployment()(Trainer).options(**Trainer.deployment_options(config, trainer))
+        trainer: serve.deployment()(Trainer)
+        .options(**Trainer.deployment_options(config, trainer))
         .bind(raw, base.name, trainer)
-        for base in config.base_models for trainer in base.trainer_groups()
+        for base in config.base_models
+        for trainer in base.trainer_groups()
     }
     samplers = {
-        base.name: serve.deployment()(Sampler).options(**Sampler.deployment_options(config, base.name))
+        base.name: serve.deployment()(Sampler)
+        .options(**Sampler.deployment_options(config, base.name))
         .bind(raw, base.name, limits[base.name]["max_context_length"])
         for base in config.base_models
     }

@@ -36,8 +36,9 @@ class HandleCalls:
     def handle(self, name: str) -> DeploymentHandle:
         handle = self.handles.get(name)
         if handle is None:  # recorded under an earlier configuration
-            raise UserError(f"{self._role} {name!r} is no longer served here; served: {sorted(self.handles)}",
-                            field="model_id")
+            raise UserError(
+                f"{self._role} {name!r} is no longer served here; served: {sorted(self.handles)}", field="model_id"
+            )
         return handle
 
     def track(self, name: str, request_id: str, response: DeploymentResponse | DeploymentResponseGenerator) -> None:

@@ -34,12 +34,20 @@ logger = logging.getLogger("tinker_serve.ingress")
 class Ingress:
     @classmethod
     def deployment_options(cls, config: ServerConfig) -> dict[str, Any]:
-        return {"name": "Ingress", "num_replicas": config.ingress_replicas, "ray_actor_options": {"num_cpus": 0},
-                "max_ongoing_requests": 2_000}
+        return {
+            "name": "Ingress",
+            "num_replicas": config.ingress_replicas,
+            "ray_actor_options": {"num_cpus": 0},
+            "max_ongoing_requests": 2_000,
+        }
 
     async def __init__(  # type: ignore[misc]  # Serve awaits async constructors
-            self, config: dict, trainers: dict[str, DeploymentHandle], samplers: dict[str, DeploymentHandle],
-            model_limits: dict[str, dict]) -> None:
+        self,
+        config: dict,
+        trainers: dict[str, DeploymentHandle],
+        samplers: dict[str, DeploymentHandle],
+        model_limits: dict[str, dict],
+    ) -> None:
         route_app_logs()
         started = time.monotonic()
         cfg = ServerConfig.model_validate(config)
@@ -51,27 +59,51 @@ class Ingress:
         futures = FutureStore(db, poll_interval_s=5.0 if cfg.ingress_replicas == 1 else 1.0)
         sampler_store, storage, limits = SamplerStore(db), ObjectStorage(cfg.checkpoint_uri), cfg.limits
         self._services = services = Services(
-            config=cfg, futures=futures, metadata=MetadataStore(db), checkpoints=CheckpointStore(db),
-            storage=storage, trainers=ServeTrainerClient(trainers, futures),
-            sampler_store=sampler_store, samplers=ServeSamplerClient(samplers, futures),
+            config=cfg,
+            futures=futures,
+            metadata=MetadataStore(db),
+            checkpoints=CheckpointStore(db),
+            storage=storage,
+            trainers=ServeTrainerClient(trainers, futures),
+            sampler_store=sampler_store,
+            samplers=ServeSamplerClient(samplers, futures),
             model_limits={name: ModelLimits(**limits) for name, limits in model_limits.items()},
-            api_keys=cfg.auth.load_keys(), url_signing_key=await shared_secret(db, "url_signing_key"),
+            api_keys=cfg.auth.load_keys(),
+            url_signing_key=await shared_secret(db, "url_signing_key"),
         )
         sampler_ttl = limits.ephemeral_sampler_ttl_seconds
-        self._sweepers = [asyncio.create_task(sweep) for sweep in (
-            sweep_forever("expired ephemeral samplers",
-                          lambda: sweep_expired_samplers(sampler_store, storage, sampler_ttl),
-                          min(60.0, sampler_ttl / 4)),
-            # the first session sweep waits a whole timeout: clients get that long to reach a (re)started server
-            sweep_forever("silent sessions", lambda: expire_silent_sessions(services),
-                          min(30.0, limits.session_timeout_seconds / 4), first_delay_s=limits.session_timeout_seconds),
-            sweep_forever("expired checkpoints", lambda: remove_expired_checkpoints(services),
-                          limits.checkpoint_sweep_seconds),
-            sweep_forever("stale sample futures", lambda: fail_stale_samples(futures, limits.sample_timeout_seconds),
-                          min(60.0, limits.sample_timeout_seconds / 4)),
-        )]
-        logger.info("ingress ready in %.1f s: base models %s, checkpoints in %s, auth %s", time.monotonic() - started,
-                    sorted(model_limits), redacted(cfg.checkpoint_uri), cfg.auth.mode)
+        self._sweepers = [
+            asyncio.create_task(sweep)
+            for sweep in (
+                sweep_forever(
+                    "expired ephemeral samplers",
+                    lambda: sweep_expired_samplers(sampler_store, storage, sampler_ttl),
+                    min(60.0, sampler_ttl / 4),
+                ),
+                # the first session sweep waits a whole timeout: clients get that long to reach a (re)started server
+                sweep_forever(
+                    "silent sessions",
+                    lambda: expire_silent_sessions(services),
+                    min(30.0, limits.session_timeout_seconds / 4),
+                    first_delay_s=limits.session_timeout_seconds,
+                ),
+                sweep_forever(
+                    "expired checkpoints", lambda: remove_expired_checkpoints(services), limits.checkpoint_sweep_seconds
+                ),
+                sweep_forever(
+                    "stale sample futures",
+                    lambda: fail_stale_samples(futures, limits.sample_timeout_seconds),
+                    min(60.0, limits.sample_timeout_seconds / 4),
+                ),
+            )
+        ]
+        logger.info(
+            "ingress ready in %.1f s: base models %s, checkpoints in %s, auth %s",
+            time.monotonic() - started,
+            sorted(model_limits),
+            redacted(cfg.checkpoint_uri),
+            cfg.auth.mode,
+        )
 
     def __serve_build_asgi_app__(self) -> Any:
         """Serve calls this after the constructor: the API, bound to this replica's collaborators."""

@@ -36,8 +36,11 @@ def route_app_logs() -> None:
 def serve_log_file_kept() -> Iterator[None]:
     """Around vLLM's engine start: vLLM configures logging with `dictConfig`, which closes every handler in the
     process, and Serve's replica log file (behind a MemoryHandler) went silent for good. Reattach it after."""
-    buffers = [(handler, handler.target) for handler in logging.getLogger(SERVE_LOGGER).handlers
-               if isinstance(handler, logging.handlers.MemoryHandler)]
+    buffers = [
+        (handler, handler.target)
+        for handler in logging.getLogger(SERVE_LOGGER).handlers
+        if isinstance(handler, logging.handlers.MemoryHandler)
+    ]
     try:
         yield
     finally:

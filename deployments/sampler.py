@@ -33,35 +33,61 @@ class Sampler:
         env = {**({} if sampler.num_gpus else _CPU_ENV), **sampler.env}
         return {
             "name": f"Sampler:{base_name}",
-            "autoscaling_config": {"min_replicas": sampler.min_replicas, "max_replicas": sampler.max_replicas,
-                                   "initial_replicas": max(1, sampler.min_replicas),
-                                   "target_ongoing_requests": sampler.target_ongoing_requests,
-                                   "upscale_delay_s": 5, "downscale_delay_s": 30},
+            "autoscaling_config": {
+                "min_replicas": sampler.min_replicas,
+                "max_replicas": sampler.max_replicas,
+                "initial_replicas": max(1, sampler.min_replicas),
+                "target_ongoing_requests": sampler.target_ongoing_requests,
+                "upscale_delay_s": 5,
+                "downscale_delay_s": 30,
+            },
             "max_ongoing_requests": sampler.max_ongoing_requests,
-            "ray_actor_options": {"num_cpus": sampler.num_cpus, "num_gpus": sampler.num_gpus,
-                                  "resources": sampler.resources, "runtime_env": {"env_vars": env}},
+            "ray_actor_options": {
+                "num_cpus": sampler.num_cpus,
+                "num_gpus": sampler.num_gpus,
+                "resources": sampler.resources,
+                "runtime_env": {"env_vars": env},
+            },
             "health_check_period_s": 10,
             "graceful_shutdown_timeout_s": 30,
         }
 
     async def __init__(  # type: ignore[misc]  # Serve awaits async constructors
-            self, config: dict, base_name: str, max_model_len: int) -> None:
+        self, config: dict, base_name: str, max_model_len: int
+    ) -> None:
         route_app_logs()
         started = time.monotonic()
         cfg = ServerConfig.model_validate(config)
         base = cfg.configured_base_model(base_name)
-        logger.info("sampler for %s: starting vLLM on %s (max_loras %d, max_cpu_loras %d, context %d, "
-                    "tensor parallel %d)", base_name, base.path, base.sampler.max_loras, base.sampler.max_cpu_loras,
-                    max_model_len, base.sampler.tensor_parallel_size)
+        logger.info(
+            "sampler for %s: starting vLLM on %s (max_loras %d, max_cpu_loras %d, context %d, tensor parallel %d)",
+            base_name,
+            base.path,
+            base.sampler.max_loras,
+            base.sampler.max_cpu_loras,
+            max_model_len,
+            base.sampler.tensor_parallel_size,
+        )
         db = connect(cfg.db_url)
         await create_tables(db)
         replica = serve.get_replica_context().replica_id.unique_id
         work_dir = Path(cfg.state_dir) / "sampler" / replica
         with serve_log_file_kept():
-            self._engine = await SamplerEngine.start(base.path, base.sampler, max_lora_rank=cfg.limits.max_lora_rank,
-                                                     max_model_len=max_model_len, work_dir=work_dir)
-        self._service = SamplerService(base_name, self._engine, FutureStore(db), ObjectStorage(cfg.checkpoint_uri),
-                                       cache_dir=work_dir / "adapters", max_cached=4 * base.sampler.max_cpu_loras)
+            self._engine = await SamplerEngine.start(
+                base.path,
+                base.sampler,
+                max_lora_rank=cfg.limits.max_lora_rank,
+                max_model_len=max_model_len,
+                work_dir=work_dir,
+            )
+        self._service = SamplerService(
+            base_name,
+            self._engine,
+            FutureStore(db),
+            ObjectStorage(cfg.checkpoint_uri),
+            cache_dir=work_dir / "adapters",
+            max_cached=4 * base.sampler.max_cpu_loras,
+        )
 
         async def register(adapter_location: str) -> LoadedAdapter:
             return await self._service.adapter(adapter_location)

@@ -35,22 +35,42 @@ class Trainer:
         }
 
     async def __init__(  # type: ignore[misc]  # Serve awaits async constructors
-            self, config: dict, base_name: str, trainer: str) -> None:
+        self, config: dict, base_name: str, trainer: str
+    ) -> None:
         route_app_logs()
         started = time.monotonic()
         cfg = ServerConfig.model_validate(config)
         base = cfg.configured_base_model(base_name)
         shape = base.trainer_groups()[trainer]
-        logger.info("trainer %s: starting %d workers (%g CPUs%s%s each) on %s; checkpoints in %s", trainer,
-                    shape.num_workers, shape.cpus_per_worker, ", a GPU" if shape.use_gpu else "",
-                    f", {shape.resources}" if shape.resources else "", base.path, redacted(cfg.checkpoint_uri))
+        logger.info(
+            "trainer %s: starting %d workers (%g CPUs%s%s each) on %s; checkpoints in %s",
+            trainer,
+            shape.num_workers,
+            shape.cpus_per_worker,
+            ", a GPU" if shape.use_gpu else "",
+            f", {shape.resources}" if shape.resources else "",
+            base.path,
+            redacted(cfg.checkpoint_uri),
+        )
         db = connect(cfg.db_url)
         await create_tables(db)
-        group = TorchTrainerGroup(trainer, base.path, shape, f"{cfg.state_dir}/ray_train",
-                                  checkpoint_uri=cfg.checkpoint_uri,
-                                  command_timeout_s=cfg.limits.command_timeout_seconds)
-        self._service = TrainerService(trainer, cfg.limits, group, FutureStore(db), MetadataStore(db),
-                                       CheckpointStore(db), ObjectStorage(cfg.checkpoint_uri))
+        group = TorchTrainerGroup(
+            trainer,
+            base.path,
+            shape,
+            f"{cfg.state_dir}/ray_train",
+            checkpoint_uri=cfg.checkpoint_uri,
+            command_timeout_s=cfg.limits.command_timeout_seconds,
+        )
+        self._service = TrainerService(
+            trainer,
+            cfg.limits,
+            group,
+            FutureStore(db),
+            MetadataStore(db),
+            CheckpointStore(db),
+            ObjectStorage(cfg.checkpoint_uri),
+        )
         await self._service.start()
         logger.info("trainer %s ready in %.1f s", trainer, time.monotonic() - started)
 

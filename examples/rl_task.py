@@ -45,14 +45,25 @@ class TokenSetTask:
 
     def rollouts(self, sampler: tinker.SamplingClient, group_size: int, seed: int) -> list[Rollout]:
         """`group_size` completions of every prompt, all requested at once."""
-        futures = [sampler.sample(types.ModelInput.from_ints(p), group_size, self.sampling_params(seed + i))
-                   for i, p in enumerate(self.prompts)]
-        return [Rollout(prompt, seq.tokens, seq.logprobs, self.reward(seq.tokens))
-                for prompt, future in zip(self.prompts, futures) for seq in future.result().sequences]
+        futures = [
+            sampler.sample(types.ModelInput.from_ints(p), group_size, self.sampling_params(seed + i))
+            for i, p in enumerate(self.prompts)
+        ]
+        return [
+            Rollout(prompt, seq.tokens, seq.logprobs, self.reward(seq.tokens))
+            for prompt, future in zip(self.prompts, futures)
+            for seq in future.result().sequences
+        ]
 
 
-def make_task(tokenizer, sampler: tinker.SamplingClient, num_targets: int = 16, completion_tokens: int = 8,
-              skip_most_common: int = 16, seed: int = 10**6) -> TokenSetTask:
+def make_task(
+    tokenizer,
+    sampler: tinker.SamplingClient,
+    num_targets: int = 16,
+    completion_tokens: int = 8,
+    skip_most_common: int = 16,
+    seed: int = 10**6,
+) -> TokenSetTask:
     """A task whose targets are tokens `sampler` writes after PROMPTS, but not its favourites: the
     `num_targets` next most frequent after the `skip_most_common` most frequent."""
     prompts = [tokenizer.encode(p) for p in PROMPTS]
@@ -78,17 +89,20 @@ def policy_datum(rollout: Rollout, token_advantages: list[float] | float) -> typ
     prompt targets carry zeros, so they add nothing to the loss."""
     n_prompt, n = len(rollout.prompt) - 1, len(rollout.tokens)
     advantages = [token_advantages] * n if isinstance(token_advantages, float) else list(token_advantages)
-    return types.Datum(model_input=sequence_input(rollout), loss_fn_inputs={
-        "target_tokens": (rollout.prompt + rollout.tokens)[1:],
-        "logprobs": [0.0] * n_prompt + list(rollout.logprobs),
-        "advantages": [0.0] * n_prompt + advantages,
-    })
+    return types.Datum(
+        model_input=sequence_input(rollout),
+        loss_fn_inputs={
+            "target_tokens": (rollout.prompt + rollout.tokens)[1:],
+            "logprobs": [0.0] * n_prompt + list(rollout.logprobs),
+            "advantages": [0.0] * n_prompt + advantages,
+        },
+    )
 
 
 def completion_values(rollout: Rollout, values: np.ndarray) -> np.ndarray:
     """The critic's values of the states in which the completion's tokens were chosen."""
     start = len(rollout.prompt) - 1
-    return values[start:start + len(rollout.tokens)]
+    return values[start : start + len(rollout.tokens)]
 
 
 def gae(reward: float, values: np.ndarray, gamma: float = 1.0, lam: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
@@ -111,10 +125,14 @@ def critic_datum(rollout: Rollout, old_values: np.ndarray, returns: np.ndarray) 
     full_old = np.zeros(n_prompt + n, np.float32)
     full_returns = np.zeros(n_prompt + n, np.float32)
     full_old[n_prompt:], full_returns[n_prompt:] = old_values, returns
-    return types.Datum(model_input=sequence_input(rollout), loss_fn_inputs={
-        "values": full_old, "returns": full_returns,
-        "weights": np.r_[np.zeros(n_prompt), np.ones(n)].astype(np.float32),
-    })
+    return types.Datum(
+        model_input=sequence_input(rollout),
+        loss_fn_inputs={
+            "values": full_old,
+            "returns": full_returns,
+            "weights": np.r_[np.zeros(n_prompt), np.ones(n)].astype(np.float32),
+        },
+    )
 
 
 @dataclass
@@ -148,19 +166,23 @@ class PPOTrainer:
         lap("sample")
         bare = [types.Datum(model_input=sequence_input(r), loss_fn_inputs={}) for r in rollouts]
         forward = self.critic.forward(bare, "ppo").result()
-        values = [completion_values(r, np.asarray(out["values"].to_numpy()))
-                  for r, out in zip(rollouts, forward.loss_fn_outputs)]
+        values = [
+            completion_values(r, np.asarray(out["values"].to_numpy()))
+            for r, out in zip(rollouts, forward.loss_fn_outputs)
+        ]
         estimates = [gae(r.reward, v) for r, v in zip(rollouts, values)]
         lap("critic_values")
         # Raw GAE advantages: normalising them amplifies noise while nearly every reward is still 0.
         policy_fb = self.policy.forward_backward(
-            [policy_datum(r, a.tolist()) for r, (a, _) in zip(rollouts, estimates)], "ppo")
+            [policy_datum(r, a.tolist()) for r, (a, _) in zip(rollouts, estimates)], "ppo"
+        )
         policy_opt = self.policy.optim_step(types.AdamParams(learning_rate=self.policy_lr))
         policy_loss = policy_fb.result().metrics["loss:sum"]
         policy_opt.result()
         lap("policy_step")
         critic_fb = self.critic.forward_backward(
-            [critic_datum(r, v, ret) for r, v, (_, ret) in zip(rollouts, values, estimates)], "ppo")
+            [critic_datum(r, v, ret) for r, v, (_, ret) in zip(rollouts, values, estimates)], "ppo"
+        )
         critic_opt = self.critic.optim_step(types.AdamParams(learning_rate=self.critic_lr))
         critic_loss = critic_fb.result().metrics["loss:sum"]
         critic_opt.result()
@@ -169,5 +191,9 @@ class PPOTrainer:
         lap("weight_sync")
         self.phase_seconds = phases
         value_error = np.mean(np.concatenate([(v - ret) ** 2 for v, (_, ret) in zip(values, estimates)]))
-        return {"reward": float(np.mean([r.reward for r in rollouts])), "value_error": float(value_error),
-                "policy_loss": policy_loss, "critic_loss": critic_loss}
+        return {
+            "reward": float(np.mean([r.reward for r in rollouts])),
+            "value_error": float(value_error),
+            "policy_loss": policy_loss,
+            "critic_loss": critic_loss,
+        }

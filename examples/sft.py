@@ -25,8 +25,12 @@ def main() -> None:
     data = []
     for line in LINES:
         ids = tokenizer.encode(line)
-        data.append(types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
-                                loss_fn_inputs={"target_tokens": ids[1:], "weights": [1.0] * (len(ids) - 1)}))
+        data.append(
+            types.Datum(
+                model_input=types.ModelInput.from_ints(ids[:-1]),
+                loss_fn_inputs={"target_tokens": ids[1:], "weights": [1.0] * (len(ids) - 1)},
+            )
+        )
     tokens = sum(len(d.model_input.to_ints()) for d in data)
     for step in range(args.steps):
         fb = trainer.forward_backward(data, "cross_entropy")
@@ -38,8 +42,10 @@ def main() -> None:
     prompt = tokenizer.encode("What is 12 + 7? The answer is")
     greedy = types.SamplingParams(max_tokens=6, temperature=0.0)
     completion = sampler.sample(types.ModelInput.from_ints(prompt), 1, greedy).result().sequences[0]
-    print(f"greedy completion of {tokenizer.decode(prompt)!r}: {tokenizer.decode(completion.tokens)!r} "
-          f"(mean logprob {sum(completion.logprobs) / len(completion.logprobs):.2f})")
+    print(
+        f"greedy completion of {tokenizer.decode(prompt)!r}: {tokenizer.decode(completion.tokens)!r} "
+        f"(mean logprob {sum(completion.logprobs) / len(completion.logprobs):.2f})"
+    )
     service.close("success").result()
 
 

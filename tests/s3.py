@@ -6,8 +6,12 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-          "AWS_EC2_METADATA_DISABLED": "true"}
+S3_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
 
 
 def s3_keys(storage_uri: str, prefix: str) -> list[str]:

@@ -35,5 +35,7 @@ def check_api_key(request: Request, mode: str, keys: frozenset[str]) -> None:
             return
         raise Unauthorized("send an X-API-Key starting with 'tml-' from 127.0.0.1 (any such key is accepted)")
     if not any(hmac.compare_digest(key, k) for k in keys):
-        raise Unauthorized("unknown API key: set TINKER_API_KEY (HF_TOKEN for the /hub routes) to a key listed in "
-                           "the server's configuration")
+        raise Unauthorized(
+            "unknown API key: set TINKER_API_KEY (HF_TOKEN for the /hub routes) to a key listed in "
+            "the server's configuration"
+        )

@@ -30,30 +30,51 @@ def checkpoint_expiry(limits: LimitsConfig, ttl_seconds: int | None) -> float | 
         return None
     low, high = limits.min_checkpoint_ttl_seconds, limits.max_checkpoint_ttl_seconds
     if not low <= ttl_seconds <= high:
-        raise UserError(f"ttl_seconds must be between {low} and {high} (limits.min/max_checkpoint_ttl_seconds), "
-                        f"got {ttl_seconds}; leave it out to keep the checkpoint until deleted", field="ttl_seconds")
+        raise UserError(
+            f"ttl_seconds must be between {low} and {high} (limits.min/max_checkpoint_ttl_seconds), "
+            f"got {ttl_seconds}; leave it out to keep the checkpoint until deleted",
+            field="ttl_seconds",
+        )
     return time.time() + ttl_seconds
 
 
 def _user_metadata(limits: LimitsConfig, metadata: dict | None) -> dict[str, str]:
     for key, value in (metadata or {}).items():
         if not isinstance(value, str):
-            raise UserError(f"user_metadata values must be strings; {key!r} is {type(value).__name__}",
-                            field=f"user_metadata.{key}")
+            raise UserError(
+                f"user_metadata values must be strings; {key!r} is {type(value).__name__}", field=f"user_metadata.{key}"
+            )
     size = len(json.dumps(metadata or {}))
     if size > limits.max_user_metadata_bytes:
-        raise LimitExceeded(f"user_metadata is {size} bytes as JSON, over limits.max_user_metadata_bytes="
-                            f"{limits.max_user_metadata_bytes}", field="user_metadata")
+        raise LimitExceeded(
+            f"user_metadata is {size} bytes as JSON, over limits.max_user_metadata_bytes="
+            f"{limits.max_user_metadata_bytes}",
+            field="user_metadata",
+        )
     return dict(metadata or {})
 
 
-async def _new_checkpoint(services: Services, model_id: str, kind: str, name: str, ttl_seconds: int | None,
-                          user_metadata: dict | None = None, overwrite: bool = False) -> CheckpointRecord:
+async def _new_checkpoint(
+    services: Services,
+    model_id: str,
+    kind: str,
+    name: str,
+    ttl_seconds: int | None,
+    user_metadata: dict | None = None,
+    overwrite: bool = False,
+) -> CheckpointRecord:
     """The record of a save about to be written: name, TTL and metadata checked, and an existing checkpoint
     of that name refused unless `overwrite` (the trainer checks again when it commits)."""
     path = checkpoint_path(model_id, kind, name)
-    record = CheckpointRecord(path, path.new_location(), 0, 0.0, checkpoint_expiry(services.config.limits, ttl_seconds),
-                              False, _user_metadata(services.config.limits, user_metadata))
+    record = CheckpointRecord(
+        path,
+        path.new_location(),
+        0,
+        0.0,
+        checkpoint_expiry(services.config.limits, ttl_seconds),
+        False,
+        _user_metadata(services.config.limits, user_metadata),
+    )
     if not overwrite and await services.checkpoints.find(path) is not None:
         raise already_exists(path)
     return record
@@ -62,8 +83,9 @@ async def _new_checkpoint(services: Services, model_id: str, kind: str, name: st
 @router.post("/save_weights")
 async def save_weights(body: wire.SaveWeightsRequest, services: ServicesDep) -> dict:
     async def build(request_id: str, _: TrainingRun) -> SequencedOp:
-        record = await _new_checkpoint(services, body.model_id, "weights", body.path, body.ttl_seconds,
-                                       body.user_metadata, body.overwrite)
+        record = await _new_checkpoint(
+            services, body.model_id, "weights", body.path, body.ttl_seconds, body.user_metadata, body.overwrite
+        )
         return SaveCheckpoint(request_id, record, body.overwrite)
 
     return await sequenced(services, "save_weights", body.model_id, body.seq_id, build)
@@ -71,8 +93,11 @@ async def save_weights(body: wire.SaveWeightsRequest, services: ServicesDep) -> 
 
 def _refuse_critic(run: TrainingRun) -> None:
     if run.role == "critic":
-        raise UserError(f"model {run.model_id!r} is a critic: critics predict values and cannot be sampled, "
-                        "so they have no sampler weights", field="model_id")
+        raise UserError(
+            f"model {run.model_id!r} is a critic: critics predict values and cannot be sampled, "
+            "so they have no sampler weights",
+            field="model_id",
+        )
 
 
 @router.post("/save_weights_for_sampler")
@@ -80,16 +105,25 @@ async def save_weights_for_sampler(body: wire.SaveWeightsForSamplerRequest, serv
     async def build(request_id: str, run: TrainingRun) -> SequencedOp:
         _refuse_critic(run)
         if body.path is not None:
-            record = await _new_checkpoint(services, body.model_id, "sampler_weights", body.path, body.ttl_seconds,
-                                           body.user_metadata)
+            record = await _new_checkpoint(
+                services, body.model_id, "sampler_weights", body.path, body.ttl_seconds, body.user_metadata
+            )
             return SaveCheckpoint(request_id, record)
         if body.sampling_session_seq_id is None:
             raise UserError("send a path (a name) or a sampling_session_seq_id", field="sampling_session_seq_id")
         sampler_id = sampling_session_id_for(run.session_id, body.sampling_session_seq_id)
         location = f"ephemeral/{sampler_id}"
-        await services.sampler_store.create(SamplingSession(
-            sampling_session_id=sampler_id, session_id=run.session_id, base_model=run.base_model, model_path=None,
-            adapter_location=location, ephemeral=True, last_used_at=time.time()))
+        await services.sampler_store.create(
+            SamplingSession(
+                sampling_session_id=sampler_id,
+                session_id=run.session_id,
+                base_model=run.base_model,
+                model_path=None,
+                adapter_location=location,
+                ephemeral=True,
+                last_used_at=time.time(),
+            )
+        )
         return SaveForSampler(request_id, sampler_id, location)
 
     return await sequenced(services, "save_weights_for_sampler", body.model_id, body.seq_id, build)
@@ -99,10 +133,13 @@ async def save_weights_for_sampler(body: wire.SaveWeightsForSamplerRequest, serv
 async def save_weights_external(body: wire.SaveWeightsExternalRequest, services: ServicesDep) -> dict:
     """An export to download through external_weights_urls: a PEFT adapter directory (Hugging Face format); a
     critic's also holds its value head and spec, as its training checkpoint does."""
+
     async def build(request_id: str, run: TrainingRun) -> SequencedOp:
         if body.age_encryption_recipients:
-            raise UserError("age encryption of exports is not supported by this server; leave "
-                            "age_encryption_recipients out", field="age_encryption_recipients")
+            raise UserError(
+                "age encryption of exports is not supported by this server; leave age_encryption_recipients out",
+                field="age_encryption_recipients",
+            )
         record = await _new_checkpoint(services, body.model_id, "external_weights", body.path, body.ttl_seconds)
         return SaveCheckpoint(request_id, record)
 
@@ -111,8 +148,12 @@ async def save_weights_external(body: wire.SaveWeightsExternalRequest, services:
 
 async def _training_checkpoint(services: Services, uri: str) -> tuple[CheckpointRecord, TrainingRun, AdapterSpec]:
     """The checkpoint at `uri`, the run that saved it and its spec; user errors naming `path` otherwise."""
-    record, run = await services.saved_by(uri, field="path", kinds=("weights",), hint="load a training checkpoint "
-                                          "(tinker://.../weights/...) saved with save_state")
+    record, run = await services.saved_by(
+        uri,
+        field="path",
+        kinds=("weights",),
+        hint="load a training checkpoint (tinker://.../weights/...) saved with save_state",
+    )
     return record, run, AdapterSpec(**run.lora_config, role=run.role)
 
 
@@ -124,8 +165,11 @@ def _load(request_id: str, record: CheckpointRecord, with_optimizer: bool) -> Lo
 async def load_weights(body: wire.LoadWeightsRequest, services: ServicesDep) -> dict:
     creates = body.session_id is not None or body.model_seq_id is not None
     if creates == (body.model_id is not None or body.seq_id is not None):
-        raise UserError("send session_id and model_seq_id (create a model from a checkpoint) or model_id and "
-                        "seq_id (load into an existing model)", field="model_id")
+        raise UserError(
+            "send session_id and model_seq_id (create a model from a checkpoint) or model_id and "
+            "seq_id (load into an existing model)",
+            field="model_id",
+        )
     if creates:
         return await _create_from_checkpoint(body, services)
     if body.model_id is None or body.seq_id is None:
@@ -140,14 +184,23 @@ async def load_weights(body: wire.LoadWeightsRequest, services: ServicesDep) -> 
 
 async def _create_from_checkpoint(body: wire.LoadWeightsRequest, services: Services) -> dict:
     if body.session_id is None or body.model_seq_id is None:
-        raise UserError("creating a model from a checkpoint needs both session_id and model_seq_id",
-                        field="model_seq_id")
+        raise UserError(
+            "creating a model from a checkpoint needs both session_id and model_seq_id", field="model_seq_id"
+        )
     check_optimizer_config(body.optimizer_config)
     record, source, spec = await _training_checkpoint(services, body.path)
     if body.base_model is not None and body.base_model != source.base_model:
-        raise UserError(f"{body.path!r} was trained on {source.base_model!r}, not {body.base_model!r}",
-                        field="base_model")
+        raise UserError(
+            f"{body.path!r} was trained on {source.base_model!r}, not {body.base_model!r}", field="base_model"
+        )
     base = services.served_base_model(source.base_model)
-    return await register_model(services, "load_weights", body.session_id, body.model_seq_id, base, lambda: spec,
-                                body.user_metadata,
-                                lambda request_id: _load(request_id, record, body.optimizer))
+    return await register_model(
+        services,
+        "load_weights",
+        body.session_id,
+        body.model_seq_id,
+        base,
+        lambda: spec,
+        body.user_metadata,
+        lambda request_id: _load(request_id, record, body.optimizer),
+    )

@@ -52,8 +52,9 @@ class Services:
             self._runs[model_id] = run
         return run
 
-    async def saved_by(self, uri: str, *, field: str, kinds: tuple[str, ...] = KINDS, hint: str = ""
-                       ) -> tuple[CheckpointRecord, TrainingRun]:
+    async def saved_by(
+        self, uri: str, *, field: str, kinds: tuple[str, ...] = KINDS, hint: str = ""
+    ) -> tuple[CheckpointRecord, TrainingRun]:
         """The live checkpoint at a tinker path of one of `kinds`, and the run that saved it; user errors
         naming `field` otherwise (`hint` says what to send instead of another kind)."""
         path = parse_tinker_path(uri, field=field)
@@ -75,8 +76,11 @@ class Services:
             if now - session.last_used_at > ttl / 10:  # refresh rarely: another replica may have used it
                 session = await self.sampler_store.get(sampling_session_id)
                 if now - session.last_used_at > ttl:
-                    raise NotFound(f"sampling session {sampling_session_id!r} expired after {ttl:g} s unused; "
-                                   "call save_weights_and_get_sampling_client again", field="sampling_session_id")
+                    raise NotFound(
+                        f"sampling session {sampling_session_id!r} expired after {ttl:g} s unused; "
+                        "call save_weights_and_get_sampling_client again",
+                        field="sampling_session_id",
+                    )
                 await self.sampler_store.touch(sampling_session_id, now)
                 session = replace(session, last_used_at=now)
         if len(self._sampling_sessions) > 10_000:  # RL makes one per step: keep the cache bounded

@@ -34,15 +34,18 @@ def _signature(key: str, resource: str, expires: int) -> str:
     return hmac.new(key.encode(), f"{resource}\n{expires}".encode(), hashlib.sha256).hexdigest()
 
 
-def signed_urls(base_url: str, key: str, record: CheckpointRecord, files: list[StoredFile], ttl_s: int
-                ) -> tuple[dict[str, str], datetime]:
+def signed_urls(
+    base_url: str, key: str, record: CheckpointRecord, files: list[StoredFile], ttl_s: int
+) -> tuple[dict[str, str], datetime]:
     """A download URL per file of an external-weights checkpoint, valid for `ttl_s`; and when they expire."""
     expires = int(time.time()) + ttl_s
     urls = {}
     for f in files:
         resource = f"{record.path.model_id}/{record.path.name}/{f.relative_path}"
-        urls[f.relative_path] = (f"{base_url.rstrip('/')}{DOWNLOAD_PREFIX}{quote(resource)}"
-                                 f"?expires={expires}&signature={_signature(key, resource, expires)}")
+        urls[f.relative_path] = (
+            f"{base_url.rstrip('/')}{DOWNLOAD_PREFIX}{quote(resource)}"
+            f"?expires={expires}&signature={_signature(key, resource, expires)}"
+        )
     return urls, datetime.fromtimestamp(expires, UTC)
 
 
@@ -55,12 +58,19 @@ async def _chunks(stream: NativeFile) -> AsyncIterator[bytes]:
 
 
 @router.get("/downloads/{model_id}/{name}/{file_path:path}")
-async def download(model_id: str, name: str, file_path: str, services: ServicesDep, expires: int = Query(...),
-                   signature: str = Query(...)) -> StreamingResponse:
+async def download(
+    model_id: str,
+    name: str,
+    file_path: str,
+    services: ServicesDep,
+    expires: int = Query(...),
+    signature: str = Query(...),
+) -> StreamingResponse:
     resource = f"{model_id}/{name}/{file_path}"
     if not hmac.compare_digest(signature, _signature(services.url_signing_key, resource, expires)):
-        raise Forbidden("this download link is not valid; get fresh links with external_weights_urls",
-                        field="signature")
+        raise Forbidden(
+            "this download link is not valid; get fresh links with external_weights_urls", field="signature"
+        )
     if time.time() > expires:
         raise Forbidden("this download link expired; get fresh links with external_weights_urls", field="expires")
     record = await services.checkpoints.get(checkpoint_path(model_id, "external_weights", name), field="name")
@@ -68,5 +78,8 @@ async def download(model_id: str, name: str, file_path: str, services: ServicesD
     if file_path not in files:
         raise NotFound(f"{record.path.uri!r} has no file {file_path!r}", field="file_path")
     stream = await asyncio.to_thread(services.storage.open, record.location, file_path)
-    return StreamingResponse(_chunks(stream), media_type="application/octet-stream",
-                             headers={"content-length": str(files[file_path].size_bytes)})
+    return StreamingResponse(
+        _chunks(stream),
+        media_type="application/octet-stream",
+        headers={"content-length": str(files[file_path].size_bytes)},
+    )

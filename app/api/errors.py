@@ -44,6 +44,12 @@ def register_exception_handlers(app: FastAPI) -> None:
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
         logger.exception("internal error on %s (request %s)", request.url.path, request_id)
-        return JSONResponse({"error": f"internal server error ({type(exc).__name__}); the server log has the details "
-                                      f"under request {request_id}", "category": "server", "request_id": request_id},
-                            status_code=500)
+        return JSONResponse(
+            {
+                "error": f"internal server error ({type(exc).__name__}); the server log has the details "
+                f"under request {request_id}",
+                "category": "server",
+                "request_id": request_id,
+            },
+            status_code=500,
+        )

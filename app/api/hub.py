@@ -44,8 +44,7 @@ class HubRepo:
 
 def _read_repo(repo_id: str, directory: Path) -> HubRepo:
     files = registered_files(directory)
-    return HubRepo(repo_id, revision(files),
-                   {f.name: (f, hashlib.sha256(f.read_bytes()).hexdigest()) for f in files})
+    return HubRepo(repo_id, revision(files), {f.name: (f, hashlib.sha256(f.read_bytes()).hexdigest()) for f in files})
 
 
 def _model_directory(path: str) -> Path | None:
@@ -66,8 +65,9 @@ async def _repo(services: Services, org: str, name: str, revision_asked: str | N
     directory = await asyncio.to_thread(_model_directory, base.path) if base else None
     if directory is None:
         served = [m.name for m in services.config.base_models]
-        raise HubNotFound(f"{repo_id!r} is not a base model with files on this server; served: {served}",
-                          "RepoNotFound")
+        raise HubNotFound(
+            f"{repo_id!r} is not a base model with files on this server; served: {served}", "RepoNotFound"
+        )
     repo = await asyncio.to_thread(_read_repo, repo_id, directory)
     if revision_asked not in (None, "main", repo.commit):
         raise HubNotFound(f"{repo_id!r} has only the revision 'main' ({repo.commit})", "RevisionNotFound")
@@ -75,21 +75,28 @@ async def _repo(services: Services, org: str, name: str, revision_asked: str | N
 
 
 @router.api_route("/{org}/{name}/resolve/{revision_asked}/{filename:path}", methods=["GET", "HEAD"])
-async def resolve(org: str, name: str, revision_asked: str, filename: str, request: Request,
-                  services: ServicesDep) -> Response:
+async def resolve(
+    org: str, name: str, revision_asked: str, filename: str, request: Request, services: ServicesDep
+) -> Response:
     repo = await _repo(services, org, name, revision_asked)
     if filename not in repo.files:
         raise HubNotFound(f"{repo.repo_id!r} serves only {sorted(repo.files)}, not {filename!r}", "EntryNotFound")
     path, sha256 = repo.files[filename]
     body = await asyncio.to_thread(path.read_bytes)
     headers = {"x-repo-commit": repo.commit, "etag": f'"{sha256}"', "content-length": str(len(body))}
-    return Response(b"" if request.method == "HEAD" else body, headers=headers,
-                    media_type="application/octet-stream")
+    return Response(b"" if request.method == "HEAD" else body, headers=headers, media_type="application/octet-stream")
 
 
 def _info(repo: HubRepo) -> dict:
-    return {"id": repo.repo_id, "modelId": repo.repo_id, "sha": repo.commit, "private": False, "gated": False,
-            "disabled": False, "siblings": [{"rfilename": name} for name in sorted(repo.files)]}
+    return {
+        "id": repo.repo_id,
+        "modelId": repo.repo_id,
+        "sha": repo.commit,
+        "private": False,
+        "gated": False,
+        "disabled": False,
+        "siblings": [{"rfilename": name} for name in sorted(repo.files)],
+    }
 
 
 @router.get("/api/models/{org}/{name}")
@@ -109,5 +116,7 @@ async def tree(org: str, name: str, revision_asked: str, services: ServicesDep, 
     repo = await _repo(services, org, name, revision_asked)
     if path.strip("/"):
         raise HubNotFound(f"{repo.repo_id!r} has no folder {path!r}", "EntryNotFound")
-    return [{"type": "file", "path": name, "size": p.stat().st_size, "oid": sha}
-            for name, (p, sha) in sorted(repo.files.items())]
+    return [
+        {"type": "file", "path": name, "size": p.stat().st_size, "oid": sha}
+        for name, (p, sha) in sorted(repo.files.items())
+    ]

@@ -18,10 +18,20 @@ def authenticate(request: Request) -> None:
 
 def create_api() -> FastAPI:
     """Routes only; the owner sets `app.state.services` before serving."""
-    api = FastAPI(title="tinker-serve", description="Tinker training API on Ray Serve",
-                  dependencies=[Depends(authenticate)])
-    for router in (service.router, models.router, training.router, checkpoints.router, sampling.router,
-                   futures.router, rest.router, downloads.router, hub.router):
+    api = FastAPI(
+        title="tinker-serve", description="Tinker training API on Ray Serve", dependencies=[Depends(authenticate)]
+    )
+    for router in (
+        service.router,
+        models.router,
+        training.router,
+        checkpoints.router,
+        sampling.router,
+        futures.router,
+        rest.router,
+        downloads.router,
+        hub.router,
+    ):
         api.include_router(router)
     register_exception_handlers(api)
 

@@ -25,10 +25,12 @@ def _model_role(body: CreateModelRequest) -> str:
     """The role asked for by the `model_role` field or, from the unmodified SDK, `user_metadata["model_role"]`."""
     from_metadata = (body.user_metadata or {}).get("model_role")
     if body.model_role is not None and from_metadata is not None and body.model_role != from_metadata:
-        raise UserError(f"model_role {body.model_role!r} contradicts user_metadata.model_role {from_metadata!r}",
-                        field="model_role")
-    role, field = (body.model_role, "model_role") if body.model_role is not None else \
-        (from_metadata, "user_metadata.model_role")
+        raise UserError(
+            f"model_role {body.model_role!r} contradicts user_metadata.model_role {from_metadata!r}", field="model_role"
+        )
+    role, field = (
+        (body.model_role, "model_role") if body.model_role is not None else (from_metadata, "user_metadata.model_role")
+    )
     if role is None:
         return "policy"
     if role not in ROLES:
@@ -42,19 +44,25 @@ async def create_model(body: CreateModelRequest, services: ServicesDep) -> dict:
     role = _model_role(body)
     lora = body.lora_config
     if lora.rank > services.config.limits.max_lora_rank:
-        raise LimitExceeded(f"lora_config.rank {lora.rank} exceeds limits.max_lora_rank="
-                            f"{services.config.limits.max_lora_rank}", field="lora_config.rank")
+        raise LimitExceeded(
+            f"lora_config.rank {lora.rank} exceeds limits.max_lora_rank={services.config.limits.max_lora_rank}",
+            field="lora_config.rank",
+        )
     if not (lora.train_attn or lora.train_mlp):
-        raise UserError("set train_attn or train_mlp: this server does not adapt the unembedding (vLLM samplers "
-                        "cannot serve lm_head LoRAs), so train_unembed alone trains nothing", field="lora_config")
+        raise UserError(
+            "set train_attn or train_mlp: this server does not adapt the unembedding (vLLM samplers "
+            "cannot serve lm_head LoRAs), so train_unembed alone trains nothing",
+            field="lora_config",
+        )
     check_optimizer_config(body.optimizer_config)
 
     def spec() -> AdapterSpec:
         seed = lora.seed if lora.seed is not None else random.SystemRandom().randrange(2**31)
         return AdapterSpec(rank=lora.rank, seed=seed, train_attn=lora.train_attn, train_mlp=lora.train_mlp, role=role)
 
-    return await register_model(services, "create_model", body.session_id, body.model_seq_id, base, spec,
-                                body.user_metadata)
+    return await register_model(
+        services, "create_model", body.session_id, body.model_seq_id, base, spec, body.user_metadata
+    )
 
 
 def check_optimizer_config(config: dict | None) -> None:
@@ -62,9 +70,16 @@ def check_optimizer_config(config: dict | None) -> None:
         raise UserError("only optimizer_config.type 'adamw' is supported", field="optimizer_config.type")
 
 
-async def register_model(services: Services, kind: str, session_id: str, model_seq_id: int, base: BaseModelConfig,
-                         spec: Callable[[], AdapterSpec], user_metadata: dict | None,
-                         load: Callable[[str], LoadCheckpoint] | None = None) -> dict:
+async def register_model(
+    services: Services,
+    kind: str,
+    session_id: str,
+    model_seq_id: int,
+    base: BaseModelConfig,
+    spec: Callable[[], AdapterSpec],
+    user_metadata: dict | None,
+    load: Callable[[str], LoadCheckpoint] | None = None,
+) -> dict:
     """Record the model `{session_id}:train:{model_seq_id}` (its training run and its route to a trainer)
     and have that trainer create it, filled from a checkpoint by `load(request_id)` if given.
     A retry finds the first request's future."""
@@ -74,14 +89,24 @@ async def register_model(services: Services, kind: str, session_id: str, model_s
     if created:
         adapter = spec()
         trainer = base.trainer_for(adapter.role)
-        await services.metadata.add_training_run(TrainingRun(
-            model_id=model_id, session_id=session_id, base_model=base.name, lora_rank=adapter.rank,
-            role=adapter.role, trainer=trainer, lora_config={k: v for k, v in asdict(adapter).items() if k != "role"},
-            user_metadata=user_metadata or {}, created_at=time.time(), unloaded=False))
-        services.trainers.create_model(trainer, model_id,
-                                       CreateModel(request_id, adapter, load(request_id) if load else None))
-    log_request("queued" if created else "retried", op=kind, model_id=model_id, seq_id=0,
-                tinker_request_id=request_id)
+        await services.metadata.add_training_run(
+            TrainingRun(
+                model_id=model_id,
+                session_id=session_id,
+                base_model=base.name,
+                lora_rank=adapter.rank,
+                role=adapter.role,
+                trainer=trainer,
+                lora_config={k: v for k, v in asdict(adapter).items() if k != "role"},
+                user_metadata=user_metadata or {},
+                created_at=time.time(),
+                unloaded=False,
+            )
+        )
+        services.trainers.create_model(
+            trainer, model_id, CreateModel(request_id, adapter, load(request_id) if load else None)
+        )
+    log_request("queued" if created else "retried", op=kind, model_id=model_id, seq_id=0, tinker_request_id=request_id)
     return {"request_id": request_id, "model_id": model_id}
 
 
@@ -93,8 +118,11 @@ async def get_info(body: GetInfoRequest, services: ServicesDep) -> dict:
     return {
         "model_id": run.model_id,
         "model_data": {"arch": "qwen2", "model_name": run.base_model, "tokenizer_id": tokenizer_id},
-        "is_lora": True, "lora_rank": run.lora_rank, "model_name": run.base_model,
-        "optimizer_config": {"type": "adamw"}, "type": "get_info",
+        "is_lora": True,
+        "lora_rank": run.lora_rank,
+        "model_name": run.base_model,
+        "optimizer_config": {"type": "adamw"},
+        "type": "get_info",
     }
 
 

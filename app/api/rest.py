@@ -42,19 +42,26 @@ async def _checkpoint(services: Services, run_id: str, checkpoint_id: str) -> Ch
 
 def _run_view(run: TrainingRun) -> dict:
     return {
-        "training_run_id": run.model_id, "base_model": run.base_model, "model_owner": run.session_id,
-        "is_lora": True, "lora_rank": run.lora_rank, "corrupted": False,
+        "training_run_id": run.model_id,
+        "base_model": run.base_model,
+        "model_owner": run.session_id,
+        "is_lora": True,
+        "lora_rank": run.lora_rank,
+        "corrupted": False,
         "last_request_time": datetime.fromtimestamp(run.created_at, UTC).isoformat(),
         "user_metadata": {k: str(v) for k, v in run.user_metadata.items()},
     }
 
 
 @router.get("/training_runs")
-async def training_runs(services: ServicesDep, limit: int = Query(20, ge=1, le=1000),
-                        offset: int = Query(0, ge=0)) -> dict:
+async def training_runs(
+    services: ServicesDep, limit: int = Query(20, ge=1, le=1000), offset: int = Query(0, ge=0)
+) -> dict:
     runs, total = await services.metadata.list_training_runs(limit, offset)
-    return {"training_runs": [_run_view(r) for r in runs],
-            "cursor": {"offset": offset, "limit": limit, "total_count": total}}
+    return {
+        "training_runs": [_run_view(r) for r in runs],
+        "cursor": {"offset": offset, "limit": limit, "total_count": total},
+    }
 
 
 @router.get("/training_runs/{run_id}")
@@ -69,12 +76,15 @@ async def run_checkpoints(run_id: str, services: ServicesDep) -> dict:
 
 
 @router.get("/checkpoints")
-async def user_checkpoints(services: ServicesDep, limit: int = Query(100, ge=1, le=1000),
-                           offset: int = Query(0, ge=0)) -> dict:
+async def user_checkpoints(
+    services: ServicesDep, limit: int = Query(100, ge=1, le=1000), offset: int = Query(0, ge=0)
+) -> dict:
     """Every run's live checkpoints, newest first."""
     found, total = await services.checkpoints.page(limit, offset)
-    return {"checkpoints": [c.to_json() for c in found],
-            "cursor": {"offset": offset, "limit": limit, "total_count": total}}
+    return {
+        "checkpoints": [c.to_json() for c in found],
+        "cursor": {"offset": offset, "limit": limit, "total_count": total},
+    }
 
 
 @router.post("/training_runs/{run_id}/checkpoints/{checkpoint_id:path}/publish")
@@ -102,14 +112,18 @@ async def set_ttl(run_id: str, checkpoint_id: str, body: CheckpointTtlRequest, s
 async def external_weights_urls(run_id: str, checkpoint_id: str, request: Request, services: ServicesDep) -> dict:
     record = await _checkpoint(services, run_id, checkpoint_id)
     if record.path.kind != "external_weights":
-        raise UserError(f"{checkpoint_id!r} is not an export; download URLs exist for external_weights "
-                        "checkpoints (save_weights_external)", field="checkpoint_id")
+        raise UserError(
+            f"{checkpoint_id!r} is not an export; download URLs exist for external_weights "
+            "checkpoints (save_weights_external)",
+            field="checkpoint_id",
+        )
     try:
         files = await asyncio.to_thread(services.storage.files, record.location)
     except FileNotFoundError:
         raise ServerError(f"the files of {record.path.uri!r} are missing from storage") from None
-    urls, expires = signed_urls(str(request.base_url), services.url_signing_key, record, files,
-                                services.config.limits.download_url_ttl_seconds)
+    urls, expires = signed_urls(
+        str(request.base_url), services.url_signing_key, record, files, services.config.limits.download_url_ttl_seconds
+    )
     return {"urls": urls, "expires": expires.isoformat()}
 
 
@@ -125,5 +139,11 @@ async def delete_run_checkpoint(run_id: str, checkpoint_id: str, services: Servi
 async def weights_info(body: WeightsInfoRequest, services: ServicesDep) -> dict:
     _, run = await services.saved_by(body.tinker_path, field="tinker_path")
     lora = run.lora_config
-    return {"base_model": run.base_model, "is_lora": True, "lora_rank": run.lora_rank, "train_unembed": False,
-            "train_mlp": bool(lora.get("train_mlp", True)), "train_attn": bool(lora.get("train_attn", True))}
+    return {
+        "base_model": run.base_model,
+        "is_lora": True,
+        "lora_rank": run.lora_rank,
+        "train_unembed": False,
+        "train_mlp": bool(lora.get("train_mlp", True)),
+        "train_attn": bool(lora.get("train_attn", True)),
+    }

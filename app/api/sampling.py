@@ -19,12 +19,18 @@ router = APIRouter(prefix="/api/v1")
 async def _adapter_of(services: Services, model_path: str) -> tuple[str, str]:
     """(base model, adapter location) of saved sampler weights or a training checkpoint (both hold a PEFT
     adapter); a user error if there is none."""
-    record, run = await services.saved_by(model_path, field="model_path", kinds=("sampler_weights", "weights"),
-                                          hint="sample from sampler_weights (save_weights_for_sampler) or weights "
-                                               "(save_state)")
+    record, run = await services.saved_by(
+        model_path,
+        field="model_path",
+        kinds=("sampler_weights", "weights"),
+        hint="sample from sampler_weights (save_weights_for_sampler) or weights (save_state)",
+    )
     if run.role == "critic":
-        raise UserError(f"model_path {model_path!r} belongs to a critic, which predicts values and cannot be "
-                        "sampled; sample from its policy", field="model_path")
+        raise UserError(
+            f"model_path {model_path!r} belongs to a critic, which predicts values and cannot be "
+            "sampled; sample from its policy",
+            field="model_path",
+        )
     return run.base_model, record.location
 
 
@@ -37,18 +43,28 @@ async def create_sampling_session(body: CreateSamplingSessionRequest, services: 
         base_model, adapter_location = await _adapter_of(services, body.model_path)
     elif body.base_model is not None:  # always, after the exactly-one check above
         base_model, adapter_location = services.served_base_model(body.base_model).name, None
-    session = await services.sampler_store.create(SamplingSession(
-        sampling_session_id=sampling_session_id_for(body.session_id, body.sampling_session_seq_id),
-        session_id=body.session_id, base_model=base_model, model_path=body.model_path,
-        adapter_location=adapter_location, ephemeral=False, last_used_at=time.time()))
+    session = await services.sampler_store.create(
+        SamplingSession(
+            sampling_session_id=sampling_session_id_for(body.session_id, body.sampling_session_seq_id),
+            session_id=body.session_id,
+            base_model=base_model,
+            model_path=body.model_path,
+            adapter_location=adapter_location,
+            ephemeral=False,
+            last_used_at=time.time(),
+        )
+    )
     return {"sampling_session_id": session.sampling_session_id, "type": "create_sampling_session"}
 
 
 @router.get("/samplers/{sampling_session_id}")
 async def get_sampler(sampling_session_id: str, services: ServicesDep) -> dict:
     session = await services.sampling_session(sampling_session_id)
-    return {"sampler_id": session.sampling_session_id, "base_model": session.base_model,
-            "model_path": session.model_path}
+    return {
+        "sampler_id": session.sampling_session_id,
+        "base_model": session.base_model,
+        "model_path": session.model_path,
+    }
 
 
 @router.post("/asample")
@@ -56,20 +72,29 @@ async def asample(body: SampleRequest, services: ServicesDep) -> dict:
     session = await services.sampling_session(body.sampling_session_id)
     model = services.model_limits.get(session.base_model)
     if model is None:
-        raise UserError(f"this sampler's base model {session.base_model!r} is no longer served here",
-                        field="sampling_session_id")
+        raise UserError(
+            f"this sampler's base model {session.base_model!r} is no longer served here", field="sampling_session_id"
+        )
     args = sample_args(body, services.config.limits, model)
     limit = services.config.limits.max_pending_samples
     if not services.samplers.admit(session.base_model, limit):
-        raise Overloaded(f"{limit} samples are already queued for {session.base_model} (limits.max_pending_samples); "
-                         "retry shortly", details={"queue_state": "paused_capacity"})
+        raise Overloaded(
+            f"{limit} samples are already queued for {session.base_model} (limits.max_pending_samples); retry shortly",
+            details={"queue_state": "paused_capacity"},
+        )
     created = False
     try:
         request_id, created = await services.futures.create("sample", session.sampling_session_id, body.seq_id)
         if created:
             services.samplers.sample(session.base_model, request_id, session.adapter_location, args)
-        log_request("queued" if created else "retried", op="sample", sampling_session_id=session.sampling_session_id,
-                    seq_id=body.seq_id, tinker_request_id=request_id, num_samples=args.num_samples)
+        log_request(
+            "queued" if created else "retried",
+            op="sample",
+            sampling_session_id=session.sampling_session_id,
+            seq_id=body.seq_id,
+            tinker_request_id=request_id,
+            num_samples=args.num_samples,
+        )
     finally:
         if not created:  # a retried submit (its sample already runs) or a failed create
             services.samplers.release(session.base_model)

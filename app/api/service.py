@@ -14,8 +14,11 @@ router = APIRouter(prefix="/api/v1")
 
 @router.post("/client/config")
 async def client_config(services: ServicesDep) -> dict:
-    return {"use_pyqwest_transport": False, "fwdbwd_max_chunk_len": services.config.limits.fwdbwd_max_chunk_len,
-            "proto_compress_fwdbwd": False}
+    return {
+        "use_pyqwest_transport": False,
+        "fwdbwd_max_chunk_len": services.config.limits.fwdbwd_max_chunk_len,
+        "proto_compress_fwdbwd": False,
+    }
 
 
 @router.post("/client/dynamic_config")
@@ -30,8 +33,10 @@ async def healthz() -> dict:
 
 @router.get("/get_server_capabilities")
 async def capabilities(services: ServicesDep) -> dict:
-    models = [{"model_name": m.name, "max_context_length": m.max_context_length, "trainable": True,
-               "sampleable": True} for m in services.config.base_models]
+    models = [
+        {"model_name": m.name, "max_context_length": m.max_context_length, "trainable": True, "sampleable": True}
+        for m in services.config.base_models
+    ]
     return {"supported_models": models}
 
 

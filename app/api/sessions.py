@@ -33,6 +33,7 @@ async def expire_silent_sessions(services: Services) -> int:
     expired = await services.metadata.expire_sessions(time.time() - timeout)
     for session_id in expired:
         unloaded = await unload_session_models(services, session_id)
-        logger.info("session %s expired after %g s without a heartbeat; unloaded %d models", session_id, timeout,
-                    unloaded)
+        logger.info(
+            "session %s expired after %g s without a heartbeat; unloaded %d models", session_id, timeout, unloaded
+        )
     return len(expired)

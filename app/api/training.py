@@ -25,8 +25,13 @@ from app.training.validation import validate_forward_backward
 router = APIRouter(prefix="/api/v1")
 
 
-async def sequenced(services: Services, kind: str, model_id: str, seq_id: int,
-                     build_op: Callable[[str, TrainingRun], Awaitable[SequencedOp]]) -> dict:
+async def sequenced(
+    services: Services,
+    kind: str,
+    model_id: str,
+    seq_id: int,
+    build_op: Callable[[str, TrainingRun], Awaitable[SequencedOp]],
+) -> dict:
     """Create (or find, for a retry) the future of (model_id, seq_id) and queue its operation."""
     run = await services.training_run(model_id)
     request_id, created = await services.futures.create(kind, model_id, seq_id)
@@ -40,8 +45,15 @@ async def sequenced(services: Services, kind: str, model_id: str, seq_id: int,
             error = exc.to_body()
             await services.futures.fail(request_id, error)
             op = Skip(request_id)
-        log_request("queued" if error is None else "rejected", op=kind, model_id=model_id, seq_id=seq_id,
-                    tinker_request_id=request_id, trainer=run.trainer, outcome=outcome_of(error))
+        log_request(
+            "queued" if error is None else "rejected",
+            op=kind,
+            model_id=model_id,
+            seq_id=seq_id,
+            tinker_request_id=request_id,
+            trainer=run.trainer,
+            outcome=outcome_of(error),
+        )
         try:
             services.trainers.submit(run.trainer, model_id, seq_id, op)
         except TinkerServeError as exc:  # no trainer to send it to: the future must not stay pending
@@ -69,8 +81,9 @@ async def forward_backward(request: Request, services: ServicesDep) -> dict:
         return await sequenced(services, "forward_backward", *sequence, reject)
 
     async def build(request_id: str, run: TrainingRun) -> SequencedOp:
-        loss = validate_forward_backward(decoded, services.config.limits, services.model_limits[run.base_model],
-                                         run.role)
+        loss = validate_forward_backward(
+            decoded, services.config.limits, services.model_limits[run.base_model], run.role
+        )
         args = ForwardBackwardArgs(loss.name, loss.config, decoded.forward_only, decoded.batch)
         return ForwardBackward(request_id, args)
 

@@ -37,9 +37,15 @@ class CheckpointRecord:
 
     def to_json(self) -> dict:
         """The REST `Checkpoint` view."""
-        view = {"checkpoint_id": self.path.checkpoint_id, "checkpoint_type": _CHECKPOINT_TYPES[self.path.kind],
-                "time": _iso(self.created_at), "tinker_path": self.path.uri, "size_bytes": self.size_bytes,
-                "public": self.public, "user_metadata": self.user_metadata or None}
+        view = {
+            "checkpoint_id": self.path.checkpoint_id,
+            "checkpoint_type": _CHECKPOINT_TYPES[self.path.kind],
+            "time": _iso(self.created_at),
+            "tinker_path": self.path.uri,
+            "size_bytes": self.size_bytes,
+            "public": self.public,
+            "user_metadata": self.user_metadata or None,
+        }
         if self.expires_at is not None:
             view["expires_at"] = _iso(self.expires_at)
         return view
@@ -52,13 +58,21 @@ def already_exists(path: CheckpointPath) -> UserError:
 
 
 def _from_row(row: Row) -> CheckpointRecord:
-    return CheckpointRecord(CheckpointPath(row.model_id, row.kind, row.name), row.location, row.size_bytes,
-                            row.created_at, row.expires_at, bool(row.public), row.user_metadata or {})
+    return CheckpointRecord(
+        CheckpointPath(row.model_id, row.kind, row.name),
+        row.location,
+        row.size_bytes,
+        row.created_at,
+        row.expires_at,
+        bool(row.public),
+        row.user_metadata or {},
+    )
 
 
 def _key(path: CheckpointPath) -> ColumnElement[bool]:
-    return and_(checkpoints.c.model_id == path.model_id, checkpoints.c.kind == path.kind,
-                checkpoints.c.name == path.name)
+    return and_(
+        checkpoints.c.model_id == path.model_id, checkpoints.c.kind == path.kind, checkpoints.c.name == path.name
+    )
 
 
 def _live(now: float) -> ColumnElement[bool]:
@@ -88,13 +102,21 @@ class CheckpointStore:
             old = (await conn.execute(select(checkpoints).where(_key(record.path)))).first()
             if old is not None and not overwrite and (old.expires_at is None or old.expires_at > time.time()):
                 raise already_exists(record.path)
-            values = {"location": record.location, "size_bytes": record.size_bytes, "created_at": record.created_at,
-                      "expires_at": record.expires_at, "public": int(record.public),
-                      "user_metadata": record.user_metadata}
+            values = {
+                "location": record.location,
+                "size_bytes": record.size_bytes,
+                "created_at": record.created_at,
+                "expires_at": record.expires_at,
+                "public": int(record.public),
+                "user_metadata": record.user_metadata,
+            }
             if old is None:
                 try:
-                    await conn.execute(insert(checkpoints).values(
-                        model_id=record.path.model_id, kind=record.path.kind, name=record.path.name, **values))
+                    await conn.execute(
+                        insert(checkpoints).values(
+                            model_id=record.path.model_id, kind=record.path.kind, name=record.path.name, **values
+                        )
+                    )
                 except IntegrityError as exc:
                     raise UserError(f"checkpoint {record.path.uri!r} was saved twice at once", field="path") from exc
                 return None
@@ -113,8 +135,11 @@ class CheckpointStore:
     async def of_run(self, model_id: str) -> list[CheckpointRecord]:
         """The run's live checkpoints, newest first."""
         async with self._engine.connect() as conn:
-            rows = await conn.execute(select(checkpoints).where(checkpoints.c.model_id == model_id, _live(time.time()))
-                                      .order_by(checkpoints.c.created_at.desc()))
+            rows = await conn.execute(
+                select(checkpoints)
+                .where(checkpoints.c.model_id == model_id, _live(time.time()))
+                .order_by(checkpoints.c.created_at.desc())
+            )
         return [_from_row(row) for row in rows]
 
     async def page(self, limit: int, offset: int) -> tuple[list[CheckpointRecord], int]:
@@ -122,9 +147,15 @@ class CheckpointStore:
         now = time.time()
         async with self._engine.connect() as conn:
             total = (await conn.execute(select(func.count()).select_from(checkpoints).where(_live(now)))).scalar_one()
-            rows = await conn.execute(select(checkpoints).where(_live(now))
-                                      .order_by(checkpoints.c.created_at.desc(), checkpoints.c.model_id,
-                                                checkpoints.c.kind, checkpoints.c.name).limit(limit).offset(offset))
+            rows = await conn.execute(
+                select(checkpoints)
+                .where(_live(now))
+                .order_by(
+                    checkpoints.c.created_at.desc(), checkpoints.c.model_id, checkpoints.c.kind, checkpoints.c.name
+                )
+                .limit(limit)
+                .offset(offset)
+            )
         return [_from_row(row) for row in rows], int(total)
 
     async def update(self, path: CheckpointPath, **values: object) -> None:
@@ -132,13 +163,17 @@ class CheckpointStore:
         async with self._engine.begin() as conn:
             result = await conn.execute(update(checkpoints).where(_key(path), _live(time.time())).values(**values))
         if not result.rowcount:
-            raise NotFound(f"checkpoint {path.checkpoint_id!r} of {path.model_id!r} does not exist",
-                           field="checkpoint_id")
+            raise NotFound(
+                f"checkpoint {path.checkpoint_id!r} of {path.model_id!r} does not exist", field="checkpoint_id"
+            )
 
     async def expired(self, now: float, limit: int = 100) -> list[CheckpointPath]:
         """Checkpoints past their expiry, oldest expiry first."""
         async with self._engine.connect() as conn:
-            rows = await conn.execute(select(checkpoints.c.model_id, checkpoints.c.kind, checkpoints.c.name)
-                                      .where(checkpoints.c.expires_at <= now)
-                                      .order_by(checkpoints.c.expires_at).limit(limit))
+            rows = await conn.execute(
+                select(checkpoints.c.model_id, checkpoints.c.kind, checkpoints.c.name)
+                .where(checkpoints.c.expires_at <= now)
+                .order_by(checkpoints.c.expires_at)
+                .limit(limit)
+            )
         return [CheckpointPath(row.model_id, row.kind, row.name) for row in rows]

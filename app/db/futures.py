@@ -60,8 +60,14 @@ class FutureStore:
     async def create(self, kind: str, model_id: str | None = None, seq_id: int | None = None) -> tuple[str, bool]:
         """A new pending future; for a repeated (model_id, seq_id) the existing id and False."""
         request_id = uuid.uuid4().hex
-        row = {"request_id": request_id, "kind": kind, "model_id": model_id, "seq_id": seq_id, "state": "pending",
-               "created_at": time.time()}
+        row = {
+            "request_id": request_id,
+            "kind": kind,
+            "model_id": model_id,
+            "seq_id": seq_id,
+            "state": "pending",
+            "created_at": time.time(),
+        }
         try:
             async with self._engine.begin() as conn:
                 await conn.execute(insert(futures).values(**row))
@@ -70,9 +76,11 @@ class FutureStore:
             if seq_id is None:
                 raise
             async with self._engine.connect() as conn:
-                existing = (await conn.execute(
-                    select(futures.c.request_id).where(futures.c.model_id == model_id, futures.c.seq_id == seq_id)
-                )).scalar_one()
+                existing = (
+                    await conn.execute(
+                        select(futures.c.request_id).where(futures.c.model_id == model_id, futures.c.seq_id == seq_id)
+                    )
+                ).scalar_one()
             return existing, False
 
     async def complete(self, request_id: str, payload: bytes, content_type: str) -> None:

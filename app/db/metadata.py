@@ -31,9 +31,16 @@ class TrainingRun:
 
 def _run_from_row(row: Row[Any]) -> TrainingRun:
     return TrainingRun(
-        model_id=row.model_id, session_id=row.session_id, base_model=row.base_model, lora_rank=row.lora_rank,
-        role=row.role, trainer=row.trainer, lora_config=row.lora_config, user_metadata=row.user_metadata or {},
-        created_at=row.created_at, unloaded=bool(row.unloaded),
+        model_id=row.model_id,
+        session_id=row.session_id,
+        base_model=row.base_model,
+        lora_rank=row.lora_rank,
+        role=row.role,
+        trainer=row.trainer,
+        lora_config=row.lora_config,
+        user_metadata=row.user_metadata or {},
+        created_at=row.created_at,
+        unloaded=bool(row.unloaded),
     )
 
 
@@ -51,8 +58,14 @@ class MetadataStore:
         now = time.time()
         async with self._engine.begin() as conn:
             await conn.execute(
-                insert(sessions).values(session_id=session_id, created_at=now, last_heartbeat=now,
-                                        sdk_version=sdk_version, tags=tags, user_metadata=user_metadata)
+                insert(sessions).values(
+                    session_id=session_id,
+                    created_at=now,
+                    last_heartbeat=now,
+                    sdk_version=sdk_version,
+                    tags=tags,
+                    user_metadata=user_metadata,
+                )
             )
         return session_id
 
@@ -60,7 +73,8 @@ class MetadataStore:
         """Record a heartbeat; False when the session is unknown or finished (expired included)."""
         async with self._engine.begin() as conn:
             result = await conn.execute(
-                update(sessions).where(sessions.c.session_id == session_id, sessions.c.finished_reason.is_(None))
+                update(sessions)
+                .where(sessions.c.session_id == session_id, sessions.c.finished_reason.is_(None))
                 .values(last_heartbeat=time.time())
             )
         return result.rowcount > 0
@@ -71,15 +85,17 @@ class MetadataStore:
             silent = (sessions.c.finished_reason.is_(None)) & (sessions.c.last_heartbeat < silent_since)
             ids = [row.session_id for row in await conn.execute(select(sessions.c.session_id).where(silent))]
             if ids:
-                await conn.execute(update(sessions).where(silent, sessions.c.session_id.in_(ids))
-                                   .values(finished_reason="expired"))
+                await conn.execute(
+                    update(sessions).where(silent, sessions.c.session_id.in_(ids)).values(finished_reason="expired")
+                )
         return ids
 
     async def loaded_runs_of(self, session_id: str) -> list[TrainingRun]:
         """The session's models that have not been unloaded."""
         async with self._engine.connect() as conn:
-            rows = await conn.execute(select(training_runs).where(training_runs.c.session_id == session_id,
-                                                                  training_runs.c.unloaded == 0))
+            rows = await conn.execute(
+                select(training_runs).where(training_runs.c.session_id == session_id, training_runs.c.unloaded == 0)
+            )
         return [_run_from_row(row) for row in rows]
 
     async def finish_session(self, session_id: str, reason: str) -> None:
@@ -99,14 +115,24 @@ class MetadataStore:
     async def add_training_run(self, run: TrainingRun) -> None:
         try:
             async with self._engine.begin() as conn:
-                await conn.execute(insert(training_runs).values(
-                    model_id=run.model_id, session_id=run.session_id, base_model=run.base_model,
-                    lora_rank=run.lora_rank, role=run.role, trainer=run.trainer, lora_config=run.lora_config,
-                    user_metadata=run.user_metadata, created_at=run.created_at, unloaded=0,
-                ))
+                await conn.execute(
+                    insert(training_runs).values(
+                        model_id=run.model_id,
+                        session_id=run.session_id,
+                        base_model=run.base_model,
+                        lora_rank=run.lora_rank,
+                        role=run.role,
+                        trainer=run.trainer,
+                        lora_config=run.lora_config,
+                        user_metadata=run.user_metadata,
+                        created_at=run.created_at,
+                        unloaded=0,
+                    )
+                )
         except IntegrityError as exc:
-            raise UserError(f"model {run.model_id!r} already exists (model_seq_id reused)",
-                            field="model_seq_id") from exc
+            raise UserError(
+                f"model {run.model_id!r} already exists (model_seq_id reused)", field="model_seq_id"
+            ) from exc
 
     async def get_training_run(self, model_id: str) -> TrainingRun:
         async with self._engine.connect() as conn:
@@ -119,9 +145,12 @@ class MetadataStore:
         """One page of runs, newest first, and the total count."""
         async with self._engine.connect() as conn:
             total = (await conn.execute(select(func.count()).select_from(training_runs))).scalar_one()
-            rows = await conn.execute(select(training_runs).order_by(training_runs.c.created_at.desc(),
-                                                                     training_runs.c.model_id)
-                                      .limit(limit).offset(offset))
+            rows = await conn.execute(
+                select(training_runs)
+                .order_by(training_runs.c.created_at.desc(), training_runs.c.model_id)
+                .limit(limit)
+                .offset(offset)
+            )
         return [_run_from_row(row) for row in rows], int(total)
 
     async def model_ids_on(self, trainer: str) -> list[str]:

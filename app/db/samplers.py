@@ -35,8 +35,12 @@ def sampling_session_id_for(session_id: str, sampling_session_seq_id: int) -> st
 
 def _from_row(row: Row) -> SamplingSession:
     return SamplingSession(
-        sampling_session_id=row.sampling_session_id, session_id=row.session_id, base_model=row.base_model,
-        model_path=row.model_path, adapter_location=row.adapter_location, ephemeral=bool(row.ephemeral),
+        sampling_session_id=row.sampling_session_id,
+        session_id=row.session_id,
+        base_model=row.base_model,
+        model_path=row.model_path,
+        adapter_location=row.adapter_location,
+        ephemeral=bool(row.ephemeral),
         last_used_at=row.last_used_at,
     )
 
@@ -49,39 +53,56 @@ class SamplerStore:
         """Insert; a retried create of the same id returns the stored session unchanged."""
         try:
             async with self._engine.begin() as conn:
-                await conn.execute(insert(sampling_sessions).values(
-                    sampling_session_id=session.sampling_session_id, session_id=session.session_id,
-                    base_model=session.base_model, model_path=session.model_path,
-                    adapter_location=session.adapter_location,
-                    ephemeral=int(session.ephemeral), created_at=time.time(), last_used_at=session.last_used_at,
-                ))
+                await conn.execute(
+                    insert(sampling_sessions).values(
+                        sampling_session_id=session.sampling_session_id,
+                        session_id=session.session_id,
+                        base_model=session.base_model,
+                        model_path=session.model_path,
+                        adapter_location=session.adapter_location,
+                        ephemeral=int(session.ephemeral),
+                        created_at=time.time(),
+                        last_used_at=session.last_used_at,
+                    )
+                )
             return session
         except IntegrityError:
             return await self.get(session.sampling_session_id)
 
     async def get(self, sampling_session_id: str) -> SamplingSession:
         async with self._engine.connect() as conn:
-            row = (await conn.execute(select(sampling_sessions).where(
-                sampling_sessions.c.sampling_session_id == sampling_session_id))).first()
+            row = (
+                await conn.execute(
+                    select(sampling_sessions).where(sampling_sessions.c.sampling_session_id == sampling_session_id)
+                )
+            ).first()
         if row is None:
-            raise NotFound(f"sampling session {sampling_session_id!r} does not exist (or expired); "
-                           "create a new sampling client", field="sampling_session_id")
+            raise NotFound(
+                f"sampling session {sampling_session_id!r} does not exist (or expired); create a new sampling client",
+                field="sampling_session_id",
+            )
         return _from_row(row)
 
     async def touch(self, sampling_session_id: str, now: float) -> None:
         async with self._engine.begin() as conn:
-            await conn.execute(update(sampling_sessions)
-                               .where(sampling_sessions.c.sampling_session_id == sampling_session_id)
-                               .values(last_used_at=now))
+            await conn.execute(
+                update(sampling_sessions)
+                .where(sampling_sessions.c.sampling_session_id == sampling_session_id)
+                .values(last_used_at=now)
+            )
 
     async def expired(self, ttl_s: float, now: float) -> list[SamplingSession]:
         """Ephemeral sessions unused for longer than `ttl_s`."""
         async with self._engine.connect() as conn:
-            rows = await conn.execute(select(sampling_sessions).where(
-                sampling_sessions.c.ephemeral == 1, sampling_sessions.c.last_used_at < now - ttl_s))
+            rows = await conn.execute(
+                select(sampling_sessions).where(
+                    sampling_sessions.c.ephemeral == 1, sampling_sessions.c.last_used_at < now - ttl_s
+                )
+            )
             return [_from_row(row) for row in rows]
 
     async def delete(self, sampling_session_id: str) -> None:
         async with self._engine.begin() as conn:
-            await conn.execute(delete(sampling_sessions)
-                               .where(sampling_sessions.c.sampling_session_id == sampling_session_id))
+            await conn.execute(
+                delete(sampling_sessions).where(sampling_sessions.c.sampling_session_id == sampling_session_id)
+            )

@@ -159,7 +159,8 @@ async def create_tables(engine: AsyncEngine) -> None:
         raise SchemaMismatch(
             f"the state database {engine.url.render_as_string(hide_password=True)} has schema version {version}, "
             f"and this tinker-serve needs {SCHEMA_VERSION}; start with a fresh state_dir (or database_url), or use the "
-            "tinker-serve version that made it")
+            "tinker-serve version that made it"
+        )
 
 
 async def _upgrade(engine: AsyncEngine, version: int) -> int | None:

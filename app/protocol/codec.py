@@ -44,7 +44,6 @@ def _err(field: str, message: str) -> UserError:
     return UserError(f"{field} {message}", field=field)
 
 
-
 def _decompress_zstd(body: bytes, max_body_bytes: int) -> bytes:
     """Decompress one zstd frame; a streaming first pass bounds the output before anything is buffered."""
     dctx = zstandard.ZstdDecompressor()
@@ -165,7 +164,6 @@ def _densify(
     return dense
 
 
-
 def _from_bytes(field: str, raw: bytes, dtype: np.dtype) -> np.ndarray:
     if len(raw) % dtype.itemsize:
         raise _err(field, f"has {len(raw)} bytes, not a multiple of the dtype size {dtype.itemsize}")
@@ -236,7 +234,6 @@ def _decode_proto(body: bytes, max_cells: int) -> ForwardBackwardInput:
         config[k] = float(v.number) if arm == "number" else str(v.text)
     batch = _pack(datums)
     return ForwardBackwardInput(req.model_id, int(req.seq_id), req.loss_fn, config, bool(req.forward_only), batch)
-
 
 
 def _json_tensor(field: str, name: str, obj: Any, n_tokens: int, max_cells: int) -> np.ndarray:
@@ -324,7 +321,6 @@ def _decode_json(body: bytes, max_cells: int) -> ForwardBackwardInput:
     return ForwardBackwardInput(model_id, seq_id, loss_fn, config, forward_only, batch)
 
 
-
 def _output_arrays(result: ForwardBackwardResult) -> dict[str, tuple[np.ndarray, int]]:
     """name -> (array in its wire dtype, proto dtype), checked against the offsets."""
     total = int(result.offsets[-1])
@@ -388,6 +384,10 @@ def forward_backward_json_from_proto(payload: bytes) -> dict[str, Any]:
             row_bytes = int(np.prod(trailing, dtype=np.int64)) * dtype.itemsize
             outputs[name] = np.frombuffer(bt.data, dtype=dtype).reshape(-1, *trailing)
             offsets = np.frombuffer(bt.offsets, dtype="<i8") // row_bytes
-    result = ForwardBackwardResult(offsets=offsets, outputs=outputs, metrics=dict(sorted(msg.metrics.items())),
-                                   loss_fn_output_type=msg.loss_fn_output_type)
+    result = ForwardBackwardResult(
+        offsets=offsets,
+        outputs=outputs,
+        metrics=dict(sorted(msg.metrics.items())),
+        loss_fn_output_type=msg.loss_fn_output_type,
+    )
     return forward_backward_output_to_json(result)

@@ -10,9 +10,19 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
-    "AdamParams", "CreateModelRequest", "CreateSamplingSessionRequest", "CreateSessionRequest",
-    "FinishSessionRequest", "GetInfoRequest", "LoraConfig", "OptimStepRequest", "RetrieveFutureRequest",
-    "SampleRequest", "SamplingParams", "SaveWeightsForSamplerRequest", "SessionHeartbeatRequest",
+    "AdamParams",
+    "CreateModelRequest",
+    "CreateSamplingSessionRequest",
+    "CreateSessionRequest",
+    "FinishSessionRequest",
+    "GetInfoRequest",
+    "LoraConfig",
+    "OptimStepRequest",
+    "RetrieveFutureRequest",
+    "SampleRequest",
+    "SamplingParams",
+    "SaveWeightsForSamplerRequest",
+    "SessionHeartbeatRequest",
     "UnloadModelRequest",
 ]
 

@@ -44,8 +44,9 @@ class SamplerEngine:
         self._ids = itertools.count(2)  # 1 is the zero adapter
 
     @classmethod
-    async def start(cls, model_path: str, config: SamplerConfig, *, max_lora_rank: int, max_model_len: int,
-                    work_dir: Path) -> SamplerEngine:
+    async def start(
+        cls, model_path: str, config: SamplerConfig, *, max_lora_rank: int, max_model_len: int, work_dir: Path
+    ) -> SamplerEngine:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.lora.request import LoRARequest
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -54,13 +55,22 @@ class SamplerEngine:
         on_gpu = config.num_gpus > 0
         dtype = "float32" if config.dtype == "auto" and not on_gpu else config.dtype  # vLLM's auto may pick 16-bit
         args = AsyncEngineArgs(
-            model=model_path, dtype=cast("ModelDType", dtype),  # config.dtype passes through: vLLM checks it
-            max_model_len=max_model_len, enforce_eager=config.enforce_eager,
-            enable_lora=True, max_lora_rank=vllm_lora_rank(max_lora_rank), max_loras=config.max_loras,
-            max_cpu_loras=config.max_cpu_loras, max_num_seqs=config.max_num_seqs, seed=0,
+            model=model_path,
+            dtype=cast("ModelDType", dtype),  # config.dtype passes through: vLLM checks it
+            max_model_len=max_model_len,
+            enforce_eager=config.enforce_eager,
+            enable_lora=True,
+            max_lora_rank=vllm_lora_rank(max_lora_rank),
+            max_loras=config.max_loras,
+            max_cpu_loras=config.max_cpu_loras,
+            max_num_seqs=config.max_num_seqs,
+            seed=0,
             tensor_parallel_size=config.tensor_parallel_size,
-            **({"gpu_memory_utilization": config.gpu_memory_utilization} if on_gpu
-               else {"kv_cache_memory_bytes": config.kv_cache_mib * 2**20}),
+            **(
+                {"gpu_memory_utilization": config.gpu_memory_utilization}
+                if on_gpu
+                else {"kv_cache_memory_bytes": config.kv_cache_mib * 2**20}
+            ),
         )
         llm = AsyncLLM.from_engine_args(args)
         zero_dir = write_zero_adapter(model_path, work_dir / "zero_adapter")
@@ -84,32 +94,45 @@ class SamplerEngine:
         """Sample `args.num_samples` sequences (greedy ones as separate requests: vLLM wants n=1 there)."""
         lora = adapter or self._zero
         if args.temperature == 0 and args.num_samples > 1:
-            outputs = await asyncio.gather(*(self._generate(args, 1, lora, with_prompt=i == 0)
-                                             for i in range(args.num_samples)))
+            outputs = await asyncio.gather(
+                *(self._generate(args, 1, lora, with_prompt=i == 0) for i in range(args.num_samples))
+            )
             completions = [c for out in outputs for c in out.outputs]
             first = outputs[0]
         else:
             first = await self._generate(args, args.num_samples, lora, with_prompt=True)
             completions = list(first.outputs)
         prompt_lps, prompt_topk = _prompt_logprobs(first, args)
-        return SampleResult(sequences=[_sequence(c, args.topk_sample_logprobs) for c in completions],
-                            prompt_logprobs=prompt_lps, topk_prompt_logprobs=prompt_topk,
-                            prompt_cache_hit_tokens=first.num_cached_tokens or 0)
+        return SampleResult(
+            sequences=[_sequence(c, args.topk_sample_logprobs) for c in completions],
+            prompt_logprobs=prompt_lps,
+            topk_prompt_logprobs=prompt_topk,
+            prompt_cache_hit_tokens=first.num_cached_tokens or 0,
+        )
 
     async def _generate(self, args: SampleArgs, n: int, lora: LoRARequest, *, with_prompt: bool) -> RequestOutput:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         params = SamplingParams(
-            n=n, max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-            seed=args.seed, stop=list(args.stop_strings) or None, stop_token_ids=list(args.stop_token_ids) or None,
-            ignore_eos=args.ignore_eos, logprobs=args.topk_sample_logprobs,
+            n=n,
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            seed=args.seed,
+            stop=list(args.stop_strings) or None,
+            stop_token_ids=list(args.stop_token_ids) or None,
+            ignore_eos=args.ignore_eos,
+            logprobs=args.topk_sample_logprobs,
             prompt_logprobs=args.topk_prompt_logprobs if with_prompt and args.wants_prompt_logprobs else None,
-            detokenize=bool(args.stop_strings), output_kind=RequestOutputKind.FINAL_ONLY,
+            detokenize=bool(args.stop_strings),
+            output_kind=RequestOutputKind.FINAL_ONLY,
         )
         final = None  # vLLM's own request checks raise ValueError: sample_args checks first, so one is our fault
-        async for output in self._llm.generate({"prompt_token_ids": list(args.prompt)}, params,
-                                               request_id=uuid.uuid4().hex, lora_request=lora):
+        async for output in self._llm.generate(
+            {"prompt_token_ids": list(args.prompt)}, params, request_id=uuid.uuid4().hex, lora_request=lora
+        ):
             final = output
         if final is None or not final.finished:
             raise ServerError("the sampler ended a request without a result; retry it")
@@ -139,8 +162,12 @@ def _sequence(completion: CompletionOutput, topk: int) -> SampledSequence:
     steps = completion.logprobs or []
     # vLLM types FlatLogprobs as a sequence of `dict | None`; sampled steps always have their dict
     logprobs = [step[token].logprob for token, step in zip(tokens, steps)]  # type: ignore[index]
-    return SampledSequence(tokens=tokens, logprobs=logprobs, stop_reason=stop_reason,
-                           topk_logprobs=[_topk(step, topk) for step in steps] if topk else None)
+    return SampledSequence(
+        tokens=tokens,
+        logprobs=logprobs,
+        stop_reason=stop_reason,
+        topk_logprobs=[_topk(step, topk) for step in steps] if topk else None,
+    )
 
 
 def _prompt_logprobs(output: RequestOutput, args: SampleArgs) -> tuple[list | None, list | None]:

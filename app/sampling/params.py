@@ -40,16 +40,23 @@ class SampleArgs:
 def prompt_tokens(prompt: dict) -> tuple[int, ...]:
     """The tokens of a ModelInput JSON; only text chunks are served."""
     chunks = prompt.get("chunks", [])
-    require(isinstance(chunks, list) and len(chunks) > 0, "prompt.chunks must be a non-empty list",
-            field="prompt.chunks")
+    require(
+        isinstance(chunks, list) and len(chunks) > 0, "prompt.chunks must be a non-empty list", field="prompt.chunks"
+    )
     tokens: list[int] = []
     for i, chunk in enumerate(chunks):
         kind = chunk.get("type", "encoded_text") if isinstance(chunk, dict) else None
-        require(kind == "encoded_text", f"prompt.chunks[{i}] has type {kind!r}; this server samples text only "
-                "(encoded_text chunks)", field=f"prompt.chunks[{i}].type")
+        require(
+            kind == "encoded_text",
+            f"prompt.chunks[{i}] has type {kind!r}; this server samples text only (encoded_text chunks)",
+            field=f"prompt.chunks[{i}].type",
+        )
         ids = chunk.get("tokens")
-        require(isinstance(ids, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in ids),
-                f"prompt.chunks[{i}].tokens must be a list of integers", field=f"prompt.chunks[{i}].tokens")
+        require(
+            isinstance(ids, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in ids),
+            f"prompt.chunks[{i}].tokens must be a list of integers",
+            field=f"prompt.chunks[{i}].tokens",
+        )
         tokens.extend(ids)
     require(bool(tokens), "prompt has no tokens", field="prompt")
     return tuple(tokens)
@@ -68,11 +75,15 @@ def _stops(stop: str | list | None, vocab_size: int) -> tuple[tuple[str, ...], t
         return tuple(stop), (), False
     if all(isinstance(t, int) and not isinstance(t, bool) for t in stop):
         bad = [t for t in stop if not 0 <= t < vocab_size]
-        require(not bad, f"sampling_params.stop token ids {bad} are outside the vocabulary [0, {vocab_size})",
-                field="sampling_params.stop")
+        require(
+            not bad,
+            f"sampling_params.stop token ids {bad} are outside the vocabulary [0, {vocab_size})",
+            field="sampling_params.stop",
+        )
         return (), tuple(stop), False
-    raise UserError("sampling_params.stop must be a string, a list of strings or a list of token ids",
-                    field="sampling_params.stop")
+    raise UserError(
+        "sampling_params.stop must be a string, a list of strings or a list of token ids", field="sampling_params.stop"
+    )
 
 
 def sample_args(req: SampleRequest, limits: LimitsConfig, model: ModelLimits) -> SampleArgs:
@@ -81,44 +92,77 @@ def sample_args(req: SampleRequest, limits: LimitsConfig, model: ModelLimits) ->
     bad = [t for t in tokens if not 0 <= t < model.vocab_size]
     require(not bad, f"prompt token ids {bad[:5]} are outside the vocabulary [0, {model.vocab_size})", field="prompt")
     if len(tokens) >= model.max_context_length:
-        raise LimitExceeded(f"the prompt has {len(tokens)} tokens; the model's context length is "
-                            f"{model.max_context_length}, which must leave room for one new token", field="prompt")
+        raise LimitExceeded(
+            f"the prompt has {len(tokens)} tokens; the model's context length is "
+            f"{model.max_context_length}, which must leave room for one new token",
+            field="prompt",
+        )
     if not 1 <= req.num_samples <= limits.max_num_samples:
-        raise LimitExceeded(f"num_samples {req.num_samples} must be in [1, limits.max_num_samples="
-                            f"{limits.max_num_samples}]", field="num_samples")
+        raise LimitExceeded(
+            f"num_samples {req.num_samples} must be in [1, limits.max_num_samples={limits.max_num_samples}]",
+            field="num_samples",
+        )
     p = req.sampling_params
     max_tokens = limits.default_sample_tokens if p.max_tokens is None else p.max_tokens
     if not 1 <= max_tokens <= limits.max_sample_tokens:
-        raise LimitExceeded(f"sampling_params.max_tokens {max_tokens} must be in [1, limits.max_sample_tokens="
-                            f"{limits.max_sample_tokens}]", field="sampling_params.max_tokens")
+        raise LimitExceeded(
+            f"sampling_params.max_tokens {max_tokens} must be in [1, limits.max_sample_tokens="
+            f"{limits.max_sample_tokens}]",
+            field="sampling_params.max_tokens",
+        )
     if len(tokens) + max_tokens > model.max_context_length:
-        raise LimitExceeded(f"prompt ({len(tokens)} tokens) + sampling_params.max_tokens ({max_tokens}) exceeds the "
-                            f"model's context length {model.max_context_length}", field="sampling_params.max_tokens")
-    require(p.temperature >= 0, f"sampling_params.temperature {p.temperature} must be >= 0",
-            field="sampling_params.temperature")
-    require(p.top_k == -1 or 1 <= p.top_k <= model.vocab_size,
-            f"sampling_params.top_k {p.top_k} must be -1 (off) or in [1, {model.vocab_size}]",
-            field="sampling_params.top_k")
+        raise LimitExceeded(
+            f"prompt ({len(tokens)} tokens) + sampling_params.max_tokens ({max_tokens}) exceeds the "
+            f"model's context length {model.max_context_length}",
+            field="sampling_params.max_tokens",
+        )
+    require(
+        p.temperature >= 0,
+        f"sampling_params.temperature {p.temperature} must be >= 0",
+        field="sampling_params.temperature",
+    )
+    require(
+        p.top_k == -1 or 1 <= p.top_k <= model.vocab_size,
+        f"sampling_params.top_k {p.top_k} must be -1 (off) or in [1, {model.vocab_size}]",
+        field="sampling_params.top_k",
+    )
     require(0 < p.top_p <= 1, f"sampling_params.top_p {p.top_p} must be in (0, 1]", field="sampling_params.top_p")
     for name in ("topk_prompt_logprobs", "topk_sample_logprobs"):
         k = getattr(req, name)
         if not 0 <= k <= limits.max_topk_logprobs:
-            raise LimitExceeded(f"{name} {k} must be in [0, limits.max_topk_logprobs={limits.max_topk_logprobs}]",
-                                field=name)
-    require(req.prompt_alt_tokens_k == 0, "prompt_alt_tokens_k is not supported by this server; send 0",
-            field="prompt_alt_tokens_k")
-    require(req.target_prompt_logprobs is None, "target_prompt_logprobs is not supported by this server",
-            field="target_prompt_logprobs")
+            raise LimitExceeded(
+                f"{name} {k} must be in [0, limits.max_topk_logprobs={limits.max_topk_logprobs}]", field=name
+            )
+    require(
+        req.prompt_alt_tokens_k == 0,
+        "prompt_alt_tokens_k is not supported by this server; send 0",
+        field="prompt_alt_tokens_k",
+    )
+    require(
+        req.target_prompt_logprobs is None,
+        "target_prompt_logprobs is not supported by this server",
+        field="target_prompt_logprobs",
+    )
     last_n = req.prompt_logprobs_last_n
     if last_n is not None:
-        require(req.prompt_logprobs, "prompt_logprobs_last_n needs prompt_logprobs=true",
-                field="prompt_logprobs_last_n")
+        require(
+            req.prompt_logprobs, "prompt_logprobs_last_n needs prompt_logprobs=true", field="prompt_logprobs_last_n"
+        )
         require(last_n >= 0, f"prompt_logprobs_last_n {last_n} must be >= 0", field="prompt_logprobs_last_n")
     stop_strings, stop_ids, ignore_eos = _stops(p.stop, model.vocab_size)
     return SampleArgs(
-        prompt=tokens, num_samples=req.num_samples, max_tokens=max_tokens, temperature=p.temperature,
-        top_k=p.top_k, top_p=p.top_p, seed=None if p.seed is None else p.seed % _SEED_RANGE,
-        stop_strings=stop_strings, stop_token_ids=stop_ids, ignore_eos=ignore_eos,
-        prompt_logprobs=req.prompt_logprobs, topk_prompt_logprobs=req.topk_prompt_logprobs,
-        topk_sample_logprobs=req.topk_sample_logprobs, prompt_logprobs_last_n=last_n,
+        prompt=tokens,
+        num_samples=req.num_samples,
+        max_tokens=max_tokens,
+        temperature=p.temperature,
+        top_k=p.top_k,
+        top_p=p.top_p,
+        seed=None if p.seed is None else p.seed % _SEED_RANGE,
+        stop_strings=stop_strings,
+        stop_token_ids=stop_ids,
+        ignore_eos=ignore_eos,
+        prompt_logprobs=req.prompt_logprobs,
+        topk_prompt_logprobs=req.topk_prompt_logprobs,
+        topk_sample_logprobs=req.topk_sample_logprobs,
+        prompt_logprobs_last_n=last_n,
     )

@@ -45,9 +45,11 @@ def encode_sample_response(result: SampleResult, *, topk_prompt: int = 0, topk_s
     """The protobuf the SDK decodes; k is the requested top-k (rows may be shorter near the vocab end)."""
     msg = pb.SampleResponse(prompt_cache_hit_tokens=result.prompt_cache_hit_tokens)
     for seq in result.sequences:
-        out = msg.sequences.add(stop_reason=_STOP_REASONS[seq.stop_reason],
-                                tokens=np.asarray(seq.tokens, dtype="<i4").tobytes(),
-                                logprobs=np.asarray(seq.logprobs, dtype="<f4").tobytes())
+        out = msg.sequences.add(
+            stop_reason=_STOP_REASONS[seq.stop_reason],
+            tokens=np.asarray(seq.tokens, dtype="<i4").tobytes(),
+            logprobs=np.asarray(seq.logprobs, dtype="<f4").tobytes(),
+        )
         if topk_sample and seq.topk_logprobs is not None:
             out.topk_sampled_logprobs.CopyFrom(_topk_proto(seq.topk_logprobs, topk_sample))
     if result.prompt_logprobs is not None:
@@ -74,17 +76,23 @@ def sample_json_from_proto(payload: bytes) -> dict[str, Any]:
     reasons = {v: k for k, v in _STOP_REASONS.items()}
     sequences = []
     for seq in msg.sequences:
-        entry: dict[str, Any] = {"stop_reason": reasons[seq.stop_reason],
-                                 "tokens": np.frombuffer(seq.tokens, dtype="<i4").tolist(),
-                                 "logprobs": np.frombuffer(seq.logprobs, dtype="<f4").tolist()}
+        entry: dict[str, Any] = {
+            "stop_reason": reasons[seq.stop_reason],
+            "tokens": np.frombuffer(seq.tokens, dtype="<i4").tolist(),
+            "logprobs": np.frombuffer(seq.logprobs, dtype="<f4").tolist(),
+        }
         if seq.HasField("topk_sampled_logprobs"):
             entry["topk_logprobs"] = _topk_json(seq.topk_sampled_logprobs)
         sequences.append(entry)
-    body: dict[str, Any] = {"type": "sample", "sequences": sequences,
-                            "prompt_cache_hit_tokens": msg.prompt_cache_hit_tokens}
+    body: dict[str, Any] = {
+        "type": "sample",
+        "sequences": sequences,
+        "prompt_cache_hit_tokens": msg.prompt_cache_hit_tokens,
+    }
     if msg.prompt_logprobs:
-        body["prompt_logprobs"] = [None if math.isnan(v) else v
-                                   for v in np.frombuffer(msg.prompt_logprobs, dtype="<f4").tolist()]
+        body["prompt_logprobs"] = [
+            None if math.isnan(v) else v for v in np.frombuffer(msg.prompt_logprobs, dtype="<f4").tolist()
+        ]
     if msg.HasField("topk_prompt_logprobs"):
         body["topk_prompt_logprobs"] = _topk_json(msg.topk_prompt_logprobs)
     return body

@@ -35,8 +35,15 @@ class LoadedAdapter:
 
 
 class SamplerService:
-    def __init__(self, base_model: str, engine: SamplerEngine, futures: FutureStore, storage: ObjectStorage,
-                 cache_dir: Path, max_cached: int) -> None:
+    def __init__(
+        self,
+        base_model: str,
+        engine: SamplerEngine,
+        futures: FutureStore,
+        storage: ObjectStorage,
+        cache_dir: Path,
+        max_cached: int,
+    ) -> None:
         self._base_model = base_model
         self._engine = engine
         self._futures = futures
@@ -65,17 +72,26 @@ class SamplerService:
                 await asyncio.to_thread(shutil.rmtree, evicted.directory, ignore_errors=True)
         return loaded
 
-    async def sample(self, request_id: str, args: SampleArgs, adapter_location: str | None,
-                     register: AdapterLoader | None = None) -> None:
+    async def sample(
+        self, request_id: str, args: SampleArgs, adapter_location: str | None, register: AdapterLoader | None = None
+    ) -> None:
         """Sample and write the outcome. `register` (Serve's multiplexing) is told first which adapter is used."""
         started = time.monotonic()
         tokens, error = await self._sample(request_id, args, adapter_location, register)
-        log_request("ran", op="sample", base_model=self._base_model, adapter=adapter_location,
-                    tinker_request_id=request_id, outcome=outcome_of(error), tokens=tokens,
-                    seconds=round(time.monotonic() - started, 4))
+        log_request(
+            "ran",
+            op="sample",
+            base_model=self._base_model,
+            adapter=adapter_location,
+            tinker_request_id=request_id,
+            outcome=outcome_of(error),
+            tokens=tokens,
+            seconds=round(time.monotonic() - started, 4),
+        )
 
-    async def _sample(self, request_id: str, args: SampleArgs, adapter_location: str | None,
-                      register: AdapterLoader | None) -> tuple[int, dict | None]:
+    async def _sample(
+        self, request_id: str, args: SampleArgs, adapter_location: str | None, register: AdapterLoader | None
+    ) -> tuple[int, dict | None]:
         """(tokens sampled, None) once the future is complete, or (0, the error its future failed with)."""
         try:
             if adapter_location and register is not None:
@@ -84,8 +100,9 @@ class SamplerService:
             result = await self._engine.sample(args, adapter.lora if adapter else None)
             tokens = sum(len(s.tokens) for s in result.sequences)
             server_metrics().tokens.inc(tokens, tags={"name": self._base_model, "kind": "sampled"})
-            payload = encode_sample_response(result, topk_prompt=args.topk_prompt_logprobs,
-                                             topk_sample=args.topk_sample_logprobs)
+            payload = encode_sample_response(
+                result, topk_prompt=args.topk_prompt_logprobs, topk_sample=args.topk_sample_logprobs
+            )
         except TinkerServeError as exc:
             error = exc.to_body()
         except Exception as exc:  # the engine failed; the client must learn it, not hang

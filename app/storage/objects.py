@@ -68,8 +68,13 @@ class ObjectStorage:
         with tempfile.TemporaryDirectory(prefix="tinker-serve-upload-") as tmp:
             staged = Path(tmp) / "out"
             build(staged)
-            pafs.copy_files(str(staged), self._full(location), source_filesystem=pafs.LocalFileSystem(),
-                            destination_filesystem=self._fs, chunk_size=_CHUNK)
+            pafs.copy_files(
+                str(staged),
+                self._full(location),
+                source_filesystem=pafs.LocalFileSystem(),
+                destination_filesystem=self._fs,
+                chunk_size=_CHUNK,
+            )
             return _directory_size(staged)
 
     def files(self, location: str) -> list[StoredFile]:
@@ -79,7 +84,7 @@ class ObjectStorage:
             infos = self._fs.get_file_info(pafs.FileSelector(base, recursive=True))
         except FileNotFoundError:
             infos = []
-        found = sorted(StoredFile(i.path[len(base) + 1:], i.size) for i in infos if i.type == pafs.FileType.File)
+        found = sorted(StoredFile(i.path[len(base) + 1 :], i.size) for i in infos if i.type == pafs.FileType.File)
         if not found:
             raise FileNotFoundError(f"nothing stored at {location!r}")
         return found
@@ -98,8 +103,13 @@ class ObjectStorage:
         staged = target.parent / f".{target.name}.{uuid.uuid4().hex[:8]}"
         staged.mkdir(parents=True)  # copy_files creates the subdirectories only
         try:
-            pafs.copy_files(self._full(location), str(staged), source_filesystem=self._fs,
-                            destination_filesystem=pafs.LocalFileSystem(), chunk_size=_CHUNK)
+            pafs.copy_files(
+                self._full(location),
+                str(staged),
+                source_filesystem=self._fs,
+                destination_filesystem=pafs.LocalFileSystem(),
+                chunk_size=_CHUNK,
+            )
             os.rename(staged, target)
         except OSError:
             if not target.is_dir():  # else another reader fetched it first

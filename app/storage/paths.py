@@ -43,8 +43,11 @@ def checkpoint_path(model_id: str, kind: str, name: str, *, field: str = "path")
     if kind not in KINDS:
         raise UserError(f"checkpoint kind {kind!r} is not one of {KINDS}", field=field)
     if not _NAME.match(name) or name in (".", ".."):
-        raise UserError(f"checkpoint name {name!r} must be 1-128 of letters, digits, '.', '_' or '-' "
-                        "and start with a letter or digit", field=field)
+        raise UserError(
+            f"checkpoint name {name!r} must be 1-128 of letters, digits, '.', '_' or '-' "
+            "and start with a letter or digit",
+            field=field,
+        )
     return CheckpointPath(model_id, kind, name)
 
 
@@ -52,7 +55,7 @@ def parse_tinker_path(uri: str, *, field: str = "path") -> CheckpointPath:
     """Parse `tinker://{model_id}/{kind}/{name}`, with a user error naming `field` when malformed."""
     if not uri.startswith("tinker://"):
         raise UserError(f"{uri!r} is not a tinker:// path", field=field)
-    parts = uri[len("tinker://"):].split("/")
+    parts = uri[len("tinker://") :].split("/")
     if len(parts) != 3 or not _MODEL_ID.match(parts[0]):
         raise UserError(f"{uri!r} must look like tinker://<model_id>/<kind>/<name>", field=field)
     return checkpoint_path(parts[0], parts[1], parts[2], field=field)

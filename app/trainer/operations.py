@@ -58,7 +58,8 @@ class CheckpointCommitter:
     async def commit(self, record: CheckpointRecord, size_bytes: int, overwrite: bool) -> None:
         try:
             replaced = await self._checkpoints.commit(
-                replace(record, size_bytes=size_bytes, created_at=time.time()), overwrite)
+                replace(record, size_bytes=size_bytes, created_at=time.time()), overwrite
+            )
         except UserError:
             await asyncio.to_thread(self._storage.delete, record.location)
             raise
@@ -89,8 +90,9 @@ class _ForwardBackward(Operation[ForwardBackward]):
     def command(self, model_id: str, op: ForwardBackward) -> Command:
         return Command(CommandKind.FORWARD_BACKWARD, model_id, fwdbwd=op.args)
 
-    async def reply(self, model_id: str, op: ForwardBackward, per_rank: list[Any],
-                    committer: CheckpointCommitter) -> Reply:
+    async def reply(
+        self, model_id: str, op: ForwardBackward, per_rank: list[Any], committer: CheckpointCommitter
+    ) -> Reply:
         batch = cast(PackedBatch, op.args.batch)  # an op keeps its batch; only the shipped command holds a ref
         result = merge_shards(batch.offsets, per_rank)
         return Reply(encode_forward_backward_output(result), PROTO_CONTENT_TYPE)
@@ -108,9 +110,11 @@ class _OptimStep(Operation[OptimStep]):
 
 
 # A checkpoint's kind -> the call that saves it, and what its ranks write.
-_SAVES = {"weights": ("save_weights", CommandKind.SAVE_STATE),
-          "sampler_weights": ("save_weights_for_sampler", CommandKind.SAVE_ADAPTER),
-          "external_weights": ("save_weights_external", CommandKind.SAVE_EXPORT)}
+_SAVES = {
+    "weights": ("save_weights", CommandKind.SAVE_STATE),
+    "sampler_weights": ("save_weights_for_sampler", CommandKind.SAVE_ADAPTER),
+    "external_weights": ("save_weights_external", CommandKind.SAVE_EXPORT),
+}
 
 
 class _SaveCheckpoint(Operation[SaveCheckpoint]):
@@ -120,8 +124,9 @@ class _SaveCheckpoint(Operation[SaveCheckpoint]):
     def command(self, model_id: str, op: SaveCheckpoint) -> Command:
         return Command(_SAVES[op.record.path.kind][1], model_id, location=op.record.location)
 
-    async def reply(self, model_id: str, op: SaveCheckpoint, per_rank: list[Any],
-                    committer: CheckpointCommitter) -> Reply:
+    async def reply(
+        self, model_id: str, op: SaveCheckpoint, per_rank: list[Any], committer: CheckpointCommitter
+    ) -> Reply:
         await committer.commit(op.record, size_bytes=per_rank[0], overwrite=op.overwrite)
         return Reply.json({"path": op.record.path.uri, "type": self.name(op)})
 
@@ -133,8 +138,9 @@ class _SaveForSampler(Operation[SaveForSampler]):
     def command(self, model_id: str, op: SaveForSampler) -> Command:
         return Command(CommandKind.SAVE_ADAPTER, model_id, location=op.location)
 
-    async def reply(self, model_id: str, op: SaveForSampler, per_rank: list[Any],
-                    committer: CheckpointCommitter) -> Reply:
+    async def reply(
+        self, model_id: str, op: SaveForSampler, per_rank: list[Any], committer: CheckpointCommitter
+    ) -> Reply:
         return Reply.json({"sampling_session_id": op.sampling_session_id, "type": self.name(op)})
 
 
@@ -145,8 +151,9 @@ class _LoadCheckpoint(Operation[LoadCheckpoint]):
     def command(self, model_id: str, op: LoadCheckpoint) -> Command:
         return Command(CommandKind.LOAD_STATE, model_id, location=op.location, with_optimizer=op.with_optimizer)
 
-    async def reply(self, model_id: str, op: LoadCheckpoint, per_rank: list[Any],
-                    committer: CheckpointCommitter) -> Reply:
+    async def reply(
+        self, model_id: str, op: LoadCheckpoint, per_rank: list[Any], committer: CheckpointCommitter
+    ) -> Reply:
         return Reply.json({"path": op.path, "model_id": model_id, "type": self.name(op)})
 
 

@@ -51,7 +51,7 @@ class SeqScheduler(Generic[Op]):
         queue = self._queues.pop(model_id, None)
         if queue is not None and queue.gap_watch is not None:
             queue.gap_watch[1].cancel()
-        for _, fut in (queue.waiting.values() if queue else []):
+        for _, fut in queue.waiting.values() if queue else []:
             if not fut.done():
                 fut.set_exception(reason)
 
@@ -63,11 +63,17 @@ class SeqScheduler(Generic[Op]):
     async def submit(self, model_id: str, seq_id: int, op: Op) -> Any:
         queue = self._queues.get(model_id)
         if queue is None:
-            raise UserError(f"model {model_id!r} is not loaded on this trainer (unloaded, or lost when the trainer "
-                            "restarted): create it again or load a checkpoint", field="model_id")
+            raise UserError(
+                f"model {model_id!r} is not loaded on this trainer (unloaded, or lost when the trainer "
+                "restarted): create it again or load a checkpoint",
+                field="model_id",
+            )
         if seq_id < queue.next_seq or seq_id in queue.waiting:
-            raise UserError(f"seq_id {seq_id} of model {model_id!r} was already submitted, or arrived after "
-                            "later operations had waited limits.seq_gap_timeout_seconds for it", field="seq_id")
+            raise UserError(
+                f"seq_id {seq_id} of model {model_id!r} was already submitted, or arrived after "
+                "later operations had waited limits.seq_gap_timeout_seconds for it",
+                field="seq_id",
+            )
         fut = asyncio.get_running_loop().create_future()
         queue.waiting[seq_id] = (op, fut)
         self._dispatch_ready(model_id, queue)
@@ -96,8 +102,9 @@ class SeqScheduler(Generic[Op]):
             queue.gap_watch = None
         if queue.waiting and queue.gap_watch is None:
             expected = queue.next_seq
-            timer = asyncio.get_running_loop().call_later(self._gap_timeout_s, self._skip_gap, model_id, queue,
-                                                          expected)
+            timer = asyncio.get_running_loop().call_later(
+                self._gap_timeout_s, self._skip_gap, model_id, queue, expected
+            )
             queue.gap_watch = (expected, timer)
 
     def _skip_gap(self, model_id: str, queue: _ModelQueue[Op], expected: int) -> None:
@@ -105,8 +112,14 @@ class SeqScheduler(Generic[Op]):
         if self._queues.get(model_id) is not queue or queue.next_seq != expected or not queue.waiting:
             return
         first = min(queue.waiting)
-        logger.warning("model %s: seq_id %d..%d never arrived within %.0f s; running the %d operations "
-                       "waiting behind them", model_id, expected, first - 1, self._gap_timeout_s, len(queue.waiting))
+        logger.warning(
+            "model %s: seq_id %d..%d never arrived within %.0f s; running the %d operations waiting behind them",
+            model_id,
+            expected,
+            first - 1,
+            self._gap_timeout_s,
+            len(queue.waiting),
+        )
         queue.next_seq = first
         self._dispatch_ready(model_id, queue)
 

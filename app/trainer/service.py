@@ -35,8 +35,16 @@ def _first_error(per_rank: list[Any]) -> dict[str, Any] | None:
 
 
 class TrainerService:
-    def __init__(self, name: str, limits: LimitsConfig, group: WorkerGroup, futures: FutureStore,
-                 metadata: MetadataStore, checkpoints: CheckpointStore, storage: ObjectStorage) -> None:
+    def __init__(
+        self,
+        name: str,
+        limits: LimitsConfig,
+        group: WorkerGroup,
+        futures: FutureStore,
+        metadata: MetadataStore,
+        checkpoints: CheckpointStore,
+        storage: ObjectStorage,
+    ) -> None:
         self.name = name
         self._metadata = metadata
         self._committer = CheckpointCommitter(checkpoints, storage)
@@ -44,14 +52,17 @@ class TrainerService:
         self._group = group
         self._futures = futures
         self._scheduler: SeqScheduler[Queued] = SeqScheduler(
-            self._dispatch, gap_timeout_s=limits.seq_gap_timeout_seconds)
+            self._dispatch, gap_timeout_s=limits.seq_gap_timeout_seconds
+        )
         self._models: set[str] = set()
 
     async def start(self) -> None:
         """Start the workers; futures left pending by a previous incarnation of this trainer can never finish:
         fail them."""
-        lost = ServerError(f"trainer {self.name} restarted and its models' in-memory state was lost; "
-                           "create the model again (or load a checkpoint) and resend")
+        lost = ServerError(
+            f"trainer {self.name} restarted and its models' in-memory state was lost; "
+            "create the model again (or load a checkpoint) and resend"
+        )
         orphans = await self._futures.fail_pending_of(await self._metadata.model_ids_on(self.name), lost.to_body())
         if orphans:
             logger.warning("failed %d futures left pending by a previous incarnation of trainer %s", orphans, self.name)
@@ -75,8 +86,11 @@ class TrainerService:
             commands.append(operation(create.load).command(model_id, create.load))
         try:
             if model_id not in self._models and len(self._models) >= self._limits.max_models_per_base:
-                raise LimitExceeded(f"trainer {self.name} already holds limits.max_models_per_base="
-                                    f"{self._limits.max_models_per_base} models; unload one first", field="base_model")
+                raise LimitExceeded(
+                    f"trainer {self.name} already holds limits.max_models_per_base="
+                    f"{self._limits.max_models_per_base} models; unload one first",
+                    field="base_model",
+                )
             replies = await self._group.call(commands)
             errors = [_first_error([rank_replies[i] for rank_replies in replies]) for i in range(len(commands))]
             error = next((e for e in errors if e is not None), None)
@@ -84,8 +98,11 @@ class TrainerService:
                 await self._group.call([Command(CommandKind.REMOVE_MODEL, model_id)])
                 await self._futures.fail(create.request_id, error)
                 return
-            reply = Reply.json({"model_id": model_id, "type": "create_model"}) if create.load is None else \
-                await operation(create.load).reply(model_id, create.load, [r[1] for r in replies], self._committer)
+            reply = (
+                Reply.json({"model_id": model_id, "type": "create_model"})
+                if create.load is None
+                else await operation(create.load).reply(model_id, create.load, [r[1] for r in replies], self._committer)
+            )
         except TinkerServeError as exc:
             await self._futures.fail(create.request_id, exc.to_body())
             return
@@ -111,12 +128,14 @@ class TrainerService:
         """Send the run to the workers now (order matters); the returned awaitable writes its futures."""
         work = [(seq_id, op) for seq_id, op in run if not isinstance(op, Skip)]
         pending = self._group.send([operation(op).command(model_id, op) for _, op in work]) if work else None
-        server_metrics().queue_depth.set(self._scheduler.waiting(model_id),
-                                         tags={"trainer": self.name, "model_id": model_id})
+        server_metrics().queue_depth.set(
+            self._scheduler.waiting(model_id), tags={"trainer": self.name, "model_id": model_id}
+        )
         return self._write_outcomes(model_id, len(run), work, pending)
 
-    async def _write_outcomes(self, model_id: str, run_length: int, work: Sequence[Queued],
-                              pending: Awaitable[list[list]] | None) -> list[None]:
+    async def _write_outcomes(
+        self, model_id: str, run_length: int, work: Sequence[Queued], pending: Awaitable[list[list]] | None
+    ) -> list[None]:
         started = time.monotonic()
         try:
             replies = await pending if pending is not None else []
@@ -131,9 +150,16 @@ class TrainerService:
             except TinkerServeError as exc:
                 error = exc.to_body()
                 await self._futures.fail(op.request_id, error)
-            log_request("ran", op=operation(op).name(op), model_id=model_id, seq_id=seq_id,
-                        tinker_request_id=op.request_id, outcome=outcome_of(error), run_seconds=round(seconds, 4),
-                        run_ops=len(work))
+            log_request(
+                "ran",
+                op=operation(op).name(op),
+                model_id=model_id,
+                seq_id=seq_id,
+                tinker_request_id=op.request_id,
+                outcome=outcome_of(error),
+                run_seconds=round(seconds, 4),
+                run_ops=len(work),
+            )
         return [None] * run_length
 
     async def _write_outcome(self, model_id: str, op: SequencedOp, per_rank: list[Any]) -> dict[str, Any] | None:

@@ -32,13 +32,20 @@ def write_adapter(model: PeftModel, adapter: str, out: Path) -> None:
     os.rename(out.parent / f"{out.name}.peft" / adapter, out)  # PEFT nests non-default adapters
 
 
-def write_state(model: PeftModel, adapter: str, spec: AdapterSpec, value_head: torch.nn.Module | None,
-                optimizer: torch.optim.Optimizer, out: Path) -> None:
+def write_state(
+    model: PeftModel,
+    adapter: str,
+    spec: AdapterSpec,
+    value_head: torch.nn.Module | None,
+    optimizer: torch.optim.Optimizer,
+    out: Path,
+) -> None:
     """Everything that resumes training: adapter, value head, optimizer state and spec."""
     write_adapter(model, adapter, out)
     if value_head is not None:
-        save_file({k: v.detach().cpu().contiguous() for k, v in value_head.state_dict().items()},
-                  str(out / VALUE_HEAD_FILE))
+        save_file(
+            {k: v.detach().cpu().contiguous() for k, v in value_head.state_dict().items()}, str(out / VALUE_HEAD_FILE)
+        )
     torch.save(optimizer.state_dict(), out / OPTIMIZER_FILE)
     (out / SPEC_FILE).write_text(json.dumps(asdict(spec), sort_keys=True))
 
@@ -48,13 +55,20 @@ def read_spec(directory: str | Path) -> AdapterSpec:
     try:
         raw = json.loads((Path(directory) / SPEC_FILE).read_text())
     except (OSError, ValueError):
-        raise NotFound("no training checkpoint there (never saved, deleted, or a sampler-weights path)",
-                       field="path") from None
+        raise NotFound(
+            "no training checkpoint there (never saved, deleted, or a sampler-weights path)", field="path"
+        ) from None
     return AdapterSpec(**raw)
 
 
-def load_state(model: PeftModel, adapter: str, value_head: torch.nn.Module | None,
-               optimizer: torch.optim.Optimizer | None, directory: str | Path, device: torch.device) -> None:
+def load_state(
+    model: PeftModel,
+    adapter: str,
+    value_head: torch.nn.Module | None,
+    optimizer: torch.optim.Optimizer | None,
+    directory: str | Path,
+    device: torch.device,
+) -> None:
     """Load a checkpoint into an existing adapter of the same spec (and its optimizer, when given)."""
     directory = Path(directory)
     weights = load_file(str(directory / ADAPTER_FILE), device=str(device))
@@ -62,8 +76,7 @@ def load_state(model: PeftModel, adapter: str, value_head: torch.nn.Module | Non
     # peft annotates the result as `namedtuple` (the factory); it is torch's load_state_dict result
     unexpected_keys = result.unexpected_keys  # type: ignore[attr-defined]
     if unexpected_keys:
-        raise UserError("the checkpoint does not fit this model: unexpected "
-                        f"{unexpected_keys[:3]}", field="path")
+        raise UserError(f"the checkpoint does not fit this model: unexpected {unexpected_keys[:3]}", field="path")
     if value_head is not None:
         value_head.load_state_dict(load_file(str(directory / VALUE_HEAD_FILE), device=str(device)))
     if optimizer is not None:

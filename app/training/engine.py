@@ -86,8 +86,11 @@ class TrainingEngine:
     def _model(self, model_id: str) -> _Model:
         model = self._models.get(model_id)
         if model is None:
-            raise NotFound(f"model {model_id!r} is not loaded on this trainer (a worker restart loses models held "
-                           "in memory): create it again or load a checkpoint", field="model_id")
+            raise NotFound(
+                f"model {model_id!r} is not loaded on this trainer (a worker restart loses models held "
+                "in memory): create it again or load a checkpoint",
+                field="model_id",
+            )
         return model
 
     def _activate(self, model_id: str) -> _Model:
@@ -116,11 +119,13 @@ class TrainingEngine:
             outputs = {output_name: prediction}
             loss = torch.zeros(())
             if spec.required_inputs <= shard.loss_inputs.keys():  # a critic's forward may ask for values only
-                inputs = {k: torch.from_numpy(v).to(self.device) for k, v in shard.loss_inputs.items()
-                          if k != "target_tokens"}
+                inputs = {
+                    k: torch.from_numpy(v).to(self.device) for k, v in shard.loss_inputs.items() if k != "target_tokens"
+                }
                 datum_ids = torch.repeat_interleave(torch.arange(shard.num_datums), torch.from_numpy(shard.lengths))
-                loss, outputs["elementwise_loss"] = LOSS_FUNCTIONS[loss_fn](prediction, inputs, config,
-                                                                        datum_ids.to(self.device))
+                loss, outputs["elementwise_loss"] = LOSS_FUNCTIONS[loss_fn](
+                    prediction, inputs, config, datum_ids.to(self.device)
+                )
                 if not forward_only:
                     loss.backward()
         arrays = {k: v.detach().to(torch.float32).cpu().numpy() for k, v in outputs.items()}
@@ -181,15 +186,28 @@ class TrainingEngine:
         Its spec must match the model's: same rank, adapted layers and role."""
         model = self._model(model_id)
         saved = checkpoint.read_spec(directory)
-        if (saved.rank, saved.target_modules(), saved.role, saved.alpha) != \
-                (model.spec.rank, model.spec.target_modules(), model.spec.role, model.spec.alpha):
-            raise UserError(f"the checkpoint holds a rank-{saved.rank} {saved.role} adapting "
-                            f"{saved.target_modules()}; this model is a rank-{model.spec.rank} {model.spec.role} "
-                            f"adapting {model.spec.target_modules()}", field="path")
+        if (saved.rank, saved.target_modules(), saved.role, saved.alpha) != (
+            model.spec.rank,
+            model.spec.target_modules(),
+            model.spec.role,
+            model.spec.alpha,
+        ):
+            raise UserError(
+                f"the checkpoint holds a rank-{saved.rank} {saved.role} adapting "
+                f"{saved.target_modules()}; this model is a rank-{model.spec.rank} {model.spec.role} "
+                f"adapting {model.spec.target_modules()}",
+                field="path",
+            )
         if not with_optimizer:
             model.optimizer = make_optimizer(model.params)
-        checkpoint.load_state(self.pool.model, model.name, model.value_head,
-                              model.optimizer if with_optimizer else None, directory, self.device)
+        checkpoint.load_state(
+            self.pool.model,
+            model.name,
+            model.value_head,
+            model.optimizer if with_optimizer else None,
+            directory,
+            self.device,
+        )
         for p in model.params:
             p.grad = None
 
@@ -200,7 +218,6 @@ class TrainingEngine:
         if model.value_head is not None:
             state.update({f"value_head.{n}": p.detach().clone() for n, p in model.value_head.named_parameters()})
         return state
-
 
 
 def _all_reduce_sum_grads(params: list[torch.nn.Parameter]) -> None:

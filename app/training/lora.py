@@ -12,8 +12,13 @@ _PLACEHOLDER = "placeholder"  # keeps the PeftModel alive when no user adapter e
 
 def peft_config(spec: AdapterSpec) -> LoraConfig:
     # peft annotates lora_alpha as int; it only scales by alpha / r, and our float alpha is saved as it is
-    return LoraConfig(r=spec.rank, lora_alpha=spec.alpha,  # type: ignore[arg-type]
-                      lora_dropout=0.0, bias="none", target_modules=spec.target_modules())
+    return LoraConfig(
+        r=spec.rank,
+        lora_alpha=spec.alpha,  # type: ignore[arg-type]
+        lora_dropout=0.0,
+        bias="none",
+        target_modules=spec.target_modules(),
+    )
 
 
 class AdapterPool:

@@ -27,22 +27,27 @@ class ModelLimits:
     max_context_length: int
 
 
-def validate_forward_backward(inp: ForwardBackwardInput, limits: LimitsConfig, model: ModelLimits,
-                              role: str = "policy") -> ValidLoss:
+def validate_forward_backward(
+    inp: ForwardBackwardInput, limits: LimitsConfig, model: ModelLimits, role: str = "policy"
+) -> ValidLoss:
     """Validate the request for a model of `role`; returns the loss to run and its full config."""
     loss_fn = loss_for_role(inp.loss_fn, role)
     spec = get_loss(loss_fn)
     config = resolve_config(loss_fn, inp.loss_fn_config)
     batch = inp.batch
     if batch.num_datums > limits.max_datums_per_request:
-        raise LimitExceeded(f"{batch.num_datums} datums exceed limits.max_datums_per_request="
-                            f"{limits.max_datums_per_request}", field="data")
+        raise LimitExceeded(
+            f"{batch.num_datums} datums exceed limits.max_datums_per_request={limits.max_datums_per_request}",
+            field="data",
+        )
     max_tokens = min(limits.max_tokens_per_datum, model.max_context_length)
     too_long = np.flatnonzero(batch.lengths > max_tokens)
     if too_long.size:
         i = int(too_long[0])
-        raise LimitExceeded(f"data[{i}].model_input has {int(batch.lengths[i])} tokens; the limit is {max_tokens}",
-                            field=f"data[{i}].model_input")
+        raise LimitExceeded(
+            f"data[{i}].model_input has {int(batch.lengths[i])} tokens; the limit is {max_tokens}",
+            field=f"data[{i}].model_input",
+        )
     empty = np.flatnonzero(batch.lengths == 0)
     if empty.size:
         raise UserError(f"data[{int(empty[0])}].model_input is empty", field=f"data[{int(empty[0])}].model_input")
@@ -53,8 +58,10 @@ def validate_forward_backward(inp: ForwardBackwardInput, limits: LimitsConfig, m
     per_token = targets.shape[1:] if targets is not None else ()
     for name, arr in batch.loss_inputs.items():
         if name != "target_tokens" and arr.shape[1:] != per_token:
-            raise UserError(f"loss_fn_inputs.{name} has shape {arr.shape[1:]} per token; expected {per_token}",
-                            field=f"loss_fn_inputs.{name}")
+            raise UserError(
+                f"loss_fn_inputs.{name} has shape {arr.shape[1:]} per token; expected {per_token}",
+                field=f"loss_fn_inputs.{name}",
+            )
         if arr.dtype.kind == "f" and not np.isfinite(arr).all():
             raise UserError(f"loss_fn_inputs.{name} holds NaN or infinite values", field=f"loss_fn_inputs.{name}")
     _check_vocab(batch, model.vocab_size)
@@ -84,5 +91,7 @@ def _check_vocab(batch: PackedBatch, vocab_size: int) -> None:
             row = int(bad_rows[0])
             datum = int(np.searchsorted(batch.offsets, row, side="right") - 1)
             bad = rows[row][(rows[row] < 0) | (rows[row] >= vocab_size)][0]
-            raise UserError(f"data[{datum}].{label} holds token id {int(bad)} outside the vocabulary [0, {vocab_size})",
-                            field=f"data[{datum}].{label}")
+            raise UserError(
+                f"data[{datum}].{label} holds token id {int(bad)} outside the vocabulary [0, {vocab_size})",
+                field=f"data[{datum}].{label}",
+            )

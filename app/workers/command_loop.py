@@ -28,14 +28,22 @@ def command_loop(config: dict) -> None:
     torch.set_num_threads(config["threads"])
     started = time.monotonic()
     device = str(get_device()) if config["use_gpu"] else "cpu"
-    engine = TrainingEngine(load_base_model(config["base_path"], device=device), rank=rank,
-                            world_size=world_size, device=device)
+    engine = TrainingEngine(
+        load_base_model(config["base_path"], device=device), rank=rank, world_size=world_size, device=device
+    )
     storage = ObjectStorage(config["storage_uri"])
     mailbox = config["mailbox"]
     identity = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
     ray.get(mailbox.register.remote(rank, identity))
-    logger.info("rank %d/%d ready on %s (%s): base model %s loaded in %.1f s", rank, world_size, device, identity,
-                config["base_path"], time.monotonic() - started)
+    logger.info(
+        "rank %d/%d ready on %s (%s): base model %s loaded in %.1f s",
+        rank,
+        world_size,
+        device,
+        identity,
+        config["base_path"],
+        time.monotonic() - started,
+    )
     while True:
         message = ray.get(mailbox.next.remote(rank, 30.0))
         if message is None:

@@ -29,8 +29,11 @@ def _payload(cmd: Command, value: _T | None) -> _T:
 def _save(engine: TrainingEngine, storage: ObjectStorage, cmd: Command) -> int:
     """Store the model's adapter (or whole training state) at the command's location; returns its size.
     Rank 0 writes (ranks hold identical weights and optimizer state); the others only check the model."""
-    save = {CommandKind.SAVE_ADAPTER: engine.save_adapter, CommandKind.SAVE_STATE: engine.save_state,
-            CommandKind.SAVE_EXPORT: engine.save_export}[cmd.kind]
+    save = {
+        CommandKind.SAVE_ADAPTER: engine.save_adapter,
+        CommandKind.SAVE_STATE: engine.save_state,
+        CommandKind.SAVE_EXPORT: engine.save_export,
+    }[cmd.kind]
     if engine.rank != 0:
         engine.require_model(cmd.model_id)
         return 0

@@ -55,9 +55,18 @@ class WorkerGroup(ABC):
 
 
 class TorchTrainerGroup(WorkerGroup):
-    def __init__(self, name: str, base_path: str, shape: WorkerGroupConfig, storage_dir: str, *,
-                 checkpoint_uri: str, command_timeout_s: float, startup_timeout_s: float = 600.0,
-                 max_failures: int = 2) -> None:
+    def __init__(
+        self,
+        name: str,
+        base_path: str,
+        shape: WorkerGroupConfig,
+        storage_dir: str,
+        *,
+        checkpoint_uri: str,
+        command_timeout_s: float,
+        startup_timeout_s: float = 600.0,
+        max_failures: int = 2,
+    ) -> None:
         self._name = name
         self._base_path = base_path
         self._shape = shape
@@ -86,15 +95,24 @@ class TorchTrainerGroup(WorkerGroup):
         self._mailbox = as_actor(Mailbox).remote(self.world_size)
         trainer = TorchTrainer(
             command_loop,
-            train_loop_config={"mailbox": self._mailbox, "base_path": self._base_path,
-                               "storage_uri": self._checkpoint_uri,
-                               "threads": self._shape.torch_threads_per_worker, "use_gpu": self._shape.use_gpu},
-            scaling_config=ScalingConfig(num_workers=self.world_size, use_gpu=self._shape.use_gpu,
-                                         resources_per_worker={"CPU": self._shape.cpus_per_worker,
-                                                               **self._shape.resources}),
+            train_loop_config={
+                "mailbox": self._mailbox,
+                "base_path": self._base_path,
+                "storage_uri": self._checkpoint_uri,
+                "threads": self._shape.torch_threads_per_worker,
+                "use_gpu": self._shape.use_gpu,
+            },
+            scaling_config=ScalingConfig(
+                num_workers=self.world_size,
+                use_gpu=self._shape.use_gpu,
+                resources_per_worker={"CPU": self._shape.cpus_per_worker, **self._shape.resources},
+            ),
             torch_config=TorchConfig(backend="nccl" if self._shape.use_gpu else "gloo"),
-            run_config=RunConfig(name=f"trainer-{uuid.uuid4().hex[:8]}", storage_path=self._storage_dir,
-                                 failure_config=FailureConfig(max_failures=self._max_failures)),
+            run_config=RunConfig(
+                name=f"trainer-{uuid.uuid4().hex[:8]}",
+                storage_path=self._storage_dir,
+                failure_config=FailureConfig(max_failures=self._max_failures),
+            ),
         )
         self._fit_thread = threading.Thread(target=self._run_fit, args=(trainer,), daemon=True, name="torchtrainer-fit")
         self._fit_thread.start()
@@ -104,13 +122,16 @@ class TorchTrainerGroup(WorkerGroup):
             if status["registered"] == self.world_size:
                 break
             if time.monotonic() - started > self._startup_timeout_s:
-                raise ServerError(f"worker group for {self._name} did not start within "
-                                  f"{self._startup_timeout_s:.0f} s; check the Ray dashboard/logs for worker errors "
-                                  "and free CPUs/GPUs")
+                raise ServerError(
+                    f"worker group for {self._name} did not start within "
+                    f"{self._startup_timeout_s:.0f} s; check the Ray dashboard/logs for worker errors "
+                    "and free CPUs/GPUs"
+                )
             await asyncio.sleep(0.5)
         await self.call([Command(CommandKind.PING)])
-        logger.info("worker group for %s ready: %d ranks in %.1f s", self._name, self.world_size,
-                    time.monotonic() - started)
+        logger.info(
+            "worker group for %s ready: %d ranks in %.1f s", self._name, self.world_size, time.monotonic() - started
+        )
 
     def _run_fit(self, trainer: Any) -> None:
         try:
@@ -133,8 +154,10 @@ class TorchTrainerGroup(WorkerGroup):
         try:
             return await asyncio.wait_for(ref, self._command_timeout_s)
         except TimeoutError as exc:
-            raise ServerError(f"worker group for {self._name} did not answer within "
-                              f"{self._command_timeout_s:.0f} s (limits.command_timeout_seconds)") from exc
+            raise ServerError(
+                f"worker group for {self._name} did not answer within "
+                f"{self._command_timeout_s:.0f} s (limits.command_timeout_seconds)"
+            ) from exc
 
     @staticmethod
     def _ship(cmd: Command) -> Command:

@@ -30,9 +30,12 @@ class Mailbox:
             self._identities = {rank: identity}
             for fut, _ in self._pending.values():
                 if not fut.done():
-                    fut.set_exception(GroupRestarted(
-                        "a training worker restarted while this request ran; models on this trainer were lost. "
-                        "Recreate the model or load a checkpoint, then retry"))
+                    fut.set_exception(
+                        GroupRestarted(
+                            "a training worker restarted while this request ran; models on this trainer were lost. "
+                            "Recreate the model or load a checkpoint, then retry"
+                        )
+                    )
             self._pending.clear()
             self._queues = {r: asyncio.Queue() for r in range(self._world_size)}
 

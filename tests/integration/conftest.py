@@ -39,14 +39,26 @@ def server_config(state_dir: Path) -> dict:
     return {
         "state_dir": str(state_dir),
         "auth": {"mode": "any_tml_key_on_loopback"},
-        "base_models": [{"name": BASE_MODEL, "path": str(TINY_MODEL), "embedded_preset": "tiny",
-                         "trainer": {"num_workers": 2, "cpus_per_worker": 1},
-                         "critic_trainer": {"num_workers": 1, "cpus_per_worker": 1},  # critics route elsewhere
-                         "sampler": {"kv_cache_mib": 64, "max_loras": MAX_LORAS, "max_cpu_loras": 6}}],
-        "limits": {"fwdbwd_max_chunk_len": CHUNK_LEN, "max_tokens_per_datum": MAX_TOKENS, "max_lora_rank": 16,
-                   "ephemeral_sampler_ttl_seconds": EPHEMERAL_TTL_S, "max_pending_samples": MAX_PENDING_SAMPLES,
-                   "session_timeout_seconds": SESSION_TIMEOUT_S, "min_checkpoint_ttl_seconds": MIN_CHECKPOINT_TTL_S,
-                   "checkpoint_sweep_seconds": 1},
+        "base_models": [
+            {
+                "name": BASE_MODEL,
+                "path": str(TINY_MODEL),
+                "embedded_preset": "tiny",
+                "trainer": {"num_workers": 2, "cpus_per_worker": 1},
+                "critic_trainer": {"num_workers": 1, "cpus_per_worker": 1},  # critics route elsewhere
+                "sampler": {"kv_cache_mib": 64, "max_loras": MAX_LORAS, "max_cpu_loras": 6},
+            }
+        ],
+        "limits": {
+            "fwdbwd_max_chunk_len": CHUNK_LEN,
+            "max_tokens_per_datum": MAX_TOKENS,
+            "max_lora_rank": 16,
+            "ephemeral_sampler_ttl_seconds": EPHEMERAL_TTL_S,
+            "max_pending_samples": MAX_PENDING_SAMPLES,
+            "session_timeout_seconds": SESSION_TIMEOUT_S,
+            "min_checkpoint_ttl_seconds": MIN_CHECKPOINT_TTL_S,
+            "checkpoint_sweep_seconds": 1,
+        },
     }
 
 
@@ -54,8 +66,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The multi-node module, with a cluster of its own, runs before the shared Ray starts; modules that replace
     the shared Serve app run last, in this order."""
     first, last = ("test_multinode.py",), ("test_worker_failure.py", "test_object_storage.py")
-    items.sort(key=lambda item: -1 if item.path.name in first else
-               last.index(item.path.name) + 1 if item.path.name in last else 0)
+    items.sort(
+        key=lambda item: (
+            -1 if item.path.name in first else last.index(item.path.name) + 1 if item.path.name in last else 0
+        )
+    )
 
 
 def wait_ready(url: str, budget_s: float = 300) -> None:
@@ -68,7 +83,7 @@ def wait_ready(url: str, budget_s: float = 300) -> None:
 def replace_app(config: dict, url: str) -> None:
     """Delete the shared Serve app and start one with `config` in its place (clients keep the same URL)."""
     serve.delete("tinker", _blocking=False)  # the trainers' graceful shutdown waits up to 60 s for a submit
-    deadline = time.monotonic() + 240       # left waiting, so this can take longer than serve's own wait
+    deadline = time.monotonic() + 240  # left waiting, so this can take longer than serve's own wait
     while "tinker" in serve.status().applications:
         assert time.monotonic() < deadline, "the app was never deleted"
         time.sleep(2)
@@ -96,8 +111,13 @@ def base_url(state_dir: Path) -> str:
     ray_tmp = Path("/tmp") / f"tsray-{int(time.time())}"  # short: Ray's socket paths have a length limit
     # The dashboard (on 127.0.0.1) serves Ray's state API, which Ray Train's cleaner needs to release a killed
     # trainer's placement group, as on real clusters. S3_ENV: for test_object_storage.
-    ray.init(num_cpus=8, include_dashboard=True, _temp_dir=str(ray_tmp), _metrics_export_port=METRICS_PORT,
-             runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled", **S3_ENV}})
+    ray.init(
+        num_cpus=8,
+        include_dashboard=True,
+        _temp_dir=str(ray_tmp),
+        _metrics_export_port=METRICS_PORT,
+        runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled", **S3_ENV}},
+    )
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     started = time.monotonic()

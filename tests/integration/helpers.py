@@ -33,8 +33,12 @@ def sft_datums(tokenizer, count: int = 4) -> list[types.Datum]:
     for text in SENTENCES[:count]:
         ids = tokenizer.encode(text)
         weights = [0.0, 0.0] + [1.0] * (len(ids) - 3)
-        datums.append(types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
-                                  loss_fn_inputs={"target_tokens": ids[1:], "weights": weights}))
+        datums.append(
+            types.Datum(
+                model_input=types.ModelInput.from_ints(ids[:-1]),
+                loss_fn_inputs={"target_tokens": ids[1:], "weights": weights},
+            )
+        )
     return datums
 
 
@@ -75,8 +79,10 @@ def train_steps(tc: tinker.TrainingClient, data: list[types.Datum], steps: int, 
 
 def trainer_logprobs(tc: tinker.TrainingClient, tokens: list[int]) -> np.ndarray:
     """The trainer's forward logprobs of tokens[1:] given their prefixes."""
-    datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)},
+    )
     return tc.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
 
 
@@ -106,6 +112,8 @@ def stored_directory(state_dir: Path, uri: str) -> Path:
     """Where the checkpoint at `uri` lives in the default local storage (read from the SQLite file)."""
     path = parse_tinker_path(uri)
     with sqlite3.connect(state_dir / "tinker_serve.db") as db:
-        (location,) = db.execute("SELECT location FROM checkpoints WHERE model_id = ? AND kind = ? AND name = ?",
-                                 (path.model_id, path.kind, path.name)).fetchone()
+        (location,) = db.execute(
+            "SELECT location FROM checkpoints WHERE model_id = ? AND kind = ? AND name = ?",
+            (path.model_id, path.kind, path.name),
+        ).fetchone()
     return state_dir / "checkpoints" / location

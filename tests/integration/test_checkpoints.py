@@ -58,7 +58,8 @@ def test_policy_round_trip(service_client: tinker.ServiceClient) -> None:
     greedy = types.SamplingParams(max_tokens=6, temperature=0.0)
     from_checkpoint, from_sampler_weights = (
         service_client.create_sampling_client(model_path=p).sample(prompt, 1, greedy).result().sequences[0]
-        for p in (saved, sampler_weights))
+        for p in (saved, sampler_weights)
+    )
     assert from_checkpoint.tokens == from_sampler_weights.tokens  # a training checkpoint samples as is
     np.testing.assert_allclose(from_checkpoint.logprobs, from_sampler_weights.logprobs, atol=1e-5)
 
@@ -80,8 +81,9 @@ def test_policy_round_trip(service_client: tinker.ServiceClient) -> None:
 
 
 def test_critic_round_trip(service_client: tinker.ServiceClient, state_dir: Path) -> None:
-    critic = service_client.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=53,
-                                                        user_metadata={"model_role": "critic"}).result()
+    critic = service_client.create_lora_training_client(
+        base_model=BASE_MODEL, rank=8, seed=53, user_metadata={"model_role": "critic"}
+    ).result()
     tokenizer = critic.get_tokenizer()
     bare = critic_datums(tokenizer)
     for _ in range(2):
@@ -98,8 +100,9 @@ def test_critic_round_trip(service_client: tinker.ServiceClient, state_dir: Path
         train(tc, step_data, "ppo")
     assert_same(values_of(restored.forward(bare, "ppo").result()), values_of(critic.forward(bare, "ppo").result()))
     with sqlite3.connect(state_dir / "tinker_serve.db") as db:
-        route = db.execute("SELECT role, trainer FROM training_runs WHERE model_id = ?",
-                           (restored.model_id,)).fetchone()
+        route = db.execute(
+            "SELECT role, trainer FROM training_runs WHERE model_id = ?", (restored.model_id,)
+        ).fetchone()
     assert route == ("critic", f"{BASE_MODEL}:critic")
 
 
@@ -127,7 +130,9 @@ def test_rest_list_describe_delete(service_client: tinker.ServiceClient, base_ur
     sampler = tc.save_weights_for_sampler("s1").result().path
     listed = rest.list_checkpoints(tc.model_id).result().checkpoints
     assert {(c.checkpoint_id, c.checkpoint_type, c.tinker_path) for c in listed} == {
-        ("weights/c1", "training", state), ("sampler_weights/s1", "sampler", sampler)}
+        ("weights/c1", "training", state),
+        ("sampler_weights/s1", "sampler", sampler),
+    }
     assert all(c.size_bytes > 0 for c in listed)
     assert rest.get_training_run_by_tinker_path(sampler).result().base_model == BASE_MODEL
     info = rest.get_weights_info_by_tinker_path(state).result()
@@ -140,8 +145,12 @@ def test_rest_list_describe_delete(service_client: tinker.ServiceClient, base_ur
     with pytest.raises(tinker.NotFoundError):
         rest.delete_checkpoint_from_tinker_path(state).result()
     with httpx.Client(base_url=base_url, timeout=30, headers={"X-API-Key": "tml-integration-tests"}) as http:
-        for bad in ("weights/%2E%2E", "sampler_weights/%2E%2E%2F%2E%2E%2Fsampler_weights%2Fs1", "secrets/c1",
-                    "sampler_weights/s1%2F..%2F..%2F..%2Fx"):  # percent-encoded, so no client normalises them
+        for bad in (
+            "weights/%2E%2E",
+            "sampler_weights/%2E%2E%2F%2E%2E%2Fsampler_weights%2Fs1",
+            "secrets/c1",
+            "sampler_weights/s1%2F..%2F..%2F..%2Fx",
+        ):  # percent-encoded, so no client normalises them
             answer = http.delete(f"/api/v1/training_runs/{tc.model_id}/checkpoints/{bad}")
             assert answer.status_code == 400 and "checkpoint_id" in answer.text, (bad, answer.text)
     assert [c.checkpoint_id for c in rest.list_checkpoints(tc.model_id).result().checkpoints] == ["sampler_weights/s1"]
@@ -197,8 +206,9 @@ def test_publish_ttl_expiry_and_metadata(service_client: tinker.ServiceClient, s
     assert tc.save_state("kept").result().path == path  # the name is free again
 
 
-def test_export_and_cli_download(service_client: tinker.ServiceClient, base_url: str, state_dir: Path,
-                                 tmp_path: Path) -> None:
+def test_export_and_cli_download(
+    service_client: tinker.ServiceClient, base_url: str, state_dir: Path, tmp_path: Path
+) -> None:
     tc = new_client(service_client, seed=57)
     tc.forward_backward(sft_datums(tc.get_tokenizer()), "cross_entropy").result()
     tc.optim_step(ADAM).result()
@@ -215,36 +225,52 @@ def test_export_and_cli_download(service_client: tinker.ServiceClient, base_url:
         tampered = signed.urls["adapter_config.json"].replace("adapter_config.json", "adapter_model.safetensors")
         assert plain.get(tampered).status_code == 403
         # Only exports have download links (the SDK checks this too; other clients meet the server's check).
-        refused = plain.get(f"{base_url}/api/v1/training_runs/{tc.model_id}/checkpoints/weights/final/"
-                            "external_weights_urls", headers={"X-API-Key": "tml-integration-tests"})
+        refused = plain.get(
+            f"{base_url}/api/v1/training_runs/{tc.model_id}/checkpoints/weights/final/external_weights_urls",
+            headers={"X-API-Key": "tml-integration-tests"},
+        )
         assert refused.status_code == 400 and refused.json()["field"] == "checkpoint_id"
     with pytest.raises(tinker.RequestFailedError, match="age_encryption_recipients"):
         tc.save_weights_external("e2", age_encryption_recipients=["age1xyz"]).result()
 
     # The CLI downloads a training checkpoint by exporting it through a temporary model, then deletes the export.
     env = {**os.environ, "TINKER_BASE_URL": base_url, "TINKER_API_KEY": "tml-integration-tests"}
-    done = subprocess.run([str(Path(sys.executable).parent / "tinker"), "checkpoint", "download", state,
-                           "--output", str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "tinker"), "checkpoint", "download", state, "--output", str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     (downloaded,) = tmp_path.iterdir()
     got = load_file(str(downloaded / "adapter_model.safetensors"))
     want = load_file(str(stored_directory(state_dir, state) / "adapter_model.safetensors"))
     assert got.keys() == want.keys() and all(np.array_equal(got[k].numpy(), want[k].numpy()) for k in want)
-    assert [c.checkpoint_id for c in rest.list_user_checkpoints(limit=1000).result().checkpoints
-            if c.checkpoint_id == "external_weights/download"] == []  # the CLI's temporary export is gone
+    assert [
+        c.checkpoint_id
+        for c in rest.list_user_checkpoints(limit=1000).result().checkpoints
+        if c.checkpoint_id == "external_weights/download"
+    ] == []  # the CLI's temporary export is gone
 
 
-@pytest.mark.parametrize("field, call", [
-    ("path", lambda tc, sc, rest: tc.save_state("../escape").result()),
-    ("path", lambda tc, sc, rest: tc.save_state("/etc/passwd").result()),
-    ("path", lambda tc, sc, rest: tc.save_weights_for_sampler("..").result()),
-    ("path", lambda tc, sc, rest: tc.save_weights_external("a/../../b").result()),
-    ("path", lambda tc, sc, rest: tc.load_state(f"tinker://{tc.model_id}/weights/..").result()),
-    ("path", lambda tc, sc, rest: sc.create_training_client_from_state("tinker://../weights/x").result()),
-    ("model_path", lambda tc, sc, rest: sc.create_sampling_client(model_path="tinker://m/sampler_weights/%2E%2E").result()),
-    ("tinker_path", lambda tc, sc, rest: rest.get_weights_info_by_tinker_path("tinker://..%2F/weights/x").result()),
-    ("tinker_path", lambda tc, sc, rest: rest.get_training_run_by_tinker_path("tinker://../weights/x").result()),
-])
+@pytest.mark.parametrize(
+    "field, call",
+    [
+        ("path", lambda tc, sc, rest: tc.save_state("../escape").result()),
+        ("path", lambda tc, sc, rest: tc.save_state("/etc/passwd").result()),
+        ("path", lambda tc, sc, rest: tc.save_weights_for_sampler("..").result()),
+        ("path", lambda tc, sc, rest: tc.save_weights_external("a/../../b").result()),
+        ("path", lambda tc, sc, rest: tc.load_state(f"tinker://{tc.model_id}/weights/..").result()),
+        ("path", lambda tc, sc, rest: sc.create_training_client_from_state("tinker://../weights/x").result()),
+        (
+            "model_path",
+            lambda tc, sc, rest: sc.create_sampling_client(model_path="tinker://m/sampler_weights/%2E%2E").result(),
+        ),
+        ("tinker_path", lambda tc, sc, rest: rest.get_weights_info_by_tinker_path("tinker://..%2F/weights/x").result()),
+        ("tinker_path", lambda tc, sc, rest: rest.get_training_run_by_tinker_path("tinker://../weights/x").result()),
+    ],
+)
 def test_traversal_in_every_name_field_is_refused(service_client: tinker.ServiceClient, state_dir: Path, field, call):
     tc = _traversal_client(service_client)
     before = sorted(p.relative_to(state_dir) for p in state_dir.rglob("*"))

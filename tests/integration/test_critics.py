@@ -21,8 +21,9 @@ CRITIC_METADATA = {"model_role": "critic"}
 def pair(service_client: tinker.ServiceClient) -> tuple[tinker.TrainingClient, tinker.TrainingClient]:
     """A policy and a critic created in the same session."""
     policy = new_client(service_client, seed=41)
-    critic = service_client.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=41,
-                                                        user_metadata=CRITIC_METADATA).result()
+    critic = service_client.create_lora_training_client(
+        base_model=BASE_MODEL, rank=8, seed=41, user_metadata=CRITIC_METADATA
+    ).result()
     return policy, critic
 
 
@@ -60,9 +61,13 @@ def test_critic_learns_values_and_policy_is_independent(pair, state_dir: Path) -
 
     # The routing table: each model on the trainer of its role (critics have their own worker group here).
     with sqlite3.connect(state_dir / "tinker_serve.db") as db:
-        routes = {m: (role, trainer) for m, role, trainer in db.execute(
-            "SELECT model_id, role, trainer FROM training_runs WHERE model_id IN (?, ?)",
-            (policy.model_id, critic.model_id))}
+        routes = {
+            m: (role, trainer)
+            for m, role, trainer in db.execute(
+                "SELECT model_id, role, trainer FROM training_runs WHERE model_id IN (?, ?)",
+                (policy.model_id, critic.model_id),
+            )
+        }
     assert routes == {policy.model_id: ("policy", BASE_MODEL), critic.model_id: ("critic", f"{BASE_MODEL}:critic")}
 
 
@@ -95,14 +100,17 @@ def test_sampling_a_critic_fails(pair, service_client: tinker.ServiceClient) -> 
 def test_wrong_losses_and_roles_are_user_errors(pair, service_client: tinker.ServiceClient) -> None:
     policy, critic = pair
     tokenizer = policy.get_tokenizer()
-    for datums, loss_fn, field in ((sft_datums(tokenizer, 1), "cross_entropy", "loss_fn"),
-                                   (critic_datums(tokenizer), "ppo", "returns")):
+    for datums, loss_fn, field in (
+        (sft_datums(tokenizer, 1), "cross_entropy", "loss_fn"),
+        (critic_datums(tokenizer), "ppo", "returns"),
+    ):
         with pytest.raises(tinker.RequestFailedError, match=field) as info:
             critic.forward_backward(datums, loss_fn).result()
         assert info.value.category is types.RequestErrorCategory.User
     with pytest.raises(tinker.BadRequestError, match="model_role"):
-        service_client.create_lora_training_client(base_model=BASE_MODEL, rank=4,
-                                                   user_metadata={"model_role": "judge"}).result()
+        service_client.create_lora_training_client(
+            base_model=BASE_MODEL, rank=4, user_metadata={"model_role": "judge"}
+        ).result()
 
 
 def test_model_role_field(base_url: str, state_dir: Path) -> None:
@@ -110,14 +118,17 @@ def test_model_role_field(base_url: str, state_dir: Path) -> None:
     with httpx.Client(base_url=base_url, timeout=30, headers={"X-API-Key": "tml-integration-tests"}) as http:
         session = http.post("/api/v1/create_session", json={}).json()["session_id"]
         body = {"session_id": session, "model_seq_id": 0, "base_model": BASE_MODEL, "lora_config": {"rank": 4}}
-        for bad, field in (({"model_role": "judge"}, "model_role"),
-                           ({"model_role": "critic", "user_metadata": {"model_role": "policy"}}, "model_role")):
+        for bad, field in (
+            ({"model_role": "judge"}, "model_role"),
+            ({"model_role": "critic", "user_metadata": {"model_role": "policy"}}, "model_role"),
+        ):
             answer = http.post("/api/v1/create_model", json={**body, **bad})
             assert answer.status_code == 400 and field in answer.text
         created = http.post("/api/v1/create_model", json={**body, "model_role": "critic"}).json()
         done = http.post("/api/v1/retrieve_future", json={"request_id": created["request_id"]}).json()
         assert done["model_id"] == created["model_id"]
     with sqlite3.connect(state_dir / "tinker_serve.db") as db:
-        row = db.execute("SELECT role, trainer FROM training_runs WHERE model_id = ?",
-                         (created["model_id"],)).fetchone()
+        row = db.execute(
+            "SELECT role, trainer FROM training_runs WHERE model_id = ?", (created["model_id"],)
+        ).fetchone()
     assert row == ("critic", f"{BASE_MODEL}:critic")

@@ -32,8 +32,9 @@ def _user_error(future) -> tinker.RequestFailedError:
 
 def _datum(inputs: list[int], targets: list[int], weights: list[float] | None = None) -> types.Datum:
     weights = [1.0] * len(targets) if weights is None else weights
-    return types.Datum(model_input=types.ModelInput.from_ints(inputs),
-                       loss_fn_inputs={"target_tokens": targets, "weights": weights})
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(inputs), loss_fn_inputs={"target_tokens": targets, "weights": weights}
+    )
 
 
 def test_unknown_loss(client):
@@ -77,8 +78,10 @@ def test_client_keeps_working_after_errors(client):
 
 
 def test_unknown_base_model_and_rank_limit(service_client):
-    for kwargs, field in (({"base_model": "unknown/model"}, "base_model"),
-                          ({"base_model": BASE_MODEL, "rank": 4096}, "lora_config.rank")):
+    for kwargs, field in (
+        ({"base_model": "unknown/model"}, "base_model"),
+        ({"base_model": BASE_MODEL, "rank": 4096}, "lora_config.rank"),
+    ):
         started = time.monotonic()
         with pytest.raises(tinker.BadRequestError) as info:
             service_client.create_lora_training_client(**kwargs).result()
@@ -88,8 +91,10 @@ def test_unknown_base_model_and_rank_limit(service_client):
 
 def _fb_body(model_id: str, seq_id: int, datum: types.Datum) -> bytes:
     request = types.ForwardBackwardRequest(
-        model_id=model_id, seq_id=seq_id,
-        forward_backward_input=types.ForwardBackwardInput(data=[datum], loss_fn="cross_entropy"))
+        model_id=model_id,
+        seq_id=seq_id,
+        forward_backward_input=types.ForwardBackwardInput(data=[datum], loss_fn="cross_entropy"),
+    )
     return forward_backward_request_to_proto(request).SerializeToString()
 
 

@@ -37,10 +37,12 @@ def test_custom_metrics_reach_rays_metrics_endpoint(service_client) -> None:
     expectations = {
         "trained tokens": lambda t: sum(_samples(t, "ray_tinker_serve_tokens", kind="trained")) >= 2 * trained_tokens,
         "sampled tokens": lambda t: sum(_samples(t, "ray_tinker_serve_tokens", kind="sampled")) >= 12,
-        "forward_backward answered 200": lambda t: sum(_samples(
-            t, "ray_tinker_serve_requests", route="/api/v1/forward_backward", status="200")) >= 2,
-        "optim_step latency": lambda t: sum(_samples(
-            t, "ray_tinker_serve_training_op_seconds_count", op="optim_step")) >= 2,
+        "forward_backward answered 200": lambda t: (
+            sum(_samples(t, "ray_tinker_serve_requests", route="/api/v1/forward_backward", status="200")) >= 2
+        ),
+        "optim_step latency": lambda t: (
+            sum(_samples(t, "ray_tinker_serve_training_op_seconds_count", op="optim_step")) >= 2
+        ),
         "queue depth of the model": lambda t: bool(_samples(t, "ray_tinker_serve_queue_depth", model_id=tc.model_id)),
         "adapter loads": lambda t: sum(_samples(t, "ray_tinker_serve_adapter_loads")) >= 1,
         "Serve's replica metrics": lambda t: bool(_samples(t, "ray_serve_deployment_replica_healthy")),

@@ -57,16 +57,27 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
         # Cluster writes the head's address into the default temp dir's address file even with a temp_dir of its
         # own, and fails on a machine where Ray never ran unless that directory exists.
         Path(get_ray_address_file(None)).parent.mkdir(parents=True, exist_ok=True)
-        cluster = Cluster(initialize_head=True, head_node_args={
-            "num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": True, "dashboard_host": "127.0.0.1",
-            "temp_dir": f"/tmp/tsmn-{int(time.time())}"})  # short: Ray's socket paths have a length limit
-        nodes = {"head": cluster.head_node.node_id,
-                 "trainer": _node(cluster, num_cpus=2, resources={"trainer_node": 2}),
-                 "sampler": _node(cluster, num_cpus=1, resources={"sampler_node": 1})}
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={
+                "num_cpus": 1,
+                "node_ip_address": "127.0.0.1",
+                "include_dashboard": True,
+                "dashboard_host": "127.0.0.1",
+                "temp_dir": f"/tmp/tsmn-{int(time.time())}",
+            },
+        )  # short: Ray's socket paths have a length limit
+        nodes = {
+            "head": cluster.head_node.node_id,
+            "trainer": _node(cluster, num_cpus=2, resources={"trainer_node": 2}),
+            "sampler": _node(cluster, num_cpus=1, resources={"sampler_node": 1}),
+        }
         try:
             cluster.wait_for_nodes()
-            ray.init(address=cluster.address, runtime_env={"env_vars": {
-                "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled", **S3_ENV}})
+            ray.init(
+                address=cluster.address,
+                runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled", **S3_ENV}},
+            )
             port = _free_port()
             serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
             config = server_config(state_dir)
@@ -74,8 +85,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
             base.pop("critic_trainer")
             base["trainer"] = {"num_workers": 2, "cpus_per_worker": 1, "resources": {"trainer_node": 1}}
             base["sampler"] = {**base["sampler"], "num_cpus": 1, "resources": {"sampler_node": 1}}
-            serve.run(build_app({**config, "storage_uri": storage_uri, "ingress_replicas": 2}), name="tinker",
-                      route_prefix="/")
+            serve.run(
+                build_app({**config, "storage_uri": storage_uri, "ingress_replicas": 2}),
+                name="tinker",
+                route_prefix="/",
+            )
             url = f"http://127.0.0.1:{port}"
             wait_ready(url)
             yield url, state_dir, storage_uri, nodes, Path(cluster.head_node.get_session_dir_path())
@@ -133,19 +147,26 @@ def test_policy_trained_on_one_node_is_sampled_on_another_through_s3(cluster, cl
 
     sampler = client.create_sampling_client(model_path=path)
     prompt = tc.get_tokenizer().encode("What is 12 + 7? The answer")
-    result = sampler.sample(types.ModelInput.from_ints(prompt), 2,
-                            types.SamplingParams(max_tokens=8, temperature=1.0, seed=5)).result()
+    result = sampler.sample(
+        types.ModelInput.from_ints(prompt), 2, types.SamplingParams(max_tokens=8, temperature=1.0, seed=5)
+    ).result()
     for seq in result.sequences:
         assert len(seq.tokens) == len(seq.logprobs) == 8
         np.testing.assert_allclose(seq.logprobs, trainer_logprobs(tc, prompt + seq.tokens)[-8:], atol=ATOL)
 
     # Each replica's log file has the request lines (the sampler's once stopped when vLLM started).
     model = re.escape(tc.model_id)
-    _wait_for_log_line(session_dir, "Trainer_tinker-serve_tiny",
-                       rf"ran op=forward_backward model_id={model} seq_id=1 tinker_request_id=\w+ outcome=ok")
-    _wait_for_log_line(session_dir, "Sampler_tinker-serve_tiny",
-                       rf"ran op=sample base_model=tinker-serve/tiny adapter={model}/sampler_weights/multinode/\w+ "
-                       r"tinker_request_id=\w+ outcome=ok tokens=16")
+    _wait_for_log_line(
+        session_dir,
+        "Trainer_tinker-serve_tiny",
+        rf"ran op=forward_backward model_id={model} seq_id=1 tinker_request_id=\w+ outcome=ok",
+    )
+    _wait_for_log_line(
+        session_dir,
+        "Sampler_tinker-serve_tiny",
+        rf"ran op=sample base_model=tinker-serve/tiny adapter={model}/sampler_weights/multinode/\w+ "
+        r"tinker_request_id=\w+ outcome=ok tokens=16",
+    )
 
 
 def test_each_ingress_replica_answers_futures_the_other_created(cluster, client) -> None:
@@ -153,14 +174,18 @@ def test_each_ingress_replica_answers_futures_the_other_created(cluster, client)
     tc = new_client(client, seed=82)
     tc.forward_backward(sft_datums(tc.get_tokenizer(), count=2), "cross_entropy").result()
     with sqlite3.connect(state_dir / "tinker_serve.db") as db:
-        (request_id,) = db.execute("SELECT request_id FROM futures WHERE model_id = ? AND seq_id = 1",
-                                   (tc.model_id,)).fetchone()
+        (request_id,) = db.execute(
+            "SELECT request_id FROM futures WHERE model_id = ? AND seq_id = 1", (tc.model_id,)
+        ).fetchone()
 
     answers = []
     with httpx.Client(base_url=url, timeout=60, headers={"X-API-Key": "tml-multinode"}) as http:
         for i in range(PROBES):
-            response = http.post("/api/v1/retrieve_future", json={"request_id": request_id},
-                                 headers={"X-Request-ID": f"probe-{request_id}-{i}"})
+            response = http.post(
+                "/api/v1/retrieve_future",
+                json={"request_id": request_id},
+                headers={"X-Request-ID": f"probe-{request_id}-{i}"},
+            )
             assert response.status_code == 200
             answers.append(response.content)
     assert b"loss_fn_outputs" in answers[0]
@@ -171,9 +196,15 @@ def test_each_ingress_replica_answers_futures_the_other_created(cluster, client)
     deadline = time.monotonic() + 30
     while True:
         logs = _replica_logs(session_dir, "Ingress")
-        creator = [r for r, text in logs.items() if re.search(
-            rf"queued op=forward_backward model_id={re.escape(tc.model_id)} seq_id=1 "
-            rf"tinker_request_id={request_id}", text)]
+        creator = [
+            r
+            for r, text in logs.items()
+            if re.search(
+                rf"queued op=forward_backward model_id={re.escape(tc.model_id)} seq_id=1 "
+                rf"tinker_request_id={request_id}",
+                text,
+            )
+        ]
         answered = {r for r, text in logs.items() for i in range(PROBES) if f"probe-{request_id}-{i} " in text}
         if len(logs) == 2 and creator and answered == set(logs):
             break

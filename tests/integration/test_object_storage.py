@@ -25,8 +25,9 @@ def s3_storage(base_url: str, state_dir: Path):
         yield ObjectStorage(uri)
 
 
-def test_checkpoints_round_trip_through_s3(s3_storage: ObjectStorage, service_client: tinker.ServiceClient,
-                                           state_dir: Path) -> None:
+def test_checkpoints_round_trip_through_s3(
+    s3_storage: ObjectStorage, service_client: tinker.ServiceClient, state_dir: Path
+) -> None:
     local_before = sorted((state_dir / "checkpoints").rglob("*"))
     tc = new_client(service_client, seed=61)
     data = sft_datums(tc.get_tokenizer())
@@ -44,8 +45,11 @@ def test_checkpoints_round_trip_through_s3(s3_storage: ObjectStorage, service_cl
         np.testing.assert_array_equal(got, want)
     train_steps(tc, data, 1)
     train_steps(restored, data, 1)
-    for got, want in zip(logprobs_of(restored.forward(data, "cross_entropy").result()),
-                         logprobs_of(tc.forward(data, "cross_entropy").result()), strict=True):
+    for got, want in zip(
+        logprobs_of(restored.forward(data, "cross_entropy").result()),
+        logprobs_of(tc.forward(data, "cross_entropy").result()),
+        strict=True,
+    ):
         np.testing.assert_array_equal(got, want)
 
     # Sample: the sampler downloads the adapter; the saved weights are the 2-step ones, not the trained-on model.

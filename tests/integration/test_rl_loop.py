@@ -35,15 +35,19 @@ def test_importance_sampling_raises_reward(service_client: tinker.ServiceClient)
 
 def test_ppo_with_critic_raises_reward(service_client: tinker.ServiceClient) -> None:
     policy = service_client.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=0).result()
-    critic = service_client.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=0,
-                                                        user_metadata={"model_role": "critic"}).result()
+    critic = service_client.create_lora_training_client(
+        base_model=BASE_MODEL, rank=8, seed=0, user_metadata={"model_role": "critic"}
+    ).result()
     sampler = policy.save_weights_and_get_sampling_client().result()
-    ppo = PPOTrainer(policy, critic, make_task(policy.get_tokenizer(), sampler), group_size=GROUP_SIZE,
-                     sampler=sampler)
+    ppo = PPOTrainer(policy, critic, make_task(policy.get_tokenizer(), sampler), group_size=GROUP_SIZE, sampler=sampler)
     metrics = [ppo.iteration(seed=i * 1000) for i in range(12)]
     rewards = [m["reward"] for m in metrics]
-    print("ppo mean rewards:", [round(r, 3) for r in rewards],
-          "value errors:", [round(m["value_error"], 3) for m in metrics])
+    print(
+        "ppo mean rewards:",
+        [round(r, 3) for r in rewards],
+        "value errors:",
+        [round(m["value_error"], 3) for m in metrics],
+    )
     assert all(np.isfinite([m["policy_loss"], m["critic_loss"], m["value_error"]]).all() for m in metrics)
     assert set(ppo.phase_seconds) == {"sample", "critic_values", "policy_step", "critic_step", "weight_sync"}
     assert np.mean(rewards[-3:]) > rewards[0] + 0.3, rewards

@@ -15,11 +15,17 @@ def rl_datums(tokenizer, rng: np.random.Generator) -> list[types.Datum]:
     for text in SENTENCES[:3]:
         ids = tokenizer.encode(text)
         n = len(ids) - 1
-        datums.append(types.Datum(
-            model_input=types.ModelInput.from_ints(ids[:-1]),
-            loss_fn_inputs={"target_tokens": ids[1:], "logprobs": (-7.6 + rng.normal(0, 0.5, n)).tolist(),
-                            "advantages": rng.normal(0, 1, n).tolist(),
-                            "sequence_ratio_mask": (rng.random(n) > 0.3).astype(float).tolist()}))
+        datums.append(
+            types.Datum(
+                model_input=types.ModelInput.from_ints(ids[:-1]),
+                loss_fn_inputs={
+                    "target_tokens": ids[1:],
+                    "logprobs": (-7.6 + rng.normal(0, 0.5, n)).tolist(),
+                    "advantages": rng.normal(0, 1, n).tolist(),
+                    "sequence_ratio_mask": (rng.random(n) > 0.3).astype(float).tolist(),
+                },
+            )
+        )
     return datums
 
 
@@ -42,19 +48,32 @@ def expected_loss(name: str, config: dict, datum: types.Datum, lp: np.ndarray) -
     return float(-np.minimum(s * a, np.clip(s, 1 - 3e-4, 1 + 4e-4) * a).sum())
 
 
-@pytest.mark.parametrize("name, config", [
-    ("importance_sampling", {}), ("ppo", {}), ("ppo", {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}),
-    ("cispo", {}), ("dro", {"beta": 0.05}), ("gspo", {}),
-])
+@pytest.mark.parametrize(
+    "name, config",
+    [
+        ("importance_sampling", {}),
+        ("ppo", {}),
+        ("ppo", {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}),
+        ("cispo", {}),
+        ("dro", {"beta": 0.05}),
+        ("gspo", {}),
+    ],
+)
 def test_loss_sum_matches_formula(service_client, name, config):
     tc = new_client(service_client, seed=31)
     data = rl_datums(tc.get_tokenizer(), np.random.default_rng(0))
     if name != "gspo":
-        data = [types.Datum(model_input=d.model_input, loss_fn_inputs={k: v for k, v in d.loss_fn_inputs.items()
-                                                                       if k != "sequence_ratio_mask"}) for d in data]
+        data = [
+            types.Datum(
+                model_input=d.model_input,
+                loss_fn_inputs={k: v for k, v in d.loss_fn_inputs.items() if k != "sequence_ratio_mask"},
+            )
+            for d in data
+        ]
     result = tc.forward_backward(data, name, loss_fn_config=config or None).result()
-    expected = sum(expected_loss(name, config, d, out["logprobs"].to_numpy())
-                   for d, out in zip(data, result.loss_fn_outputs))
+    expected = sum(
+        expected_loss(name, config, d, out["logprobs"].to_numpy()) for d, out in zip(data, result.loss_fn_outputs)
+    )
     assert result.metrics["loss:sum"] == pytest.approx(expected, rel=1e-4, abs=1e-4)
 
 

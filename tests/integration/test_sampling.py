@@ -47,7 +47,7 @@ def test_sampler_logprobs_equal_trainer_logprobs(trained, prompt):
     assert len(result.sequences) == 2 and result.sequences[0].tokens != result.sequences[1].tokens
     for seq in result.sequences:
         assert len(seq.tokens) == len(seq.logprobs) == 12 and seq.stop_reason == "length"
-        expected = trainer_logprobs(trained, prompt + seq.tokens)[-len(seq.tokens):]
+        expected = trainer_logprobs(trained, prompt + seq.tokens)[-len(seq.tokens) :]
         np.testing.assert_allclose(seq.logprobs, expected, atol=ATOL)
     full = prompt + result.sequences[0].tokens
     computed = sampler.compute_logprobs(types.ModelInput.from_ints(full)).result()
@@ -56,9 +56,15 @@ def test_sampler_logprobs_equal_trainer_logprobs(trained, prompt):
 
 
 def test_prompt_logprob_options(trained, base_sampler, prompt):
-    result = base_sampler.sample(types.ModelInput.from_ints(prompt), 1, types.SamplingParams(max_tokens=4, seed=1),
-                                 include_prompt_logprobs=True, topk_prompt_logprobs=3, topk_sample_logprobs=2,
-                                 prompt_logprobs_last_n=3).result()
+    result = base_sampler.sample(
+        types.ModelInput.from_ints(prompt),
+        1,
+        types.SamplingParams(max_tokens=4, seed=1),
+        include_prompt_logprobs=True,
+        topk_prompt_logprobs=3,
+        topk_sample_logprobs=2,
+        prompt_logprobs_last_n=3,
+    ).result()
     lps = result.prompt_logprobs
     assert len(lps) == len(prompt) and all(v is None for v in lps[:-3]) and all(v is not None for v in lps[-3:])
     topk = result.topk_prompt_logprobs
@@ -85,8 +91,9 @@ def test_greedy_and_seed_determinism(base_sampler, prompt):
     again = base_sampler.sample(model_input, 1, greedy).result()
     assert len({tuple(s.tokens) for s in first.sequences}) == 1
     assert again.sequences[0].tokens == first.sequences[0].tokens
-    seeded = [base_sampler.sample(model_input, 2, types.SamplingParams(max_tokens=10, seed=s)).result()
-              for s in (5, 5, 6)]
+    seeded = [
+        base_sampler.sample(model_input, 2, types.SamplingParams(max_tokens=10, seed=s)).result() for s in (5, 5, 6)
+    ]
     tokens = [[seq.tokens for seq in r.sequences] for r in seeded]
     assert tokens[0] == tokens[1] and tokens[0] != tokens[2]
 
@@ -103,7 +110,7 @@ def test_stop_tokens_strings_and_empty_stop(base_sampler, prompt, trained):
     text = trained.get_tokenizer().decode(free.tokens[3:5])
     by_string = base_sampler.sample(model_input, 1, types.SamplingParams(max_tokens=12, seed=9, stop=[text]))
     seq = by_string.result().sequences[0]
-    assert seq.stop_reason == "stop" and len(seq.tokens) <= 5 and seq.tokens == free.tokens[:len(seq.tokens)]
+    assert seq.stop_reason == "stop" and len(seq.tokens) <= 5 and seq.tokens == free.tokens[: len(seq.tokens)]
 
     no_stop = base_sampler.sample(model_input, 1, types.SamplingParams(max_tokens=30, seed=9, stop=[])).result()
     assert no_stop.sequences[0].stop_reason == "length" and len(no_stop.sequences[0].tokens) == 30
@@ -112,22 +119,29 @@ def test_stop_tokens_strings_and_empty_stop(base_sampler, prompt, trained):
 def test_three_adapters_and_the_base_sampled_concurrently(service_client, base_sampler, reference_base):
     clients = [trained_client(service_client, seed=s, steps=2) for s in (21, 22, 23)]
     samplers = [
-        service_client.create_sampling_client(model_path=tc.save_weights_for_sampler(f"multi-{i}").result().path)
-        .result()
+        service_client.create_sampling_client(
+            model_path=tc.save_weights_for_sampler(f"multi-{i}").result().path
+        ).result()
         for i, tc in enumerate(clients)
     ]
     tokenizer = clients[0].get_tokenizer()
     prompts = [tokenizer.encode(text) for text in SENTENCES[:3]]
     expected = [[trainer_logprobs(tc, p) for p in prompts] for tc in clients]
     with torch.no_grad():
-        expected.append([torch.log_softmax(reference_base(torch.tensor([p])).logits[0, :-1].float(), -1)
-                         .gather(-1, torch.tensor(p[1:])[:, None])[:, 0].numpy() for p in prompts])
+        expected.append(
+            [
+                torch.log_softmax(reference_base(torch.tensor([p])).logits[0, :-1].float(), -1)
+                .gather(-1, torch.tensor(p[1:])[:, None])[:, 0]
+                .numpy()
+                for p in prompts
+            ]
+        )
 
     async def all_at_once() -> list[list[list[float | None]]]:
         everyone = [*samplers, base_sampler]
         calls = [s.compute_logprobs(types.ModelInput.from_ints(p)) for s in everyone for p in prompts]
         flat = await asyncio.gather(*calls)
-        return [flat[i * len(prompts):(i + 1) * len(prompts)] for i in range(len(everyone))]
+        return [flat[i * len(prompts) : (i + 1) * len(prompts)] for i in range(len(everyone))]
 
     results = asyncio.run(all_at_once())
     for got_model, want_model in zip(results, expected):
@@ -158,15 +172,23 @@ def test_ephemeral_sampler_expires_and_persistent_one_survives(trained, prompt, 
     assert not any(d.exists() for d in ephemeral_dirs), "expired adapter directories were not swept"
 
 
-@pytest.mark.parametrize("call, field", [
-    (lambda s, p: s.sample(p, 100_000, types.SamplingParams(max_tokens=2)), "num_samples"),
-    (lambda s, p: s.sample(p, 1, types.SamplingParams(max_tokens=-1)), "max_tokens"),
-    (lambda s, p: s.sample(p, 1, types.SamplingParams(max_tokens=2), topk_sample_logprobs=10_000),
-     "topk_sample_logprobs"),
-    (lambda s, p: s.sample(types.ModelInput.from_ints([5] * 2048), 1, types.SamplingParams(max_tokens=2)), "prompt"),
-    (lambda s, p: s.sample(p, 1, types.SamplingParams(max_tokens=2), prompt_alt_tokens_k=2), "prompt_alt_tokens_k"),
-    (lambda s, p: s.sample(p, 1, types.SamplingParams(max_tokens=2, top_p=0.0)), "top_p"),
-])
+@pytest.mark.parametrize(
+    "call, field",
+    [
+        (lambda s, p: s.sample(p, 100_000, types.SamplingParams(max_tokens=2)), "num_samples"),
+        (lambda s, p: s.sample(p, 1, types.SamplingParams(max_tokens=-1)), "max_tokens"),
+        (
+            lambda s, p: s.sample(p, 1, types.SamplingParams(max_tokens=2), topk_sample_logprobs=10_000),
+            "topk_sample_logprobs",
+        ),
+        (
+            lambda s, p: s.sample(types.ModelInput.from_ints([5] * 2048), 1, types.SamplingParams(max_tokens=2)),
+            "prompt",
+        ),
+        (lambda s, p: s.sample(p, 1, types.SamplingParams(max_tokens=2), prompt_alt_tokens_k=2), "prompt_alt_tokens_k"),
+        (lambda s, p: s.sample(p, 1, types.SamplingParams(max_tokens=2, top_p=0.0)), "top_p"),
+    ],
+)
 def test_bad_sampling_requests_fail_promptly(base_sampler, prompt, call, field):
     started = time.monotonic()
     with pytest.raises(tinker.BadRequestError, match=field):
@@ -175,7 +197,10 @@ def test_bad_sampling_requests_fail_promptly(base_sampler, prompt, call, field):
 
 
 def test_unknown_sampler_path_fails_promptly(service_client, trained):
-    for path in (f"tinker://{trained.model_id}/sampler_weights/never-saved", "tinker://nobody:train:0/sampler_weights/x"):
+    for path in (
+        f"tinker://{trained.model_id}/sampler_weights/never-saved",
+        "tinker://nobody:train:0/sampler_weights/x",
+    ):
         started = time.monotonic()
         with pytest.raises(tinker.NotFoundError, match="model_path"):
             service_client.create_sampling_client(model_path=path).result()
@@ -187,17 +212,32 @@ def test_saturation_answers_429_with_queue_state_and_loses_nothing(base_url):
     headers = {"X-API-Key": "tml-integration-tests"}
     with httpx.Client(base_url=base_url, headers=headers, timeout=30) as http:
         session = http.post("/api/v1/create_session", json={}).json()["session_id"]
-        sampler = http.post("/api/v1/create_sampling_session", json={
-            "session_id": session, "sampling_session_seq_id": 0, "base_model": BASE_MODEL,
-        }).json()["sampling_session_id"]
+        sampler = http.post(
+            "/api/v1/create_sampling_session",
+            json={
+                "session_id": session,
+                "sampling_session_seq_id": 0,
+                "base_model": BASE_MODEL,
+            },
+        ).json()["sampling_session_id"]
 
         async def submit_all() -> list[httpx.Response]:
             async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=30) as client:
-                return await asyncio.gather(*(client.post("/api/v1/asample", json={
-                    "sampling_session_id": sampler, "seq_id": i, "num_samples": 1,
-                    "prompt": {"chunks": [{"type": "encoded_text", "tokens": [5, 6, 7]}]},
-                    "sampling_params": {"max_tokens": 400, "stop": [], "seed": i},
-                }) for i in range(3 * MAX_PENDING_SAMPLES)))
+                return await asyncio.gather(
+                    *(
+                        client.post(
+                            "/api/v1/asample",
+                            json={
+                                "sampling_session_id": sampler,
+                                "seq_id": i,
+                                "num_samples": 1,
+                                "prompt": {"chunks": [{"type": "encoded_text", "tokens": [5, 6, 7]}]},
+                                "sampling_params": {"max_tokens": 400, "stop": [], "seed": i},
+                            },
+                        )
+                        for i in range(3 * MAX_PENDING_SAMPLES)
+                    )
+                )
 
         responses = asyncio.run(submit_all())
         accepted = [r.json()["request_id"] for r in responses if r.status_code == 200]
@@ -206,7 +246,10 @@ def test_saturation_answers_429_with_queue_state_and_loses_nothing(base_url):
         assert refused and all(r.json()["queue_state"] == "paused_capacity" for r in refused)
         assert len(accepted) >= MAX_PENDING_SAMPLES
         for request_id in accepted:  # every accepted sample finishes
-            while (body := http.post("/api/v1/retrieve_future", json={"request_id": request_id},
-                                     headers={"Accept": "application/json"}).json()).get("type") == "try_again":
+            while (
+                body := http.post(
+                    "/api/v1/retrieve_future", json={"request_id": request_id}, headers={"Accept": "application/json"}
+                ).json()
+            ).get("type") == "try_again":
                 pass
             assert len(body["sequences"][0]["tokens"]) == 400

@@ -19,8 +19,10 @@ HEADERS = {"X-API-Key": "tml-integration-tests"}
 def _session_with_model(http: httpx.Client) -> tuple[str, str]:
     """A raw session (it never heartbeats) holding one created model."""
     session = http.post("/api/v1/create_session", json={}).json()["session_id"]
-    created = http.post("/api/v1/create_model", json={"session_id": session, "model_seq_id": 0,
-                                                      "base_model": BASE_MODEL, "lora_config": {"rank": 4}}).json()
+    created = http.post(
+        "/api/v1/create_model",
+        json={"session_id": session, "model_seq_id": 0, "base_model": BASE_MODEL, "lora_config": {"rank": 4}},
+    ).json()
     done = http.post("/api/v1/retrieve_future", json={"request_id": created["request_id"]}).json()
     assert done["model_id"] == created["model_id"], done
     return session, created["model_id"]
@@ -31,8 +33,9 @@ def _state(db_path: Path, session: str, model_id: str) -> tuple[str | None, int,
     with sqlite3.connect(db_path) as db:
         reason = db.execute("SELECT finished_reason FROM sessions WHERE session_id = ?", (session,)).fetchone()[0]
         unloaded = db.execute("SELECT unloaded FROM training_runs WHERE model_id = ?", (model_id,)).fetchone()[0]
-        unload = db.execute("SELECT state FROM futures WHERE kind = 'unload_model' AND model_id = ?",
-                            (model_id,)).fetchone()
+        unload = db.execute(
+            "SELECT state FROM futures WHERE kind = 'unload_model' AND model_id = ?", (model_id,)
+        ).fetchone()
     return reason, unloaded, unload[0] if unload else None
 
 
@@ -43,8 +46,7 @@ def _wait_for(db_path: Path, session: str, model_id: str, expected: tuple, timeo
         time.sleep(1)
 
 
-def test_finish_and_silence_unload_models(base_url: str, state_dir: Path,
-                                          service_client: tinker.ServiceClient) -> None:
+def test_finish_and_silence_unload_models(base_url: str, state_dir: Path, service_client: tinker.ServiceClient) -> None:
     db_path = state_dir / "tinker_serve.db"
     sdk_model = new_client(service_client, seed=61).model_id
     sdk_session = sdk_model.split(":train:")[0]

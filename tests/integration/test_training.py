@@ -17,8 +17,9 @@ def test_sft_loss_falls_steadily_over_20_pipelined_steps(service_client):
     data = sft_datums(tc.get_tokenizer())
     futures = []
     for _ in range(20):  # submit everything before waiting on anything
-        futures.append((tc.forward_backward(data, "cross_entropy"),
-                        tc.optim_step(types.AdamParams(learning_rate=3e-3))))
+        futures.append(
+            (tc.forward_backward(data, "cross_entropy"), tc.optim_step(types.AdamParams(learning_rate=3e-3)))
+        )
     losses = []
     for fb, opt in futures:
         result = fb.result()
@@ -91,8 +92,9 @@ def test_get_info_and_tokenizer_work_offline(service_client):
 
 def test_lora_options_are_honoured(service_client):
     """A LoRA on the MLP only must still learn; rank and seed come back in get_info."""
-    tc = service_client.create_lora_training_client(base_model=BASE_MODEL, rank=4, seed=2, train_attn=False,
-                                                    train_unembed=False).result()
+    tc = service_client.create_lora_training_client(
+        base_model=BASE_MODEL, rank=4, seed=2, train_attn=False, train_unembed=False
+    ).result()
     assert tc.get_info().lora_rank == 4
     data = sft_datums(tc.get_tokenizer())
     first = tc.forward_backward(data, "cross_entropy").result().metrics["loss:sum"]

@@ -27,8 +27,9 @@ def _poll(http: httpx.Client, request_id: str, accept: str) -> httpx.Response:
 @pytest.fixture
 def setup(base_url, service_client):
     tc = new_client(service_client, seed=31)  # a fresh model per test: the SDK used seq_id 1, raw requests use 2
-    datum = types.Datum(model_input=types.ModelInput.from_ints(TOKENS),
-                        loss_fn_inputs={"target_tokens": TARGETS, "weights": [1.0] * 4})
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints(TOKENS), loss_fn_inputs={"target_tokens": TARGETS, "weights": [1.0] * 4}
+    )
     expected = tc.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
     with httpx.Client(base_url=base_url, timeout=60, headers={"X-API-Key": "tml-wire"}) as http:
         yield tc, http, expected
@@ -37,15 +38,26 @@ def setup(base_url, service_client):
 def test_zstd_protobuf_request(setup):
     tc, http, expected = setup
     request = types.ForwardBackwardRequest(
-        model_id=tc.model_id, seq_id=2, forward_backward_input=types.ForwardBackwardInput(
-            data=[types.Datum(model_input=types.ModelInput.from_ints(TOKENS),
-                              loss_fn_inputs={"target_tokens": TARGETS, "weights": [1.0] * 4})],
-            loss_fn="cross_entropy"))
+        model_id=tc.model_id,
+        seq_id=2,
+        forward_backward_input=types.ForwardBackwardInput(
+            data=[
+                types.Datum(
+                    model_input=types.ModelInput.from_ints(TOKENS),
+                    loss_fn_inputs={"target_tokens": TARGETS, "weights": [1.0] * 4},
+                )
+            ],
+            loss_fn="cross_entropy",
+        ),
+    )
     message = forward_backward_request_to_proto(request)
     message.forward_only = True  # as the SDK's forward() does after the conversion
     body = zstandard.ZstdCompressor().compress(message.SerializeToString())
-    submitted = http.post("/api/v1/forward_backward", content=body,
-                          headers={"Content-Type": "application/x-protobuf", "Content-Encoding": "zstd"})
+    submitted = http.post(
+        "/api/v1/forward_backward",
+        content=body,
+        headers={"Content-Type": "application/x-protobuf", "Content-Encoding": "zstd"},
+    )
     assert submitted.status_code == 200, submitted.text
     result = _poll(http, submitted.json()["request_id"], "application/x-protobuf")
     assert "application/x-protobuf" in result.headers["content-type"]
@@ -55,11 +67,23 @@ def test_zstd_protobuf_request(setup):
 
 def test_json_request_and_json_result(setup):
     tc, http, expected = setup
-    body = {"model_id": tc.model_id, "seq_id": 2, "forward_only": True, "forward_backward_input": {
-        "loss_fn": "cross_entropy", "data": [{
-            "model_input": {"chunks": [{"type": "encoded_text", "tokens": TOKENS}]},
-            "loss_fn_inputs": {"target_tokens": {"data": TARGETS, "dtype": "int64", "shape": [4]},
-                               "weights": {"data": [1.0] * 4, "dtype": "float32", "shape": [4]}}}]}}
+    body = {
+        "model_id": tc.model_id,
+        "seq_id": 2,
+        "forward_only": True,
+        "forward_backward_input": {
+            "loss_fn": "cross_entropy",
+            "data": [
+                {
+                    "model_input": {"chunks": [{"type": "encoded_text", "tokens": TOKENS}]},
+                    "loss_fn_inputs": {
+                        "target_tokens": {"data": TARGETS, "dtype": "int64", "shape": [4]},
+                        "weights": {"data": [1.0] * 4, "dtype": "float32", "shape": [4]},
+                    },
+                }
+            ],
+        },
+    }
     submitted = http.post("/api/v1/forward_backward", json=body)
     assert submitted.status_code == 200, submitted.text
     result = _poll(http, submitted.json()["request_id"], "application/json").json()

@@ -49,7 +49,6 @@ def test_killed_worker_fails_in_flight_work_and_the_group_recovers(service_clien
     assert survivor.forward(data, "cross_entropy").result().metrics["loss:sum"] < first
 
 
-
 def _retrieve(http: httpx.Client, request_id: str) -> dict:
     return http.post("/api/v1/retrieve_future", json={"request_id": request_id}).json()
 
@@ -81,8 +80,9 @@ def test_app_restart_keeps_what_was_saved(service_client, base_url: str, state_d
         # A finished future, and one left waiting: seq_id 99 of a model whose next seq_id is far lower.
         finished = http.post("/api/v1/unload_model", json={"model_id": new_client(service_client, seed=44).model_id})
         finished_result = _retrieve(http, finished.json()["request_id"])
-        waiting = http.post("/api/v1/optim_step", json={"model_id": tc.model_id, "seq_id": 99,
-                                                        "adam_params": {"learning_rate": 1e-3}}).json()
+        waiting = http.post(
+            "/api/v1/optim_step", json={"model_id": tc.model_id, "seq_id": 99, "adam_params": {"learning_rate": 1e-3}}
+        ).json()
         assert _retrieve(http, waiting["request_id"])["type"] == "try_again"
 
         replace_app(server_config(state_dir), base_url)

@@ -29,8 +29,10 @@ def test_minimal_config_defaults() -> None:
     assert cfg.base_model("other") is None
     assert cfg.limits == LimitsConfig()
     assert cfg.db_url == f"sqlite+aiosqlite:///{Path('state').resolve() / 'tinker_serve.db'}"
-    assert ServerConfig(base_models=[TINY], auth=LOOPBACK, database_url="postgresql+asyncpg://h/db").db_url == \
-        "postgresql+asyncpg://h/db"
+    assert (
+        ServerConfig(base_models=[TINY], auth=LOOPBACK, database_url="postgresql+asyncpg://h/db").db_url
+        == "postgresql+asyncpg://h/db"
+    )
 
 
 def test_critics_on_their_own_trainer() -> None:
@@ -50,12 +52,15 @@ def test_duplicate_names_rejected() -> None:
         ServerConfig(base_models=[TINY, {**TINY, "path": "elsewhere"}], auth=LOOPBACK)
 
 
-@pytest.mark.parametrize("args", [
-    {"base_models": [TINY], "auth": LOOPBACK, "stat_dir": "typo"},
-    {"base_models": [{**TINY, "gpus": 1}], "auth": LOOPBACK},
-    {"base_models": [TINY], "auth": {**LOOPBACK, "keys": ["k"]}},
-    {"base_models": [TINY], "auth": LOOPBACK, "limits": {"max_datums": 3}},
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        {"base_models": [TINY], "auth": LOOPBACK, "stat_dir": "typo"},
+        {"base_models": [{**TINY, "gpus": 1}], "auth": LOOPBACK},
+        {"base_models": [TINY], "auth": {**LOOPBACK, "keys": ["k"]}},
+        {"base_models": [TINY], "auth": LOOPBACK, "limits": {"max_datums": 3}},
+    ],
+)
 def test_unknown_keys_rejected(args: dict) -> None:
     with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
         ServerConfig(**args)
@@ -67,11 +72,14 @@ def test_limit_bounds(limits: dict) -> None:
         ServerConfig(base_models=[TINY], auth=LOOPBACK, limits=limits)
 
 
-@pytest.mark.parametrize("section, resources, message", [
-    ("trainer", {"CPU": 2}, "may not name 'CPU'"),
-    ("sampler", {"GPU": 1}, "may not name 'GPU'"),
-    ("sampler", {"sampler_node": -1}, "must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "section, resources, message",
+    [
+        ("trainer", {"CPU": 2}, "may not name 'CPU'"),
+        ("sampler", {"GPU": 1}, "may not name 'GPU'"),
+        ("sampler", {"sampler_node": -1}, "must be >= 0"),
+    ],
+)
 def test_custom_resources_checked(section: str, resources: dict, message: str) -> None:
     with pytest.raises(ValidationError, match=f"base_models.0.{section}[\\s\\S]*{message}"):
         ServerConfig(base_models=[{**TINY, section: {"resources": resources}}], auth=LOOPBACK)
@@ -80,8 +88,12 @@ def test_custom_resources_checked(section: str, resources: dict, message: str) -
 def test_custom_resources_reach_workers_and_replicas() -> None:
     from deployments.sampler import Sampler
 
-    config = ServerConfig(base_models=[{**TINY, "trainer": {"resources": {"trainer_node": 1}},
-                                        "sampler": {"resources": {"sampler_node": 0.5}}}], auth=LOOPBACK)
+    config = ServerConfig(
+        base_models=[
+            {**TINY, "trainer": {"resources": {"trainer_node": 1}}, "sampler": {"resources": {"sampler_node": 0.5}}}
+        ],
+        auth=LOOPBACK,
+    )
     assert config.base_models[0].trainer_groups()[TINY["name"]].resources == {"trainer_node": 1}
     options = Sampler.deployment_options(config, TINY["name"])
     assert options["ray_actor_options"]["resources"] == {"sampler_node": 0.5}
@@ -110,10 +122,16 @@ def test_api_keys_from_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
 def test_resolved_makes_local_paths_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "local-model").mkdir()
-    cfg = ServerConfig(state_dir="st", auth=LOOPBACK, base_models=[
-        TINY, {"name": "local", "path": "local-model"}, {"name": "hub", "path": "Qwen/Qwen3-8B"},
-        {"name": "dotted", "path": "./not-yet"},
-    ]).resolved()
+    cfg = ServerConfig(
+        state_dir="st",
+        auth=LOOPBACK,
+        base_models=[
+            TINY,
+            {"name": "local", "path": "local-model"},
+            {"name": "hub", "path": "Qwen/Qwen3-8B"},
+            {"name": "dotted", "path": "./not-yet"},
+        ],
+    ).resolved()
     assert cfg.state_dir == str(tmp_path / "st")
     assert [m.path for m in cfg.base_models] == [
         str(tmp_path / "models" / "tiny"),  # embedded: absolute even before it is built

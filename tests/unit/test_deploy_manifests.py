@@ -29,10 +29,12 @@ def _serve_config_v2(rayservice: Path = RAYSERVICE) -> dict:
 
 
 def _applications() -> dict[str, list[dict]]:
-    return {"gpu profile": yaml.safe_load(GPU_PROFILE.read_text())["applications"],
-            "rayservice": _serve_config_v2()["applications"],
-            "anyscale": yaml.safe_load(ANYSCALE.read_text())["applications"],
-            "embedded default": yaml.safe_load((ROOT / "serve_config.yaml").read_text())["applications"]}
+    return {
+        "gpu profile": yaml.safe_load(GPU_PROFILE.read_text())["applications"],
+        "rayservice": _serve_config_v2()["applications"],
+        "anyscale": yaml.safe_load(ANYSCALE.read_text())["applications"],
+        "embedded default": yaml.safe_load((ROOT / "serve_config.yaml").read_text())["applications"],
+    }
 
 
 @pytest.mark.parametrize("source", ["gpu profile", "rayservice", "anyscale", "embedded default"])

@@ -33,15 +33,28 @@ def serve_imports(source: str) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("source", ["import ray.serve", "import ray.serve.handle as h", "from ray import serve",
-                                    "from ray.serve import deployment", "def f():\n    from ray.serve.handle import X"])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import ray.serve",
+        "import ray.serve.handle as h",
+        "from ray import serve",
+        "from ray.serve import deployment",
+        "def f():\n    from ray.serve.handle import X",
+    ],
+)
 def test_detector_catches_every_spelling(source: str) -> None:
     assert serve_imports(source)
 
 
 def test_detector_allows_ray_core_and_train() -> None:
-    assert serve_imports("import ray\nimport ray.train\nfrom ray.train.torch import TorchTrainer\n"
-                         "from ray import train\nimport serve") == []
+    assert (
+        serve_imports(
+            "import ray\nimport ray.train\nfrom ray.train.torch import TorchTrainer\n"
+            "from ray import train\nimport serve"
+        )
+        == []
+    )
 
 
 def test_app_does_not_import_ray_serve() -> None:
@@ -63,18 +76,23 @@ HEAVY = ("torch", "transformers", "peft", "vllm", "ray.train")
 
 def test_ingress_loads_no_training_or_vllm_stack() -> None:
     """In a fresh interpreter, importing the ingress deployment (and the whole API) loads none of HEAVY."""
-    probe = ("import json, sys\nimport deployments.ingress, app.api.main\n"
-             f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))")
-    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                         check=True)
+    probe = (
+        "import json, sys\nimport deployments.ingress, app.api.main\n"
+        f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120, check=True
+    )
     assert json.loads(out.stdout.splitlines()[-1]) == []
 
 
 def test_heavy_probe_sees_a_heavy_import() -> None:
-    probe = ("import json, sys\nimport app.training.engine\n"
-             f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))")
-    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                         check=True)
+    probe = (
+        f"import json, sys\nimport app.training.engine\nprint(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120, check=True
+    )
     assert "torch" in json.loads(out.stdout.splitlines()[-1])
 
 
@@ -92,8 +110,10 @@ def inline_statuses(source: str) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("source", ["JSONResponse({}, status_code=404)", "JSONResponse({}, 410)",
-                                    "raise HTTPException(404)", "Response(b'', 503)"])
+@pytest.mark.parametrize(
+    "source",
+    ["JSONResponse({}, status_code=404)", "JSONResponse({}, 410)", "raise HTTPException(404)", "Response(b'', 503)"],
+)
 def test_status_detector_catches_every_spelling(source: str) -> None:
     assert inline_statuses(source)
 

@@ -59,12 +59,21 @@ def test_app_logs_reach_the_serve_logger_handlers() -> None:
     assert [r.getMessage() for r in capture.records] == ["trainer t ready", "worker group restarted"]
 
 
-@pytest.mark.parametrize("url, shown", [
-    ("postgresql+asyncpg://tinker:s3cr%40t@db:5432/tinker", "postgresql+asyncpg://tinker:***@db:5432/tinker"),
-    ("sqlite+aiosqlite:////var/state/tinker_serve.db", "sqlite+aiosqlite:////var/state/tinker_serve.db"),
-    ("s3://b/p?region=us-east-1&secret_key=abc&access_key=AKIA1", "s3://b/p?region=us-east-1&secret_key=***&access_key=***"),
-    ("s3://b/p?endpoint_override=127.0.0.1:9000&scheme=http", "s3://b/p?endpoint_override=127.0.0.1:9000&scheme=http"),
-])
+@pytest.mark.parametrize(
+    "url, shown",
+    [
+        ("postgresql+asyncpg://tinker:s3cr%40t@db:5432/tinker", "postgresql+asyncpg://tinker:***@db:5432/tinker"),
+        ("sqlite+aiosqlite:////var/state/tinker_serve.db", "sqlite+aiosqlite:////var/state/tinker_serve.db"),
+        (
+            "s3://b/p?region=us-east-1&secret_key=abc&access_key=AKIA1",
+            "s3://b/p?region=us-east-1&secret_key=***&access_key=***",
+        ),
+        (
+            "s3://b/p?endpoint_override=127.0.0.1:9000&scheme=http",
+            "s3://b/p?endpoint_override=127.0.0.1:9000&scheme=http",
+        ),
+    ],
+)
 def test_urls_are_redacted_for_logs(url: str, shown: str) -> None:
     assert redacted(url) == shown
 

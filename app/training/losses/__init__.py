@@ -28,20 +28,28 @@ _PPO_CLIP = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
 
 LOSSES: dict[str, LossSpec] = {
     "cross_entropy": LossSpec(
-        required_inputs=frozenset({"target_tokens"}), optional_inputs=frozenset({"weights"}),
+        required_inputs=frozenset({"target_tokens"}),
+        optional_inputs=frozenset({"weights"}),
         allows_2d_targets=True,
     ),
     "importance_sampling": LossSpec(required_inputs=_POLICY_INPUTS, config_defaults={}),
     "ppo": LossSpec(required_inputs=_POLICY_INPUTS, config_defaults=_PPO_CLIP),
-    "cispo": LossSpec(required_inputs=_POLICY_INPUTS,
-                      config_defaults={"clip_low_threshold": 0.0, "clip_high_threshold": 4.0}),
+    "cispo": LossSpec(
+        required_inputs=_POLICY_INPUTS, config_defaults={"clip_low_threshold": 0.0, "clip_high_threshold": 4.0}
+    ),
     "dro": LossSpec(required_inputs=_POLICY_INPUTS, config_defaults={"beta": 0.05}),
     # The GSPO paper's clip range (1 - 3e-4, 1 + 4e-4): sequence ratios sit much closer to 1 than token ones.
-    "gspo": LossSpec(required_inputs=_POLICY_INPUTS | {"sequence_ratio_mask"},
-                     config_defaults={"clip_low_threshold": 1 - 3e-4, "clip_high_threshold": 1 + 4e-4}),
-    "ppo_critic": LossSpec(required_inputs=frozenset({"values", "returns"}),
-                           optional_inputs=frozenset({"weights", "target_tokens"}),  # target_tokens: ignored
-                           config_defaults={"value_clip": 0.2}, role="critic", forward_needs_inputs=False),
+    "gspo": LossSpec(
+        required_inputs=_POLICY_INPUTS | {"sequence_ratio_mask"},
+        config_defaults={"clip_low_threshold": 1 - 3e-4, "clip_high_threshold": 1 + 4e-4},
+    ),
+    "ppo_critic": LossSpec(
+        required_inputs=frozenset({"values", "returns"}),
+        optional_inputs=frozenset({"weights", "target_tokens"}),  # target_tokens: ignored
+        config_defaults={"value_clip": 0.2},
+        role="critic",
+        forward_needs_inputs=False,
+    ),
 }
 _CRITIC_ALIASES = {"ppo": "ppo_critic"}  # what a PPO client sends to its critic
 _UNSUPPORTED = {"stable_reinforce": "it needs sampling-time records the public protocol does not define"}
@@ -73,8 +81,10 @@ def resolve_config(name: str, config: dict[str, float | str]) -> dict[str, float
     defaults = get_loss(name).config_defaults or {}
     unknown = sorted(set(config) - set(defaults))
     if unknown:
-        raise UserError(f"loss_fn_config keys {unknown} are not used by {name!r}; accepted: {sorted(defaults)}",
-                        field="loss_fn_config")
+        raise UserError(
+            f"loss_fn_config keys {unknown} are not used by {name!r}; accepted: {sorted(defaults)}",
+            field="loss_fn_config",
+        )
     resolved = dict(defaults)
     for key, value in config.items():
         if not isinstance(value, (int, float)):

@@ -6,7 +6,9 @@ import torch
 
 
 def cross_entropy(
-    target_logprobs: torch.Tensor, inputs: dict[str, torch.Tensor], config: dict[str, float],
+    target_logprobs: torch.Tensor,
+    inputs: dict[str, torch.Tensor],
+    config: dict[str, float],
     datum_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     weights = inputs.get("weights")

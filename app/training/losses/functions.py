@@ -13,8 +13,9 @@ from app.training.losses.value import ppo_critic
 # (the model's prediction: target logprobs [T] or [T, K] for a policy, values [T] for a critic;
 #  loss inputs by name, config, datum index of each token [T])
 #   -> (summed loss, elementwise loss [T] or [T, K])
-LossFn = Callable[[torch.Tensor, dict[str, torch.Tensor], dict[str, float], torch.Tensor],
-                  tuple[torch.Tensor, torch.Tensor]]
+LossFn = Callable[
+    [torch.Tensor, dict[str, torch.Tensor], dict[str, float], torch.Tensor], tuple[torch.Tensor, torch.Tensor]
+]
 
 LOSS_FUNCTIONS: dict[str, LossFn] = {
     "cross_entropy": cross_entropy,

@@ -10,8 +10,12 @@ from __future__ import annotations
 import torch
 
 
-def ppo_critic(values: torch.Tensor, inputs: dict[str, torch.Tensor], config: dict[str, float],
-               datum_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def ppo_critic(
+    values: torch.Tensor,
+    inputs: dict[str, torch.Tensor],
+    config: dict[str, float],
+    datum_ids: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     old, returns = inputs["values"], inputs["returns"]
     weights = inputs.get("weights")
     clip = config["value_clip"]

@@ -11,12 +11,21 @@ from app.errors import Unauthorized
 LOOPBACK = "any_tml_key_on_loopback"
 
 
-def make_request(path: str = "/api/v1/create_session", key: str | None = None,
-                 client: str | None = "127.0.0.1") -> Request:
+def make_request(
+    path: str = "/api/v1/create_session", key: str | None = None, client: str | None = "127.0.0.1"
+) -> Request:
     headers = [(b"x-api-key", key.encode())] if key is not None else []
-    scope = {"type": "http", "method": "POST", "path": path, "raw_path": path.encode(), "query_string": b"",
-             "headers": [(b"host", b"localhost:8000"), *headers], "scheme": "http",
-             "server": ("127.0.0.1", 8000), "client": (client, 50000) if client else None}
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "headers": [(b"host", b"localhost:8000"), *headers],
+        "scheme": "http",
+        "server": ("127.0.0.1", 8000),
+        "client": (client, 50000) if client else None,
+    }
     return Request(scope)
 
 
@@ -25,15 +34,18 @@ def test_loopback_accepts_any_tml_key(client: str) -> None:
     check_api_key(make_request(key="tml-x", client=client), LOOPBACK, frozenset())
 
 
-@pytest.mark.parametrize(("key", "client"), [
-    ("sk-not-tml", "127.0.0.1"),
-    (None, "127.0.0.1"),
-    ("TML-upper", "::1"),
-    ("tml-x", "10.1.2.3"),
-    ("tml-x", "2001:db8::1"),
-    ("tml-x", "testclient"),
-    ("tml-x", None),
-])
+@pytest.mark.parametrize(
+    ("key", "client"),
+    [
+        ("sk-not-tml", "127.0.0.1"),
+        (None, "127.0.0.1"),
+        ("TML-upper", "::1"),
+        ("tml-x", "10.1.2.3"),
+        ("tml-x", "2001:db8::1"),
+        ("tml-x", "testclient"),
+        ("tml-x", None),
+    ],
+)
 def test_loopback_mode_rejects(key: str | None, client: str | None) -> None:
     with pytest.raises(Unauthorized) as info:
         check_api_key(make_request(key=key, client=client), LOOPBACK, frozenset())
@@ -70,9 +82,19 @@ def test_healthz_open_through_the_app_and_other_routes_are_not() -> None:
     api = create_api()
     config = ServerConfig(base_models=[{"name": "tiny", "path": "models/tiny"}], auth={"mode": LOOPBACK})
     # Only config, api_keys and the signing key are reached by the auth dependency and these routes.
-    api.state.services = Services(config=config, futures=None, metadata=None, checkpoints=None,  # type: ignore[arg-type]
-                                  storage=None, trainers=None, sampler_store=None, samplers=None, model_limits={},
-                                  api_keys=frozenset(), url_signing_key="k")
+    api.state.services = Services(
+        config=config,
+        futures=None,
+        metadata=None,
+        checkpoints=None,  # type: ignore[arg-type]
+        storage=None,
+        trainers=None,
+        sampler_store=None,
+        samplers=None,
+        model_limits={},
+        api_keys=frozenset(),
+        url_signing_key="k",
+    )
     remote = TestClient(api, client=("10.1.2.3", 40000))
     assert remote.get("/api/v1/healthz").json() == {"status": "ok"}
     denied = remote.post("/api/v1/client/config", json={})

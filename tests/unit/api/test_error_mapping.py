@@ -46,10 +46,17 @@ def client() -> TestClient:
     return TestClient(api, raise_server_exceptions=False)
 
 
-@pytest.mark.parametrize(("kind", "status", "category"), [
-    ("overloaded", 429, "server"), ("gone", 410, "user"), ("not_found", 404, "user"), ("unavailable", 503, "server"),
-    ("limit", 400, "user"), ("server", 500, "server"),
-])
+@pytest.mark.parametrize(
+    ("kind", "status", "category"),
+    [
+        ("overloaded", 429, "server"),
+        ("gone", 410, "user"),
+        ("not_found", 404, "user"),
+        ("unavailable", 503, "server"),
+        ("limit", 400, "user"),
+        ("server", 500, "server"),
+    ],
+)
 def test_each_kind_maps_to_its_status(client: TestClient, kind: str, status: int, category: str) -> None:
     response = client.get(f"/raise/{kind}")
     assert response.status_code == status
@@ -74,8 +81,9 @@ def test_validation_is_a_user_error_naming_the_field(client: TestClient) -> None
     assert response.json()["field"] == "seq_id" and response.json()["category"] == "user"
 
 
-def test_internal_fault_is_logged_with_its_request_id_and_not_leaked(client: TestClient,
-                                                                       caplog: pytest.LogCaptureFixture) -> None:
+def test_internal_fault_is_logged_with_its_request_id_and_not_leaked(
+    client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
     logger = logging.getLogger("tinker_serve.api")
     logger.addHandler(caplog.handler)  # the app's loggers may not propagate (deployments.logs)
     try:

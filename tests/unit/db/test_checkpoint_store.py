@@ -25,8 +25,9 @@ def run_with_store(db: Path, body: Callable[[CheckpointStore], Awaitable[T]]) ->
     return run_on_db(db, lambda engine: body(CheckpointStore(engine)))
 
 
-def _record(name: str, created_at: float, kind: str = "weights", expires_at: float | None = None,
-            model_id: str = "s:train:0") -> CheckpointRecord:
+def _record(
+    name: str, created_at: float, kind: str = "weights", expires_at: float | None = None, model_id: str = "s:train:0"
+) -> CheckpointRecord:
     path = checkpoint_path(model_id, kind, name)
     return CheckpointRecord(path, path.new_location(), 10, created_at, expires_at, False, {"step": name})
 
@@ -74,8 +75,9 @@ def test_expiry_hides_at_once_and_the_sweep_finds_it(tmp_path: Path) -> None:
 def test_publish_and_paging_newest_first(tmp_path: Path) -> None:
     async def body(store: CheckpointStore) -> None:
         for i in range(5):
-            await store.commit(_record(f"c{i}", float(i), kind="sampler_weights", model_id=f"s:train:{i % 2}"),
-                               overwrite=False)
+            await store.commit(
+                _record(f"c{i}", float(i), kind="sampler_weights", model_id=f"s:train:{i % 2}"), overwrite=False
+            )
         await store.update(checkpoint_path("s:train:1", "sampler_weights", "c3"), public=1)
         page, total = await store.page(limit=2, offset=1)
         assert total == 5 and [r.path.name for r in page] == ["c3", "c2"]

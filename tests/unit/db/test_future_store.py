@@ -115,8 +115,9 @@ def test_finished_future_is_not_changed_later(db: Path) -> None:
     run_with_store(db, body)
 
 
-async def _complete_while_waiting(writer: FutureStore, waiter: FutureStore, payload: bytes,
-                                  delay_s: float) -> tuple[object, float]:
+async def _complete_while_waiting(
+    writer: FutureStore, waiter: FutureStore, payload: bytes, delay_s: float
+) -> tuple[object, float]:
     """`writer` completes a new future after `delay_s` while `waiter` long-polls it: (outcome, seconds waited)."""
     rid, _ = await writer.create("forward", "m", 1)
 

@@ -33,9 +33,18 @@ def run_with_store(db: Path, body: Callable[[MetadataStore, object], Awaitable[T
 
 def _run(model_id: str, session_id: str = "sess", role: str = "policy") -> TrainingRun:
     trainer = "tinker-serve/tiny:critic" if role == "critic" else "tinker-serve/tiny"
-    return TrainingRun(model_id=model_id, session_id=session_id, base_model="tinker-serve/tiny", lora_rank=8,
-                       role=role, trainer=trainer, lora_config={"rank": 8, "seed": 3, "train_mlp": False},
-                       user_metadata={"k": "v"}, created_at=123.5, unloaded=False)
+    return TrainingRun(
+        model_id=model_id,
+        session_id=session_id,
+        base_model="tinker-serve/tiny",
+        lora_rank=8,
+        role=role,
+        trainer=trainer,
+        lora_config={"rank": 8, "seed": 3, "train_mlp": False},
+        user_metadata={"k": "v"},
+        created_at=123.5,
+        unloaded=False,
+    )
 
 
 async def _session_row(engine, session_id: str):
@@ -54,8 +63,12 @@ def test_session_lifecycle(tmp_path: Path) -> None:
         sid = await store.create_session("0.9.0", ["a", "b"], {"user": "me"})
         assert len(sid) == 16
         row = await _session_row(engine, sid)
-        assert (row.sdk_version, row.tags, row.user_metadata, row.finished_reason) == ("0.9.0", ["a", "b"],
-                                                                                       {"user": "me"}, None)
+        assert (row.sdk_version, row.tags, row.user_metadata, row.finished_reason) == (
+            "0.9.0",
+            ["a", "b"],
+            {"user": "me"},
+            None,
+        )
         assert row.created_at >= before
         await store.require_session(sid)
 

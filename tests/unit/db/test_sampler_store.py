@@ -16,9 +16,15 @@ from tests.conftest import run_on_db
 
 
 def _session(sid: str, *, ephemeral: bool, last_used_at: float, location: str | None = None) -> SamplingSession:
-    return SamplingSession(sampling_session_id=sid, session_id="sess", base_model="tinker-serve/tiny",
-                           model_path=None, adapter_location=location, ephemeral=ephemeral,
-                           last_used_at=last_used_at)
+    return SamplingSession(
+        sampling_session_id=sid,
+        session_id="sess",
+        base_model="tinker-serve/tiny",
+        model_path=None,
+        adapter_location=location,
+        ephemeral=ephemeral,
+        last_used_at=last_used_at,
+    )
 
 
 def run(db: Path, body) -> object:
@@ -46,8 +52,9 @@ def test_sweep_removes_only_expired_ephemeral_sessions_and_their_files(tmp_path:
     now = time.time()
     storage = ObjectStorage(str(tmp_path / "storage"))
     for name in ("old", "fresh", "named"):
-        storage.write(f"ephemeral/{name}",
-                      lambda out: (out.mkdir(), (out / "adapter_model.safetensors").write_bytes(b"x")))
+        storage.write(
+            f"ephemeral/{name}", lambda out: (out.mkdir(), (out / "adapter_model.safetensors").write_bytes(b"x"))
+        )
 
     async def body(store: SamplerStore) -> list[str]:
         await store.create(_session("old", ephemeral=True, last_used_at=now - 100, location="ephemeral/old"))

@@ -20,8 +20,18 @@ _V2_TRAINING_RUNS = """CREATE TABLE training_runs (
 
 
 def _run(model_id: str) -> TrainingRun:
-    return TrainingRun(model_id=model_id, session_id="s", base_model="b", lora_rank=4, role="policy", trainer="b",
-                       lora_config={"rank": 4, "seed": 1}, user_metadata={}, created_at=1.0, unloaded=False)
+    return TrainingRun(
+        model_id=model_id,
+        session_id="s",
+        base_model="b",
+        lora_rank=4,
+        role="policy",
+        trainer="b",
+        lora_config={"rank": 4, "seed": 1},
+        user_metadata={},
+        created_at=1.0,
+        unloaded=False,
+    )
 
 
 def _version_2_database(path: Path) -> None:
@@ -29,8 +39,9 @@ def _version_2_database(path: Path) -> None:
     with sqlite3.connect(path) as conn:
         conn.execute("DROP TABLE training_runs")
         conn.execute(_V2_TRAINING_RUNS)
-        conn.execute("INSERT INTO training_runs VALUES "
-                     "('s:train:0', 's', 'b', 4, 'policy', 'b', '{}', '{}', 1.0, 7, 0)")
+        conn.execute(
+            "INSERT INTO training_runs VALUES ('s:train:0', 's', 'b', 4, 'policy', 'b', '{}', '{}', 1.0, 7, 0)"
+        )
         conn.execute("UPDATE schema_info SET version = 2")
 
 

@@ -167,12 +167,26 @@ def test_int32_and_bf16_widening():
 
 
 def sdk_json(data, flat=False, **kw) -> bytes:
-    pyd = PydFBInput(data=[types._pydantic_types.datum.Datum(
-        model_input=d.model_input,
-        loss_fn_inputs={k: {"data": v.data, "dtype": v.dtype, "shape": v.shape,
-                            "sparse_crow_indices": v.sparse_crow_indices,
-                            "sparse_col_indices": v.sparse_col_indices} for k, v in d.loss_fn_inputs.items()},
-    ) for d in data], loss_fn="ppo", loss_fn_config={"clip_low_threshold": 0.8, "mode": "x"})
+    pyd = PydFBInput(
+        data=[
+            types._pydantic_types.datum.Datum(
+                model_input=d.model_input,
+                loss_fn_inputs={
+                    k: {
+                        "data": v.data,
+                        "dtype": v.dtype,
+                        "shape": v.shape,
+                        "sparse_crow_indices": v.sparse_crow_indices,
+                        "sparse_col_indices": v.sparse_col_indices,
+                    }
+                    for k, v in d.loss_fn_inputs.items()
+                },
+            )
+            for d in data
+        ],
+        loss_fn="ppo",
+        loss_fn_config={"clip_low_threshold": 0.8, "mode": "x"},
+    )
     fbi = pyd.model_dump(mode="json", exclude_none=True)
     if flat:
         return json.dumps({"model_id": "s:train:0", "seq_id": 4, **fbi, "forward_only": True, **kw}).encode()
@@ -292,13 +306,15 @@ def test_error_unknown_dtype():
 
 
 def test_error_bad_csr():
-    td = types.TensorData(data=[7, 9], dtype="int64", shape=[3, 2], sparse_crow_indices=[0, 1, 1, 3],
-                          sparse_col_indices=[1, 0])
+    td = types.TensorData(
+        data=[7, 9], dtype="int64", shape=[3, 2], sparse_crow_indices=[0, 1, 1, 3], sparse_col_indices=[1, 0]
+    )
     expect_error(sdk_bytes([datum([1, 2, 3], target_tokens=td)]), "data[0].loss_fn_inputs.target_tokens", "CSR")
     td = types.TensorData(data=[7], dtype="int64", shape=[3], sparse_crow_indices=[0, 1], sparse_col_indices=[0])
     expect_error(sdk_bytes([datum([1, 2, 3], target_tokens=td)]), "data[0].loss_fn_inputs.target_tokens", "2-D")
-    td = types.TensorData(data=[7], dtype="int64", shape=[3, 10**9], sparse_crow_indices=[0, 1, 1, 1],
-                          sparse_col_indices=[0])
+    td = types.TensorData(
+        data=[7], dtype="int64", shape=[3, 10**9], sparse_crow_indices=[0, 1, 1, 1], sparse_col_indices=[0]
+    )
     with pytest.raises(LimitExceeded) as ei:
         decode(sdk_bytes([datum([1, 2, 3], target_tokens=td)]))
     assert ei.value.field == "data[0].loss_fn_inputs.target_tokens"

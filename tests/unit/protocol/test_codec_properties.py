@@ -88,8 +88,14 @@ def sdk_batches(draw: st.DrawFn, max_datums: int = 3, max_len: int = 8) -> tuple
         toks = draw(st.lists(st.integers(0, 2**31 - 1), max_size=max_len))
         sdk_inputs, want = {}, {}
         for k in keys:
-            arr = draw(hnp.arrays(np.int64 if k == "target_tokens" else np.float32, (len(toks), *trailing[k]),
-                                  elements=_elements(k), fill=st.just(0)))
+            arr = draw(
+                hnp.arrays(
+                    np.int64 if k == "target_tokens" else np.float32,
+                    (len(toks), *trailing[k]),
+                    elements=_elements(k),
+                    fill=st.just(0),
+                )
+            )
             sdk_inputs[k], want[k] = _to_sdk_value(draw, k, arr)
         datums.append(types.Datum(model_input=types.ModelInput.from_ints(toks), loss_fn_inputs=sdk_inputs))
         tokens.append(np.array(toks, np.int64))
@@ -100,11 +106,14 @@ def sdk_batches(draw: st.DrawFn, max_datums: int = 3, max_len: int = 8) -> tuple
 
 
 configs = st.dictionaries(UTF8_TEXT, st.floats(allow_nan=False, allow_infinity=False) | UTF8_TEXT, max_size=3)
-headers = st.fixed_dictionaries({
-    "model_id": UTF8_TEXT.filter(bool), "seq_id": st.integers(1, 2**31 - 1),
-    "loss_fn": st.sampled_from(["cross_entropy", "ppo", "importance_sampling", "cispo", "dro", "gspo"]),
-    "config": configs,
-})
+headers = st.fixed_dictionaries(
+    {
+        "model_id": UTF8_TEXT.filter(bool),
+        "seq_id": st.integers(1, 2**31 - 1),
+        "loss_fn": st.sampled_from(["cross_entropy", "ppo", "importance_sampling", "cispo", "dro", "gspo"]),
+        "config": configs,
+    }
+)
 
 
 def proto_msg(data: list[types.Datum], h: dict[str, Any]) -> pb.ForwardBackwardRequest:
@@ -119,13 +128,26 @@ def proto_body(data: list[types.Datum], h: dict[str, Any]) -> bytes:
 
 def json_body(data: list[types.Datum], h: dict[str, Any], flat: bool = False) -> bytes:
     """The JSON body older SDKs send, built with the SDK's pydantic models (nested or flat)."""
-    fbi = PydFBInput(data=[{
-        "model_input": d.model_input,
-        "loss_fn_inputs": {k: {"data": v.data, "dtype": v.dtype, "shape": v.shape,
-                               "sparse_crow_indices": v.sparse_crow_indices,
-                               "sparse_col_indices": v.sparse_col_indices} for k, v in d.loss_fn_inputs.items()},
-    } for d in data], loss_fn=h["loss_fn"], loss_fn_config=h["config"] or None).model_dump(mode="json",
-                                                                                          exclude_none=True)
+    fbi = PydFBInput(
+        data=[
+            {
+                "model_input": d.model_input,
+                "loss_fn_inputs": {
+                    k: {
+                        "data": v.data,
+                        "dtype": v.dtype,
+                        "shape": v.shape,
+                        "sparse_crow_indices": v.sparse_crow_indices,
+                        "sparse_col_indices": v.sparse_col_indices,
+                    }
+                    for k, v in d.loss_fn_inputs.items()
+                },
+            }
+            for d in data
+        ],
+        loss_fn=h["loss_fn"],
+        loss_fn_config=h["config"] or None,
+    ).model_dump(mode="json", exclude_none=True)
     top = {"model_id": h["model_id"], "seq_id": h["seq_id"]}
     return json.dumps({**top, **fbi} if flat else {**top, "forward_backward_input": fbi}).encode()
 
@@ -157,8 +179,9 @@ def assert_same_request(got: ForwardBackwardInput, h: dict[str, Any], want: Pack
 
 @FAST
 @given(sdk_batches(), headers, st.booleans())
-def test_proto_and_json_round_trips_agree(batch: tuple[list[types.Datum], PackedBatch], h: dict[str, Any],
-                                          flat: bool) -> None:
+def test_proto_and_json_round_trips_agree(
+    batch: tuple[list[types.Datum], PackedBatch], h: dict[str, Any], flat: bool
+) -> None:
     """The SDK's protobuf and JSON encodings of random datums both decode to exactly the datums' batch."""
     data, want = batch
     from_proto = decode(proto_body(data, h))
@@ -169,8 +192,9 @@ def test_proto_and_json_round_trips_agree(batch: tuple[list[types.Datum], Packed
 
 @FAST
 @given(sdk_batches(max_datums=2), headers, st.data())
-def test_narrow_wire_dtypes_widen(batch: tuple[list[types.Datum], PackedBatch], h: dict[str, Any],
-                                  data: st.DataObject) -> None:
+def test_narrow_wire_dtypes_widen(
+    batch: tuple[list[types.Datum], PackedBatch], h: dict[str, Any], data: st.DataObject
+) -> None:
     """Any dense or CSR tensor re-sent as INT32 (integers) or BFLOAT16 (floats, bits truncated) decodes widened."""
     datums, want = batch
     msg = proto_msg(datums, h)
@@ -200,8 +224,9 @@ def test_narrow_wire_dtypes_widen(batch: tuple[list[types.Datum], PackedBatch], 
 @st.composite
 def zstd_frames(draw: st.DrawFn, raw: bytes) -> bytes:
     """One zstd frame of raw: one-shot or streamed in random-size writes with random block flushes."""
-    cctx = zstandard.ZstdCompressor(level=draw(st.integers(1, 5)), write_checksum=draw(st.booleans()),
-                                    write_content_size=draw(st.booleans()))
+    cctx = zstandard.ZstdCompressor(
+        level=draw(st.integers(1, 5)), write_checksum=draw(st.booleans()), write_content_size=draw(st.booleans())
+    )
     if draw(st.booleans()):
         return cctx.compress(raw)
     out = io.BytesIO()
@@ -209,7 +234,7 @@ def zstd_frames(draw: st.DrawFn, raw: bytes) -> bytes:
         pos = 0
         while pos < len(raw):
             step = draw(st.integers(1, max(1, len(raw) // 3)))
-            writer.write(raw[pos:pos + step])
+            writer.write(raw[pos : pos + step])
             pos += step
             if draw(st.booleans()):
                 writer.flush(zstandard.FLUSH_BLOCK)
@@ -218,8 +243,9 @@ def zstd_frames(draw: st.DrawFn, raw: bytes) -> bytes:
 
 @FAST
 @given(sdk_batches(max_datums=2), headers, st.booleans(), st.sampled_from(["zstd", "ZSTD", " zstd "]), st.data())
-def test_zstd_frame_decodes_like_raw_body(batch: tuple[list[types.Datum], PackedBatch], h: dict[str, Any],
-                                          as_json: bool, enc: str, data: st.DataObject) -> None:
+def test_zstd_frame_decodes_like_raw_body(
+    batch: tuple[list[types.Datum], PackedBatch], h: dict[str, Any], as_json: bool, enc: str, data: st.DataObject
+) -> None:
     """A body in one zstd frame (however it was written) decodes exactly like the raw body."""
     raw, ct = (json_body(batch[0], h), JSON) if as_json else (proto_body(batch[0], h), PROTO)
     assert_same_request(decode(data.draw(zstd_frames(raw)), ct, enc), h, batch[1])
@@ -227,8 +253,9 @@ def test_zstd_frame_decodes_like_raw_body(batch: tuple[list[types.Datum], Packed
 
 @FAST
 @given(sdk_batches(max_datums=2), headers, st.booleans(), st.data())
-def test_one_zstd_frame_only_and_size_limit_is_exact(batch: tuple[list[types.Datum], PackedBatch], h: dict[str, Any],
-                                                     as_json: bool, data: st.DataObject) -> None:
+def test_one_zstd_frame_only_and_size_limit_is_exact(
+    batch: tuple[list[types.Datum], PackedBatch], h: dict[str, Any], as_json: bool, data: st.DataObject
+) -> None:
     """The codec accepts exactly one frame (two concatenated are a UserError on `body`), and max_body_bytes bounds
     the raw and the decompressed size alike: one byte short is LimitExceeded on `body`, the exact size decodes."""
     raw, ct = (json_body(batch[0], h), JSON) if as_json else (proto_body(batch[0], h), PROTO)
@@ -276,8 +303,9 @@ def split_datum(draw: st.DrawFn, d: types.Datum) -> types.Datum:
     bounds = [0, *cuts, len(toks)]
     chunks = [types.EncodedTextChunk(tokens=toks[lo:hi]) for lo, hi in itertools.pairwise(bounds)]
     keys = draw(st.permutations(list(d.loss_fn_inputs)))
-    return types.Datum(model_input=types.ModelInput(chunks=chunks),
-                       loss_fn_inputs={k: d.loss_fn_inputs[k] for k in keys})
+    return types.Datum(
+        model_input=types.ModelInput(chunks=chunks), loss_fn_inputs={k: d.loss_fn_inputs[k] for k in keys}
+    )
 
 
 @st.composite
@@ -289,19 +317,24 @@ def shuffled_wire(draw: st.DrawFn, msg: pb.ForwardBackwardRequest) -> bytes:
         chunks = [pb.Datum(model_input=[c]).SerializeToString() for c in d.model_input]
         inputs = [pb.Datum(loss_fn_inputs={k: v}).SerializeToString() for k, v in d.loss_fn_inputs.items()]
         datums.append(_field(3, _interleave(draw, chunks, inputs)))
-    top = [pb.ForwardBackwardRequest(model_id=msg.model_id).SerializeToString(),
-           pb.ForwardBackwardRequest(seq_id=msg.seq_id).SerializeToString(),
-           pb.ForwardBackwardRequest(loss_fn=msg.loss_fn).SerializeToString()]
+    top = [
+        pb.ForwardBackwardRequest(model_id=msg.model_id).SerializeToString(),
+        pb.ForwardBackwardRequest(seq_id=msg.seq_id).SerializeToString(),
+        pb.ForwardBackwardRequest(loss_fn=msg.loss_fn).SerializeToString(),
+    ]
     top += [pb.ForwardBackwardRequest(loss_fn_config={k: v}).SerializeToString() for k, v in msg.loss_fn_config.items()]
-    top += [pb.ForwardBackwardRequest(loss_fn_config_v2={k: v}).SerializeToString()
-            for k, v in msg.loss_fn_config_v2.items()]
+    top += [
+        pb.ForwardBackwardRequest(loss_fn_config_v2={k: v}).SerializeToString()
+        for k, v in msg.loss_fn_config_v2.items()
+    ]
     return _interleave(draw, datums, top)
 
 
 @FAST
 @given(sdk_batches(), headers, st.data())
-def test_chunk_splits_and_field_order_do_not_matter(batch: tuple[list[types.Datum], PackedBatch],
-                                                     h: dict[str, Any], data: st.DataObject) -> None:
+def test_chunk_splits_and_field_order_do_not_matter(
+    batch: tuple[list[types.Datum], PackedBatch], h: dict[str, Any], data: st.DataObject
+) -> None:
     """Tokens split over several chunks, loss inputs in another key order and fields in another wire order decode
     to the batch of the single-chunk, canonical-order request."""
     datums, want = batch
@@ -320,14 +353,18 @@ def results(draw: st.DrawFn) -> ForwardBackwardResult:
     lengths = draw(st.lists(st.integers(0, 5), max_size=4))
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     outputs = {}
-    for name in draw(st.lists(st.sampled_from(["logprobs", "elementwise_loss", "values", "topk"]), min_size=1,
-                              max_size=3, unique=True)):
+    for name in draw(
+        st.lists(
+            st.sampled_from(["logprobs", "elementwise_loss", "values", "topk"]), min_size=1, max_size=3, unique=True
+        )
+    ):
         dtype = draw(st.sampled_from([np.float32, np.float64, np.int32, np.int64]))
         elements = INT32 if np.dtype(dtype).kind == "i" else st.floats(width=32, allow_nan=False)
         shape = (int(offsets[-1]), *draw(st.sampled_from([(), (1,), (3,)])))
         outputs[name] = draw(hnp.arrays(dtype, shape, elements=elements))
-    metrics = draw(st.dictionaries(st.sampled_from(["loss:sum", "tokens:sum", "x:mean"]),
-                                   st.floats(allow_nan=False), max_size=3))
+    metrics = draw(
+        st.dictionaries(st.sampled_from(["loss:sum", "tokens:sum", "x:mean"]), st.floats(allow_nan=False), max_size=3)
+    )
     return ForwardBackwardResult(offsets, outputs, metrics)
 
 
@@ -400,8 +437,9 @@ def test_random_bytes_never_crash(body: bytes, ct: str, enc: str | None) -> None
 
 @FUZZ
 @given(valid_bodies(), st.data())
-def test_truncated_and_bit_flipped_bodies_never_crash(valid: tuple[bytes, str, str | None],
-                                                      data: st.DataObject) -> None:
+def test_truncated_and_bit_flipped_bodies_never_crash(
+    valid: tuple[bytes, str, str | None], data: st.DataObject
+) -> None:
     """Valid bodies (protobuf or JSON, raw or zstd) cut short, and with 1-8 bits flipped."""
     body, ct, enc = valid
     cut = data.draw(st.integers(0, len(body)))
@@ -418,16 +456,45 @@ def test_zstd_like_garbage_never_crashes(payload: bytes, junk: bytes, data: st.D
     """Garbage behind a zstd magic number, frames with junk around them, and skippable frames."""
     frame = zstandard.ZstdCompressor().compress(payload)
     skippable = b"\x50\x2a\x4d\x18" + len(junk).to_bytes(4, "little") + junk
-    for body in (b"\x28\xb5\x2f\xfd" + junk, frame + junk, junk + frame, skippable + frame, frame + skippable,
-                 frame[:4] + junk + frame[4 + len(junk):]):
+    for body in (
+        b"\x28\xb5\x2f\xfd" + junk,
+        frame + junk,
+        junk + frame,
+        skippable + frame,
+        frame + skippable,
+        frame[:4] + junk + frame[4 + len(junk) :],
+    ):
         check_decode(body, data.draw(content_types), "zstd")
 
 
-known_keys = st.sampled_from(["model_id", "seq_id", "loss_fn", "forward_backward_input", "data", "model_input",
-                              "chunks", "type", "tokens", "loss_fn_inputs", "loss_fn_config", "dtype", "shape",
-                              "sparse_crow_indices", "sparse_col_indices", "target_tokens", "weights"])
+known_keys = st.sampled_from(
+    [
+        "model_id",
+        "seq_id",
+        "loss_fn",
+        "forward_backward_input",
+        "data",
+        "model_input",
+        "chunks",
+        "type",
+        "tokens",
+        "loss_fn_inputs",
+        "loss_fn_config",
+        "dtype",
+        "shape",
+        "sparse_crow_indices",
+        "sparse_col_indices",
+        "target_tokens",
+        "weights",
+    ]
+)
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.integers(2**1023, 2**1100) | st.floats() | st.text(max_size=8)
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.integers(2**1023, 2**1100)
+    | st.floats()
+    | st.text(max_size=8)
     | st.sampled_from(["encoded_text", "int64", "float32", "int32"]),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(known_keys | st.text(max_size=4), inner, max_size=5),
     max_leaves=16,
@@ -456,8 +523,9 @@ def test_random_json_never_crashes(doc: Any) -> None:
 
 @FUZZ
 @given(small_batches, headers, st.data())
-def test_mutated_json_requests_never_crash(batch: tuple[list[types.Datum], PackedBatch], h: dict[str, Any],
-                                           data: st.DataObject) -> None:
+def test_mutated_json_requests_never_crash(
+    batch: tuple[list[types.Datum], PackedBatch], h: dict[str, Any], data: st.DataObject
+) -> None:
     """A valid JSON request with 1-3 nodes replaced by random JSON: a UserError or a well-formed batch; peek_sequence
     still finds model_id and seq_id when the replaced nodes are elsewhere."""
     doc = json.loads(json_body(batch[0], h, data.draw(st.booleans())))
@@ -546,9 +614,12 @@ def _mutate_structure(draw: st.DrawFn, msg: pb.ForwardBackwardRequest) -> None:
 
 @FUZZ
 @given(small_batches, headers, st.sampled_from([_mutate_tensor, _mutate_structure]), st.data())
-def test_mutated_proto_requests_never_crash(batch: tuple[list[types.Datum], PackedBatch], h: dict[str, Any],
-                                            mutate: Callable[[st.DrawFn, pb.ForwardBackwardRequest], None],
-                                            data: st.DataObject) -> None:
+def test_mutated_proto_requests_never_crash(
+    batch: tuple[list[types.Datum], PackedBatch],
+    h: dict[str, Any],
+    mutate: Callable[[st.DrawFn, pb.ForwardBackwardRequest], None],
+    data: st.DataObject,
+) -> None:
     """A valid protobuf request with 1-3 edits of its loss inputs (dtypes, shapes, byte lengths, CSR parts) or of
     its structure (chunk kinds, empty datums, config values with no arm): a UserError or a well-formed batch;
     peek_sequence still finds the request's model_id and seq_id."""

@@ -11,8 +11,12 @@ from app.sampling.response import SampledSequence, SampleResult, encode_sample_r
 
 RESULT = SampleResult(
     sequences=[
-        SampledSequence(tokens=[5, 6, 7], logprobs=[-1.0, -2.0, -3.0], stop_reason="length",
-                        topk_logprobs=[[(5, -1.0), (9, -1.5)], [(8, -0.5)], [(7, -3.0), (1, -3.5)]]),
+        SampledSequence(
+            tokens=[5, 6, 7],
+            logprobs=[-1.0, -2.0, -3.0],
+            stop_reason="length",
+            topk_logprobs=[[(5, -1.0), (9, -1.5)], [(8, -0.5)], [(7, -3.0), (1, -3.5)]],
+        ),
         SampledSequence(tokens=[4], logprobs=[-0.25], stop_reason="stop", topk_logprobs=[[(4, -0.25), (2, -2.0)]]),
     ],
     prompt_logprobs=[None, -4.0, None, -2.5],
@@ -41,7 +45,11 @@ def test_topk_is_left_out_when_not_requested() -> None:
 
 def test_json_view_matches_the_proto() -> None:
     body = sample_json_from_proto(encode_sample_response(RESULT, topk_prompt=2, topk_sample=2))
-    assert body["sequences"][1] == {"stop_reason": "stop", "tokens": [4], "logprobs": [-0.25],
-                                    "topk_logprobs": [[(4, -0.25), (2, -2.0)]]}
+    assert body["sequences"][1] == {
+        "stop_reason": "stop",
+        "tokens": [4],
+        "logprobs": [-0.25],
+        "topk_logprobs": [[(4, -0.25), (2, -2.0)]],
+    }
     assert body["prompt_logprobs"][0] is None and not math.isnan(body["prompt_logprobs"][1])
     assert body["topk_prompt_logprobs"][0] is None

@@ -29,10 +29,23 @@ def test_unsafe_names_are_refused(name: str) -> None:
     assert info.value.field == "path"
 
 
-@pytest.mark.parametrize("uri", ["s3://x/weights/a", "tinker://m/weights", "tinker://m/bogus/a",
-                                 "tinker:///weights/a", "tinker://m/weights/a/b", "tinker://../weights/a",
-                                 "tinker://./weights/a", "tinker://m.x/weights/a", "tinker://%2E%2E/weights/a",
-                                 "tinker://m/weights/..", "tinker://m/../a", "tinker:///etc/passwd"])
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "s3://x/weights/a",
+        "tinker://m/weights",
+        "tinker://m/bogus/a",
+        "tinker:///weights/a",
+        "tinker://m/weights/a/b",
+        "tinker://../weights/a",
+        "tinker://./weights/a",
+        "tinker://m.x/weights/a",
+        "tinker://%2E%2E/weights/a",
+        "tinker://m/weights/..",
+        "tinker://m/../a",
+        "tinker:///etc/passwd",
+    ],
+)
 def test_malformed_uris_are_refused(uri: str) -> None:
     with pytest.raises(UserError) as info:
         parse_tinker_path(uri, field="model_path")

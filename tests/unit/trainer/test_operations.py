@@ -43,13 +43,17 @@ def _record(kind: str, name: str = "c1") -> CheckpointRecord:
     return CheckpointRecord(path, path.new_location(), 0, 0.0)
 
 
-@pytest.mark.parametrize(("kind", "command", "reply_type"), [
-    ("weights", CommandKind.SAVE_STATE, "save_weights"),
-    ("sampler_weights", CommandKind.SAVE_ADAPTER, "save_weights_for_sampler"),
-    ("external_weights", CommandKind.SAVE_EXPORT, "save_weights_external"),
-])
-def test_save_checkpoint_writes_its_kind_and_commits_it(tmp_path: Path, kind: str, command: CommandKind,
-                                                        reply_type: str) -> None:
+@pytest.mark.parametrize(
+    ("kind", "command", "reply_type"),
+    [
+        ("weights", CommandKind.SAVE_STATE, "save_weights"),
+        ("sampler_weights", CommandKind.SAVE_ADAPTER, "save_weights_for_sampler"),
+        ("external_weights", CommandKind.SAVE_EXPORT, "save_weights_external"),
+    ],
+)
+def test_save_checkpoint_writes_its_kind_and_commits_it(
+    tmp_path: Path, kind: str, command: CommandKind, reply_type: str
+) -> None:
     storage = ObjectStorage(str(tmp_path / "blobs"))
     op = SaveCheckpoint("r1", _record(kind))
     sent = operation(op).command(MODEL, op)
@@ -85,8 +89,10 @@ def test_replies_of_the_other_operations(tmp_path: Path) -> None:
     assert operation(step).command(MODEL, step).adam == AdamParams(learning_rate=0.1)
 
     async def replies() -> list[dict]:
-        return [json.loads((await operation(op).reply(MODEL, op, per_rank, committer)).payload)
-                for op, per_rank in ((load, [None, None]), (sampler, [10, 0]), (step, [{"grad_norm:mean": 2.0}] * 2))]
+        return [
+            json.loads((await operation(op).reply(MODEL, op, per_rank, committer)).payload)
+            for op, per_rank in ((load, [None, None]), (sampler, [10, 0]), (step, [{"grad_norm:mean": 2.0}] * 2))
+        ]
 
     assert asyncio.run(replies()) == [
         {"path": load.path, "model_id": MODEL, "type": "load_weights"},

@@ -29,10 +29,14 @@ def batch(critic: bool) -> PackedBatch:
     tokens = rng.integers(3, 2048, 12, dtype=np.int64)
     offsets = np.array([0, 5, 12], dtype=np.int64)
     if critic:
-        return PackedBatch(tokens, offsets, {"values": np.zeros(12, np.float32),
-                                             "returns": rng.uniform(-1, 1, 12).astype(np.float32)})
-    return PackedBatch(tokens, offsets, {"target_tokens": rng.integers(3, 2048, 12, dtype=np.int64),
-                                         "weights": np.ones(12, np.float32)})
+        return PackedBatch(
+            tokens, offsets, {"values": np.zeros(12, np.float32), "returns": rng.uniform(-1, 1, 12).astype(np.float32)}
+        )
+    return PackedBatch(
+        tokens,
+        offsets,
+        {"target_tokens": rng.integers(3, 2048, 12, dtype=np.int64), "weights": np.ones(12, np.float32)},
+    )
 
 
 def step(engine: TrainingEngine, model_id: str, critic: bool) -> np.ndarray:
@@ -60,13 +64,15 @@ def test_round_trip_with_and_without_optimizer(engine: TrainingEngine, spec: Ada
     engine.create_model(f"{prefix}-weights", AdapterSpec(**{**spec.__dict__, "seed": 98}))
     engine.load_state(f"{prefix}-full", tmp_path / "c1", with_optimizer=True)
     engine.load_state(f"{prefix}-weights", tmp_path / "c1", with_optimizer=False)
-    source, full, weights_only = (engine.adapter_state(m) for m in (f"{prefix}-src", f"{prefix}-full",
-                                                                       f"{prefix}-weights"))
+    source, full, weights_only = (
+        engine.adapter_state(m) for m in (f"{prefix}-src", f"{prefix}-full", f"{prefix}-weights")
+    )
     assert [torch.equal(a, b) for a, b in zip(source.values(), full.values())] == [True] * len(source)
     assert [torch.equal(a, b) for a, b in zip(source.values(), weights_only.values())] == [True] * len(source)
 
-    after_src, after_full, after_weights = (step(engine, m, critic) for m in (f"{prefix}-src", f"{prefix}-full",
-                                                                               f"{prefix}-weights"))
+    after_src, after_full, after_weights = (
+        step(engine, m, critic) for m in (f"{prefix}-src", f"{prefix}-full", f"{prefix}-weights")
+    )
     np.testing.assert_array_equal(after_full, after_src)  # Adam moments restored: the same step
     assert not np.array_equal(after_weights, after_src)  # a fresh optimizer takes a different step
     assert not np.array_equal(after_src, trained)

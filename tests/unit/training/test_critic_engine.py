@@ -42,8 +42,13 @@ def values_of(engine: TrainingEngine, model_id: str, batch: PackedBatch) -> np.n
 def test_fresh_critic_predicts_zero_values_only(engine: TrainingEngine) -> None:
     engine.create_model("critic-fresh", CRITIC)
     batch = tokens_batch([4, 6])
-    out = engine.forward_backward("critic-fresh", "ppo_critic", {"value_clip": 0.2},
-                                  PackedBatch(batch.tokens, batch.offsets, {}), forward_only=True)
+    out = engine.forward_backward(
+        "critic-fresh",
+        "ppo_critic",
+        {"value_clip": 0.2},
+        PackedBatch(batch.tokens, batch.offsets, {}),
+        forward_only=True,
+    )
     assert set(out.outputs) == {"values"}
     np.testing.assert_array_equal(out.outputs["values"], np.zeros(10, np.float32))
     assert out.loss_sum == 0.0
@@ -56,8 +61,11 @@ def test_value_loss_matches_its_formula(engine: TrainingEngine) -> None:
     engine.create_model("critic-formula", CRITIC)
     batch = tokens_batch([5, 3], seed=1)
     for _ in range(3):  # move the values away from zero so both clip branches are reachable
-        target = PackedBatch(batch.tokens, batch.offsets, {"values": values_of(engine, "critic-formula", batch),
-                                                           "returns": parity_returns(batch)})
+        target = PackedBatch(
+            batch.tokens,
+            batch.offsets,
+            {"values": values_of(engine, "critic-formula", batch), "returns": parity_returns(batch)},
+        )
         engine.forward_backward("critic-formula", "ppo_critic", {"value_clip": 100.0}, target, forward_only=False)
         engine.optim_step("critic-formula", AdamParams(learning_rate=5e-2))
     v = values_of(engine, "critic-formula", batch).astype(np.float64)
@@ -65,10 +73,13 @@ def test_value_loss_matches_its_formula(engine: TrainingEngine) -> None:
     old = (v + rng.uniform(-0.5, 0.5, v.shape)).astype(np.float32)
     returns, weights = parity_returns(batch), rng.uniform(0.0, 2.0, v.shape).astype(np.float32)
     clip = 0.1
-    out = engine.forward_backward("critic-formula", "ppo_critic", {"value_clip": clip},
-                                  PackedBatch(batch.tokens, batch.offsets,
-                                              {"values": old, "returns": returns, "weights": weights}),
-                                  forward_only=True)
+    out = engine.forward_backward(
+        "critic-formula",
+        "ppo_critic",
+        {"value_clip": clip},
+        PackedBatch(batch.tokens, batch.offsets, {"values": old, "returns": returns, "weights": weights}),
+        forward_only=True,
+    )
     clipped = old + np.clip(v - old, -clip, clip)
     unclipped_err, clipped_err = (v - returns) ** 2, (clipped - returns) ** 2
     assert (clipped_err > unclipped_err).any() and (clipped_err < unclipped_err).any()  # both branches used
@@ -103,8 +114,9 @@ def test_critic_gradients_shard_exactly(engine: TrainingEngine) -> None:
     """Each rank's gradient covers its datums; their sum (what optim_step all-reduces) is the single rank's."""
     ranks = [TrainingEngine(load_base_model(str(TINY_MODEL)), rank=r, world_size=2) for r in (0, 1)]
     batch = tokens_batch([3, 7, 2], seed=5)
-    data = PackedBatch(batch.tokens, batch.offsets, {"values": np.full(12, 0.1, np.float32),
-                                                     "returns": parity_returns(batch)})
+    data = PackedBatch(
+        batch.tokens, batch.offsets, {"values": np.full(12, 0.1, np.float32), "returns": parity_returns(batch)}
+    )
     shards = []
     for e in (engine, *ranks):
         e.create_model("critic-sharded", CRITIC)

@@ -42,8 +42,10 @@ def make_batch(lengths: list[int], *, k: int | None = None, seed: int = 0) -> Pa
     return PackedBatch(
         tokens=rng.integers(3, VOCAB, total, dtype=np.int64),
         offsets=offsets,
-        loss_inputs={"target_tokens": rng.integers(3, VOCAB, shape, dtype=np.int64),
-                     "weights": rng.uniform(0.1, 2.0, shape).astype(np.float32)},
+        loss_inputs={
+            "target_tokens": rng.integers(3, VOCAB, shape, dtype=np.int64),
+            "weights": rng.uniform(0.1, 2.0, shape).astype(np.float32),
+        },
     )
 
 
@@ -134,8 +136,9 @@ def test_forward_only_leaves_no_gradients(engine: TrainingEngine) -> None:
 
 def _exp_avg_norm(engine: TrainingEngine, model_id: str) -> float:
     opt = engine._model(model_id).optimizer
-    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(s["exp_avg"])
-                                                       for s in opt.state.values()])))
+    return float(
+        torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(s["exp_avg"]) for s in opt.state.values()]))
+    )
 
 
 def test_grad_clip_norm(engine: TrainingEngine) -> None:
@@ -175,8 +178,9 @@ def test_sharding_matches_single_rank(engine: TrainingEngine) -> None:
     empty = forward(ranks[1], "sharded", one)
     assert empty.outputs == {} and empty.loss_sum == 0.0
     merged_one = merge_shards(one.offsets, [forward(ranks[0], "sharded", one), empty])
-    np.testing.assert_allclose(merged_one.outputs["logprobs"],
-                               forward(engine, "sharded", one).outputs["logprobs"], atol=1e-5)
+    np.testing.assert_allclose(
+        merged_one.outputs["logprobs"], forward(engine, "sharded", one).outputs["logprobs"], atol=1e-5
+    )
 
 
 def test_unknown_model(engine: TrainingEngine) -> None:

@@ -39,16 +39,23 @@ def rl_batches(draw: st.DrawFn, max_tokens: int = 12) -> dict[str, torch.Tensor]
 
     ids = sorted(draw(st.lists(st.integers(0, 2), min_size=n, max_size=n)))
     dense = np.unique(ids, return_inverse=True)[1]  # datum ids 0..k-1 with no gaps
-    return {"lp": arr(-6.0, -0.01), "q": arr(-6.0, -0.01), "advantages": arr(-3.0, 3.0),
-            "mask": torch.tensor(draw(hnp.arrays(np.bool_, n)), dtype=dtype), "ids": torch.tensor(dense)}
+    return {
+        "lp": arr(-6.0, -0.01),
+        "q": arr(-6.0, -0.01),
+        "advantages": arr(-3.0, 3.0),
+        "mask": torch.tensor(draw(hnp.arrays(np.bool_, n)), dtype=dtype),
+        "ids": torch.tensor(dense),
+    }
 
 
-clip_configs = st.fixed_dictionaries({"clip_low_threshold": st.floats(0.0, 0.99),
-                                      "clip_high_threshold": st.floats(1.01, 5.0)})
+clip_configs = st.fixed_dictionaries(
+    {"clip_low_threshold": st.floats(0.0, 0.99), "clip_high_threshold": st.floats(1.01, 5.0)}
+)
 
 
-def grad_of(name: str, b: dict[str, torch.Tensor],
-            config: dict[str, float]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def grad_of(
+    name: str, b: dict[str, torch.Tensor], config: dict[str, float]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(summed loss, elementwise loss, d loss / d lp) of a registered loss on batch b; config keys the loss does not
     use are dropped."""
     spec = get_loss(name)
@@ -66,8 +73,9 @@ def tol(b: dict[str, torch.Tensor]) -> float:
 
 @FAST
 @given(rl_batches(), st.sampled_from(PG_LOSSES), clip_configs, st.data())
-def test_zero_advantage_tokens_get_zero_gradient(b: dict[str, torch.Tensor], name: str, config: dict[str, float],
-                                                 data: st.DataObject) -> None:
+def test_zero_advantage_tokens_get_zero_gradient(
+    b: dict[str, torch.Tensor], name: str, config: dict[str, float], data: st.DataObject
+) -> None:
     """A token whose advantage is 0 gets exactly zero gradient (and adds nothing to the loss) in importance_sampling,
     ppo, cispo and gspo, whatever its ratio and the clip range; in gspo even though it shares its datum's ratio."""
     zero = torch.tensor(data.draw(hnp.arrays(np.bool_, len(b["lp"]))))
@@ -95,8 +103,9 @@ def test_dro_gradient_at_zero_advantage_is_the_proximal_pull(b: dict[str, torch.
 
 @FAST
 @given(rl_batches(), st.sampled_from([*PG_LOSSES, "dro"]), clip_configs, reals(0.0, 2.0))
-def test_on_policy_gradient_is_the_policy_gradient(b: dict[str, torch.Tensor], name: str, config: dict[str, float],
-                                                   beta: float) -> None:
+def test_on_policy_gradient_is_the_policy_gradient(
+    b: dict[str, torch.Tensor], name: str, config: dict[str, float], beta: float
+) -> None:
     """With the sampler's logprobs equal to the learner's (every ratio 1, inside any clip range; dro's penalty
     vanishes), every policy-gradient loss has exactly the REINFORCE gradient d(-sum A lp)/d lp = -A, token by token."""
     b["q"] = b["lp"].clone()
@@ -109,8 +118,9 @@ REGIONS = ("above", "below", "inside")
 
 @FAST
 @given(rl_batches(), st.floats(0.05, 0.5), st.floats(0.05, 0.5), st.data())
-def test_ppo_clips_exactly_where_the_bound_binds(b: dict[str, torch.Tensor], eps_low: float, eps_high: float,
-                                                 data: st.DataObject) -> None:
+def test_ppo_clips_exactly_where_the_bound_binds(
+    b: dict[str, torch.Tensor], eps_low: float, eps_high: float, data: st.DataObject
+) -> None:
     """PPO with bounds (1 - eps_low, 1 + eps_high): a token with A > 0 and r above the upper bound, or A < 0 and r
     below the lower one, gets exactly zero gradient; every other token (inside the bounds, or outside on the side
     the pessimistic min keeps unclipped) gets the unclipped -r A."""
@@ -118,8 +128,14 @@ def test_ppo_clips_exactly_where_the_bound_binds(b: dict[str, torch.Tensor], eps
     n = len(b["lp"])
     region = data.draw(st.lists(st.sampled_from(REGIONS), min_size=n, max_size=n))
     unit = data.draw(st.lists(st.floats(0.02, 0.98), min_size=n, max_size=n))
-    ratio = [hi * (1.01 + 2 * u) if g == "above" else lo * (0.99 - 0.9 * u) if g == "below"
-             else lo * 1.01 + (hi * 0.99 - lo * 1.01) * u for g, u in zip(region, unit)]
+    ratio = [
+        hi * (1.01 + 2 * u)
+        if g == "above"
+        else lo * (0.99 - 0.9 * u)
+        if g == "below"
+        else lo * 1.01 + (hi * 0.99 - lo * 1.01) * u
+        for g, u in zip(region, unit)
+    ]
     b["lp"] = b["q"] + torch.log(torch.tensor(ratio, dtype=b["q"].dtype))
     a = b["advantages"]
     b["advantages"] = torch.where(a.abs() < 0.01, torch.full_like(a, 0.5), a)  # a clear sign for every token
@@ -139,8 +155,9 @@ def test_gspo_clips_on_the_sequence_ratio(b: dict[str, torch.Tensor], data: st.D
     lo, hi = 0.8, 1.25
     ids, n_datums = b["ids"], int(b["ids"].max()) + 1
     region = data.draw(st.lists(st.sampled_from(REGIONS), min_size=n_datums, max_size=n_datums))
-    log_seq = torch.tensor([math.log({"above": hi * 1.5, "below": lo * 0.5, "inside": 1.1}[g]) for g in region],
-                           dtype=b["q"].dtype)
+    log_seq = torch.tensor(
+        [math.log({"above": hi * 1.5, "below": lo * 0.5, "inside": 1.1}[g]) for g in region], dtype=b["q"].dtype
+    )
     noise = b["lp"] - b["q"]  # per-token log ratios, recentred on each datum's masked mean
     for i in range(n_datums):
         rows = (ids == i) & (b["mask"] != 0)
@@ -158,10 +175,10 @@ def test_gspo_clips_on_the_sequence_ratio(b: dict[str, torch.Tensor], data: st.D
 
 
 @FAST
-@given(st.integers(1, 12), st.sampled_from([(), (1,), (4,)]), st.sampled_from(sorted(DTYPES)), st.booleans(),
-       st.data())
-def test_cross_entropy_is_minus_weighted_sum(n: int, trailing: tuple[int, ...], dtype_name: str, weighted: bool,
-                                             data: st.DataObject) -> None:
+@given(st.integers(1, 12), st.sampled_from([(), (1,), (4,)]), st.sampled_from(sorted(DTYPES)), st.booleans(), st.data())
+def test_cross_entropy_is_minus_weighted_sum(
+    n: int, trailing: tuple[int, ...], dtype_name: str, weighted: bool, data: st.DataObject
+) -> None:
     """cross_entropy = -sum(w * lp) over (N,) or (N, K) targets, elementwise -w * lp, and its gradient is exactly -w
     (w = 1 when no weights are sent)."""
     dtype, rtol = DTYPES[dtype_name]

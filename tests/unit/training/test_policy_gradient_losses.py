@@ -49,8 +49,9 @@ def clipped_terms(r: float, a: float, lo: float, hi: float) -> tuple[float, floa
 def test_ppo(config: dict) -> None:
     lo, hi = config.get("clip_low_threshold", 0.8), config.get("clip_high_threshold", 1.2)
     loss, grad, lp, inputs, _ = run("ppo", config)
-    terms = [clipped_terms(math.exp(lp[t] - inputs["logprobs"][t]), inputs["advantages"][t].item(), lo, hi)
-             for t in range(N)]
+    terms = [
+        clipped_terms(math.exp(lp[t] - inputs["logprobs"][t]), inputs["advantages"][t].item(), lo, hi) for t in range(N)
+    ]
     assert loss == pytest.approx(sum(v for v, _ in terms), rel=1e-12)
     assert grad == pytest.approx([d for _, d in terms], rel=1e-9, abs=1e-12)
     assert any(d == 0.0 for _, d in terms) and any(d != 0.0 for _, d in terms)  # both branches exercised

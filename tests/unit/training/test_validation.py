@@ -122,10 +122,12 @@ def critic_batch(lengths: list[int], **inputs: np.ndarray) -> PackedBatch:
     return PackedBatch(np.arange(total, dtype=np.int64) % 2048, offsets, inputs)
 
 
-def critic(batch: PackedBatch, loss_fn: str = "ppo", *, forward_only: bool = False,
-           config: dict | None = None) -> ValidLoss:
-    return validate_forward_backward(ForwardBackwardInput("s:train:1", 1, loss_fn, config or {}, forward_only, batch),
-                                     LIMITS, MODEL, role="critic")
+def critic(
+    batch: PackedBatch, loss_fn: str = "ppo", *, forward_only: bool = False, config: dict | None = None
+) -> ValidLoss:
+    return validate_forward_backward(
+        ForwardBackwardInput("s:train:1", 1, loss_fn, config or {}, forward_only, batch), LIMITS, MODEL, role="critic"
+    )
 
 
 def test_critic_ppo_is_the_value_loss() -> None:
@@ -146,8 +148,9 @@ def test_critic_forward_may_omit_inputs_but_training_may_not() -> None:
     assert info.value.field == "loss_fn_inputs.returns"
 
 
-@pytest.mark.parametrize(("loss_fn", "role"), [("cross_entropy", "critic"), ("importance_sampling", "critic"),
-                                               ("ppo_critic", "policy")])
+@pytest.mark.parametrize(
+    ("loss_fn", "role"), [("cross_entropy", "critic"), ("importance_sampling", "critic"), ("ppo_critic", "policy")]
+)
 def test_loss_must_suit_the_role(loss_fn: str, role: str) -> None:
     inp = ForwardBackwardInput("s:train:0", 1, loss_fn, {}, False, packed([2]))
     with pytest.raises(UserError) as info:
