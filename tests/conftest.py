@@ -23,16 +23,16 @@ TINY_MODEL = ROOT / "models" / "tiny"
 T = TypeVar("T")
 
 
-def run_on_db(db: Path, body: Callable[..., Awaitable[T]]) -> T:
-    """Run `body(engine)` against a real SQLite file with every table created (the stores' unit tests)."""
+def run_on_db(path: Path, body: Callable[..., Awaitable[T]]) -> T:
+    """Run `body(db)` against a real SQLite file at `path` with every table created (the stores' unit tests)."""
     from app.db.schema import connect, create_tables
 
     async def main() -> T:
-        engine = connect("sqlite+aiosqlite:///" + str(db))
-        await create_tables(engine)
+        db = connect("sqlite+aiosqlite:///" + str(path))
+        await create_tables(db)
         try:
-            return await body(engine)
+            return await body(db)
         finally:
-            await engine.dispose()
+            await db.dispose()
 
     return asyncio.run(main())

@@ -80,12 +80,12 @@ def _live(now: float) -> ColumnElement[bool]:
 
 
 class CheckpointStore:
-    def __init__(self, engine: AsyncEngine) -> None:
-        self._engine = engine
+    def __init__(self, db: AsyncEngine) -> None:
+        self._db = db
 
     async def find(self, path: CheckpointPath) -> CheckpointRecord | None:
         """The live (unexpired) checkpoint at `path`, if any."""
-        async with self._engine.connect() as conn:
+        async with self._db.connect() as conn:
             row = (await conn.execute(select(checkpoints).where(_key(path), _live(time.time())))).first()
         return _from_row(row) if row is not None else None
 
@@ -98,7 +98,7 @@ class CheckpointStore:
     async def commit(self, record: CheckpointRecord, overwrite: bool) -> str | None:
         """Make a written checkpoint visible. Returns the location it replaced (now garbage) with `overwrite`;
         without it an existing live checkpoint is a user error and `record` stays invisible."""
-        async with self._engine.begin() as conn:
+        async with self._db.begin() as conn:
             old = (await conn.execute(select(checkpoints).where(_key(record.path)))).first()
             if old is not None and not overwrite and (old.expires_at is None or old.expires_at > time.time()):
                 raise already_exists(record.path)
@@ -125,7 +125,7 @@ class CheckpointStore:
 
     async def delete(self, path: CheckpointPath) -> CheckpointRecord | None:
         """Remove the row (live or expired); returns it, so the caller removes its files. None if absent."""
-        async with self._engine.begin() as conn:
+        async with self._db.begin() as conn:
             row = (await conn.execute(select(checkpoints).where(_key(path)))).first()
             if row is None:
                 return None
@@ -134,7 +134,7 @@ class CheckpointStore:
 
     async def of_run(self, model_id: str) -> list[CheckpointRecord]:
         """The run's live checkpoints, newest first."""
-        async with self._engine.connect() as conn:
+        async with self._db.connect() as conn:
             rows = await conn.execute(
                 select(checkpoints)
                 .where(checkpoints.c.model_id == model_id, _live(time.time()))
@@ -145,7 +145,7 @@ class CheckpointStore:
     async def page(self, limit: int, offset: int) -> tuple[list[CheckpointRecord], int]:
         """One page of every live checkpoint, newest first, and the total count."""
         now = time.time()
-        async with self._engine.connect() as conn:
+        async with self._db.connect() as conn:
             total = (await conn.execute(select(func.count()).select_from(checkpoints).where(_live(now)))).scalar_one()
             rows = await conn.execute(
                 select(checkpoints)
@@ -160,7 +160,7 @@ class CheckpointStore:
 
     async def update(self, path: CheckpointPath, **values: object) -> None:
         """Set `expires_at` and/or `public` of a live checkpoint; NotFound naming `checkpoint_id` otherwise."""
-        async with self._engine.begin() as conn:
+        async with self._db.begin() as conn:
             result = await conn.execute(update(checkpoints).where(_key(path), _live(time.time())).values(**values))
         if not result.rowcount:
             raise NotFound(
@@ -169,7 +169,7 @@ class CheckpointStore:
 
     async def expired(self, now: float, limit: int = 100) -> list[CheckpointPath]:
         """Checkpoints past their expiry, oldest expiry first."""
-        async with self._engine.connect() as conn:
+        async with self._db.connect() as conn:
             rows = await conn.execute(
                 select(checkpoints.c.model_id, checkpoints.c.kind, checkpoints.c.name)
                 .where(checkpoints.c.expires_at <= now)

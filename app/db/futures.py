@@ -51,8 +51,8 @@ Outcome = Pending | Completed | Failed | Unknown
 
 
 class FutureStore:
-    def __init__(self, engine: AsyncEngine, *, poll_interval_s: float = 1.0) -> None:
-        self._engine = engine
+    def __init__(self, db: AsyncEngine, *, poll_interval_s: float = 1.0) -> None:
+        self._db = db
         self._poll_interval_s = poll_interval_s
         self._local_events: dict[str, asyncio.Event] = {}
         self._local_waiters: dict[str, int] = {}  # the event is dropped when its last waiter leaves
@@ -69,13 +69,13 @@ class FutureStore:
             "created_at": time.time(),
         }
         try:
-            async with self._engine.begin() as conn:
+            async with self._db.begin() as conn:
                 await conn.execute(insert(futures).values(**row))
             return request_id, True
         except IntegrityError:
             if seq_id is None:
                 raise
-            async with self._engine.connect() as conn:
+            async with self._db.connect() as conn:
                 existing = (
                     await conn.execute(
                         select(futures.c.request_id).where(futures.c.model_id == model_id, futures.c.seq_id == seq_id)
@@ -95,7 +95,7 @@ class FutureStore:
             await self.fail(request_id, error)
 
     async def _finish(self, request_id: str, **values: object) -> None:
-        async with self._engine.begin() as conn:
+        async with self._db.begin() as conn:
             await conn.execute(
                 update(futures)
                 .where(futures.c.request_id == request_id, futures.c.state == "pending")
@@ -107,7 +107,7 @@ class FutureStore:
         """Fail every pending future of these models (their trainer restarted); returns how many."""
         if not model_ids:
             return 0
-        async with self._engine.begin() as conn:
+        async with self._db.begin() as conn:
             result = await conn.execute(
                 update(futures)
                 .where(futures.c.model_id.in_(model_ids), futures.c.state == "pending")
@@ -117,7 +117,7 @@ class FutureStore:
 
     async def fail_stale(self, kind: str, created_before: float, error: dict) -> int:
         """Fail every pending future of `kind` created before `created_before`; returns how many."""
-        async with self._engine.begin() as conn:
+        async with self._db.begin() as conn:
             result = await conn.execute(
                 update(futures)
                 .where(futures.c.kind == kind, futures.c.state == "pending", futures.c.created_at < created_before)
@@ -132,7 +132,7 @@ class FutureStore:
             event.set()
 
     async def get(self, request_id: str) -> Outcome:
-        async with self._engine.connect() as conn:
+        async with self._db.connect() as conn:
             row = (
                 await conn.execute(
                     select(

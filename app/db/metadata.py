@@ -50,13 +50,13 @@ def model_id_for(session_id: str, model_seq_id: int) -> str:
 
 
 class MetadataStore:
-    def __init__(self, engine: AsyncEngine) -> None:
-        self._engine = engine
+    def __init__(self, db: AsyncEngine) -> None:
+        self._db = db
 
     async def create_session(self, sdk_version: str | None, tags: list[str], user_metadata: dict) -> str:
         session_id = uuid.uuid4().hex[:16]
         now = time.time()
-        async with self._engine.begin() as conn:
+        async with self._db.begin() as conn:
             await conn.execute(
                 insert(sessions).values(
                     session_id=session_id,
@@ -71,7 +71,7 @@ class MetadataStore:
 
     async def heartbeat(self, session_id: str) -> bool:
         """Record a heartbeat; False when the session is unknown or finished (expired included)."""
-        async with self._engine.begin() as conn:
+        async with self._db.begin() as conn:
             result = await conn.execute(
                 update(sessions)
                 .where(sessions.c.session_id == session_id, sessions.c.finished_reason.is_(None))
@@ -81,7 +81,7 @@ class MetadataStore:
 
     async def expire_sessions(self, silent_since: float) -> list[str]:
         """Finish, as "expired", every open session whose last heartbeat is older than `silent_since`."""
-        async with self._engine.begin() as conn:
+        async with self._db.begin() as conn:
             silent = (sessions.c.finished_reason.is_(None)) & (sessions.c.last_heartbeat < silent_since)
             ids = [row.session_id for row in await conn.execute(select(sessions.c.session_id).where(silent))]
             if ids:
@@ -92,14 +92,14 @@ class MetadataStore:
 
     async def loaded_runs_of(self, session_id: str) -> list[TrainingRun]:
         """The session's models that have not been unloaded."""
-        async with self._engine.connect() as conn:
+        async with self._db.connect() as conn:
             rows = await conn.execute(
                 select(training_runs).where(training_runs.c.session_id == session_id, training_runs.c.unloaded == 0)
             )
         return [_run_from_row(row) for row in rows]
 
     async def finish_session(self, session_id: str, reason: str) -> None:
-        async with self._engine.begin() as conn:
+        async with self._db.begin() as conn:
             await conn.execute(
                 update(sessions)
                 .where(sessions.c.session_id == session_id, sessions.c.finished_reason.is_(None))
@@ -107,14 +107,14 @@ class MetadataStore:
             )
 
     async def require_session(self, session_id: str) -> None:
-        async with self._engine.connect() as conn:
+        async with self._db.connect() as conn:
             found = await conn.scalar(select(sessions.c.session_id).where(sessions.c.session_id == session_id))
         if found is None:
             raise NotFound(f"session {session_id!r} does not exist; create a new ServiceClient", field="session_id")
 
     async def add_training_run(self, run: TrainingRun) -> None:
         try:
-            async with self._engine.begin() as conn:
+            async with self._db.begin() as conn:
                 await conn.execute(
                     insert(training_runs).values(
                         model_id=run.model_id,
@@ -135,7 +135,7 @@ class MetadataStore:
             ) from exc
 
     async def get_training_run(self, model_id: str) -> TrainingRun:
-        async with self._engine.connect() as conn:
+        async with self._db.connect() as conn:
             row = (await conn.execute(select(training_runs).where(training_runs.c.model_id == model_id))).first()
         if row is None:
             raise NotFound(f"model {model_id!r} does not exist", field="model_id")
@@ -143,7 +143,7 @@ class MetadataStore:
 
     async def list_training_runs(self, limit: int, offset: int) -> tuple[list[TrainingRun], int]:
         """One page of runs, newest first, and the total count."""
-        async with self._engine.connect() as conn:
+        async with self._db.connect() as conn:
             total = (await conn.execute(select(func.count()).select_from(training_runs))).scalar_one()
             rows = await conn.execute(
                 select(training_runs)
@@ -155,10 +155,10 @@ class MetadataStore:
 
     async def model_ids_on(self, trainer: str) -> list[str]:
         """The models routed to `trainer`."""
-        async with self._engine.connect() as conn:
+        async with self._db.connect() as conn:
             rows = await conn.execute(select(training_runs.c.model_id).where(training_runs.c.trainer == trainer))
         return [row.model_id for row in rows]
 
     async def mark_unloaded(self, model_id: str) -> None:
-        async with self._engine.begin() as conn:
+        async with self._db.begin() as conn:
             await conn.execute(update(training_runs).where(training_runs.c.model_id == model_id).values(unloaded=1))

@@ -46,13 +46,13 @@ def _from_row(row: Row) -> SamplingSession:
 
 
 class SamplerStore:
-    def __init__(self, engine: AsyncEngine) -> None:
-        self._engine = engine
+    def __init__(self, db: AsyncEngine) -> None:
+        self._db = db
 
     async def create(self, session: SamplingSession) -> SamplingSession:
         """Insert; a retried create of the same id returns the stored session unchanged."""
         try:
-            async with self._engine.begin() as conn:
+            async with self._db.begin() as conn:
                 await conn.execute(
                     insert(sampling_sessions).values(
                         sampling_session_id=session.sampling_session_id,
@@ -70,7 +70,7 @@ class SamplerStore:
             return await self.get(session.sampling_session_id)
 
     async def get(self, sampling_session_id: str) -> SamplingSession:
-        async with self._engine.connect() as conn:
+        async with self._db.connect() as conn:
             row = (
                 await conn.execute(
                     select(sampling_sessions).where(sampling_sessions.c.sampling_session_id == sampling_session_id)
@@ -84,7 +84,7 @@ class SamplerStore:
         return _from_row(row)
 
     async def touch(self, sampling_session_id: str, now: float) -> None:
-        async with self._engine.begin() as conn:
+        async with self._db.begin() as conn:
             await conn.execute(
                 update(sampling_sessions)
                 .where(sampling_sessions.c.sampling_session_id == sampling_session_id)
@@ -93,7 +93,7 @@ class SamplerStore:
 
     async def expired(self, ttl_s: float, now: float) -> list[SamplingSession]:
         """Ephemeral sessions unused for longer than `ttl_s`."""
-        async with self._engine.connect() as conn:
+        async with self._db.connect() as conn:
             rows = await conn.execute(
                 select(sampling_sessions).where(
                     sampling_sessions.c.ephemeral == 1, sampling_sessions.c.last_used_at < now - ttl_s
@@ -102,7 +102,7 @@ class SamplerStore:
             return [_from_row(row) for row in rows]
 
     async def delete(self, sampling_session_id: str) -> None:
-        async with self._engine.begin() as conn:
+        async with self._db.begin() as conn:
             await conn.execute(
                 delete(sampling_sessions).where(sampling_sessions.c.sampling_session_id == sampling_session_id)
             )

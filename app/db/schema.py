@@ -122,9 +122,9 @@ def connect(url: str) -> AsyncEngine:
     if url.startswith("sqlite"):
         db_path = url.split(":///", 1)[1]
         Path(db_path).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_async_engine(url, connect_args={"timeout": 30})
+        db = create_async_engine(url, connect_args={"timeout": 30})
 
-        @event.listens_for(engine.sync_engine, "connect")
+        @event.listens_for(db.sync_engine, "connect")
         def _sqlite_pragmas(dbapi_conn: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
@@ -132,14 +132,14 @@ def connect(url: str) -> AsyncEngine:
             cur.execute("PRAGMA busy_timeout=30000")
             cur.close()
 
-        return engine
+        return db
     return create_async_engine(url, pool_pre_ping=True)
 
 
-async def create_tables(engine: AsyncEngine) -> None:
+async def create_tables(db: AsyncEngine) -> None:
     """Create missing tables, upgrade an older schema in place where an upgrade exists, then check the version:
     a database nothing can upgrade (or a newer one) is refused with a message that says what to do."""
-    async with engine.begin() as conn:
+    async with db.begin() as conn:
         existing = set(await conn.run_sync(lambda sync: inspect(sync).get_table_names()))
         await conn.run_sync(metadata.create_all)
         version = await conn.scalar(select(schema_info.c.version))
@@ -147,25 +147,25 @@ async def create_tables(engine: AsyncEngine) -> None:
         version = 1  # made before versions were recorded
     if version is None:
         try:
-            async with engine.begin() as conn:
+            async with db.begin() as conn:
                 await conn.execute(insert(schema_info).values(version=SCHEMA_VERSION))
         except IntegrityError:  # another replica recorded it first
             pass
-        async with engine.connect() as conn:
+        async with db.connect() as conn:
             version = await conn.scalar(select(schema_info.c.version))
     while version in _UPGRADES:
-        version = await _upgrade(engine, version)
+        version = await _upgrade(db, version)
     if version != SCHEMA_VERSION:
         raise SchemaMismatch(
-            f"the state database {engine.url.render_as_string(hide_password=True)} has schema version {version}, "
+            f"the state database {db.url.render_as_string(hide_password=True)} has schema version {version}, "
             f"and this tinker-serve needs {SCHEMA_VERSION}; start with a fresh state_dir (or database_url), or use the "
             "tinker-serve version that made it"
         )
 
 
-async def _upgrade(engine: AsyncEngine, version: int) -> int | None:
+async def _upgrade(db: AsyncEngine, version: int) -> int | None:
     """Apply the upgrade from `version` in one transaction (another replica may have done it first)."""
-    async with engine.begin() as conn:
+    async with db.begin() as conn:
         current = await conn.scalar(select(schema_info.c.version).with_for_update())
         if current == version:
             for statement in _UPGRADES[version]:

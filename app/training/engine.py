@@ -212,7 +212,7 @@ class TrainingEngine:
             p.grad = None
 
     def adapter_state(self, model_id: str) -> dict[str, torch.Tensor]:
-        """The model's trainable parameters by name, value head included (for tests and snapshots)."""
+        """The model's trainable parameters by name, value head included (tests compare them)."""
         model = self._model(model_id)
         state = {n: p.detach().clone() for n, p in self.pool.model.named_parameters() if f".{model.name}." in n}
         if model.value_head is not None:

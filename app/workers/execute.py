@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import traceback
@@ -15,6 +16,8 @@ from app.messages import Command, CommandError, CommandKind
 from app.storage.objects import ObjectStorage
 from app.training.batch import PackedBatch
 from app.training.engine import TrainingEngine
+
+logger = logging.getLogger("tinker_serve.worker")
 
 _T = TypeVar("_T")
 
@@ -69,6 +72,7 @@ def execute(engine: TrainingEngine, storage: ObjectStorage, cmd: Command) -> Any
         return os.getpid()  # PING: which process serves this rank (diagnostics, failure tests)
     except TinkerServeError as exc:
         return CommandError(exc.to_body())
-    except Exception as exc:  # noqa: BLE001 - report, keep serving
+    except Exception as exc:  # logged, reported, and the loop keeps serving
+        logger.exception("rank %d: %s of model %r failed", engine.rank, cmd.kind.value, cmd.model_id)
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         return CommandError(ServerError(f"{cmd.kind.value} failed on a worker: {detail}").to_body())

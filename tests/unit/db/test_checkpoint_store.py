@@ -22,7 +22,7 @@ T = TypeVar("T")
 
 
 def run_with_store(db: Path, body: Callable[[CheckpointStore], Awaitable[T]]) -> T:
-    return run_on_db(db, lambda engine: body(CheckpointStore(engine)))
+    return run_on_db(db, lambda database: body(CheckpointStore(database)))
 
 
 def _record(

@@ -28,7 +28,7 @@ def _session(sid: str, *, ephemeral: bool, last_used_at: float, location: str | 
 
 
 def run(db: Path, body) -> object:
-    return run_on_db(db, lambda engine: body(SamplerStore(engine)))
+    return run_on_db(db, lambda database: body(SamplerStore(database)))
 
 
 def test_ids_follow_the_hosted_convention() -> None:
