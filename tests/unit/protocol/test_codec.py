@@ -10,7 +10,6 @@ import zstandard
 from tinker import types
 from tinker.proto import request_conv, response_conv
 from tinker.proto import tinker_public_pb2 as pb
-from tinker.types._pydantic_types.forward_backward_input import ForwardBackwardInput as PydFBInput
 
 from app.errors import LimitExceeded, UserError
 from app.protocol.codec import (
@@ -19,6 +18,7 @@ from app.protocol.codec import (
     forward_backward_output_to_json,
 )
 from app.training.batch import ForwardBackwardResult
+from tests.unit.protocol.sdk_wire import legacy_json_input
 
 PROTO = "application/x-protobuf"
 MAX = 1 << 24
@@ -167,27 +167,7 @@ def test_int32_and_bf16_widening():
 
 
 def sdk_json(data, flat=False, **kw) -> bytes:
-    pyd = PydFBInput(
-        data=[
-            types._pydantic_types.datum.Datum(
-                model_input=d.model_input,
-                loss_fn_inputs={
-                    k: {
-                        "data": v.data,
-                        "dtype": v.dtype,
-                        "shape": v.shape,
-                        "sparse_crow_indices": v.sparse_crow_indices,
-                        "sparse_col_indices": v.sparse_col_indices,
-                    }
-                    for k, v in d.loss_fn_inputs.items()
-                },
-            )
-            for d in data
-        ],
-        loss_fn="ppo",
-        loss_fn_config={"clip_low_threshold": 0.8, "mode": "x"},
-    )
-    fbi = pyd.model_dump(mode="json", exclude_none=True)
+    fbi = legacy_json_input(data, "ppo", {"clip_low_threshold": 0.8, "mode": "x"})
     if flat:
         return json.dumps({"model_id": "s:train:0", "seq_id": 4, **fbi, "forward_only": True, **kw}).encode()
     return json.dumps({"model_id": "s:train:0", "seq_id": 4, "forward_backward_input": fbi, **kw}).encode()

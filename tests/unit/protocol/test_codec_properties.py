@@ -18,7 +18,6 @@ from hypothesis.extra import numpy as hnp
 from tinker import types
 from tinker.proto import request_conv, response_conv
 from tinker.proto import tinker_public_pb2 as pb
-from tinker.types._pydantic_types.forward_backward_input import ForwardBackwardInput as PydFBInput
 from tinker.types._pydantic_types.tensor_data import TensorData as PydTensorData
 
 from app.errors import LimitExceeded, UserError
@@ -30,6 +29,7 @@ from app.protocol.codec import (
     peek_sequence,
 )
 from app.training.batch import ForwardBackwardInput, ForwardBackwardResult, PackedBatch
+from tests.unit.protocol.sdk_wire import legacy_json_input
 
 PROTO = "application/x-protobuf"
 JSON = "application/json"
@@ -128,26 +128,7 @@ def proto_body(data: list[types.Datum], h: dict[str, Any]) -> bytes:
 
 def json_body(data: list[types.Datum], h: dict[str, Any], flat: bool = False) -> bytes:
     """The JSON body older SDKs send, built with the SDK's pydantic models (nested or flat)."""
-    fbi = PydFBInput(
-        data=[
-            {
-                "model_input": d.model_input,
-                "loss_fn_inputs": {
-                    k: {
-                        "data": v.data,
-                        "dtype": v.dtype,
-                        "shape": v.shape,
-                        "sparse_crow_indices": v.sparse_crow_indices,
-                        "sparse_col_indices": v.sparse_col_indices,
-                    }
-                    for k, v in d.loss_fn_inputs.items()
-                },
-            }
-            for d in data
-        ],
-        loss_fn=h["loss_fn"],
-        loss_fn_config=h["config"] or None,
-    ).model_dump(mode="json", exclude_none=True)
+    fbi = legacy_json_input(data, h["loss_fn"], h["config"] or None)
     top = {"model_id": h["model_id"], "seq_id": h["seq_id"]}
     return json.dumps({**top, **fbi} if flat else {**top, "forward_backward_input": fbi}).encode()
 
