@@ -58,6 +58,8 @@ class LimitsConfig(_Strict):
     checkpoint_sweep_seconds: float = Field(60.0, gt=0)  # how often expired checkpoints' files are removed
     download_url_ttl_seconds: int = Field(3600, ge=60)  # external_weights_urls stay valid this long
     max_user_metadata_bytes: int = Field(16384, ge=2)  # a checkpoint's user_metadata, as JSON
+    stability_record_ttl_seconds: float = Field(3600.0, ge=1)  # unused this long, a stability record expires
+    max_stability_records_per_session: int = Field(200_000, ge=1)  # live records; asample beyond it is refused
 
 
 class SamplerConfig(_Strict):

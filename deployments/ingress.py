@@ -20,6 +20,7 @@ from app.db.metadata import MetadataStore
 from app.db.samplers import SamplerStore
 from app.db.schema import connect, create_tables
 from app.db.settings import shared_secret
+from app.db.stability import StabilityStore
 from app.metrics import RequestMetrics
 from app.sampling.expiry import fail_stale_samples, sweep_expired_samplers
 from app.storage.objects import ObjectStorage
@@ -58,6 +59,7 @@ class Ingress:
         # that another replica (or a restarted trainer) finishes, so one replica polls rarely.
         futures = FutureStore(db, poll_interval_s=5.0 if cfg.ingress_replicas == 1 else 1.0)
         sampler_store, storage, limits = SamplerStore(db), ObjectStorage(cfg.checkpoint_uri), cfg.limits
+        stability, record_ttl = StabilityStore(db), limits.stability_record_ttl_seconds
         self._services = services = Services(
             config=cfg,
             futures=futures,
@@ -66,6 +68,7 @@ class Ingress:
             storage=storage,
             trainers=ServeTrainerClient(trainers, futures),
             sampler_store=sampler_store,
+            stability=stability,
             samplers=ServeSamplerClient(samplers, futures),
             model_limits={name: ModelLimits(**limits) for name, limits in model_limits.items()},
             api_keys=cfg.auth.load_keys(),
@@ -89,6 +92,11 @@ class Ingress:
                 ),
                 sweep_forever(
                     "expired checkpoints", lambda: remove_expired_checkpoints(services), limits.checkpoint_sweep_seconds
+                ),
+                sweep_forever(
+                    "expired stability records",
+                    lambda: stability.expire(time.time() - record_ttl),
+                    min(60.0, record_ttl / 4),
                 ),
                 sweep_forever(
                     "stale sample futures",

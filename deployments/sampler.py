@@ -12,6 +12,7 @@ from ray import serve
 from app.config import ServerConfig
 from app.db.futures import FutureStore
 from app.db.schema import connect, create_tables
+from app.db.stability import StabilityStore
 from app.sampling.engine import SamplerEngine
 from app.sampling.params import SampleArgs
 from app.sampling.service import LoadedAdapter, SamplerService
@@ -84,6 +85,7 @@ class Sampler:
             base_name,
             self._engine,
             FutureStore(db),
+            StabilityStore(db),
             ObjectStorage(cfg.checkpoint_uri),
             cache_dir=work_dir / "adapters",
             max_cached=4 * base.sampler.max_cpu_loras,

@@ -14,6 +14,7 @@ from app.db.checkpoints import CheckpointRecord, CheckpointStore
 from app.db.futures import FutureStore
 from app.db.metadata import MetadataStore, TrainingRun
 from app.db.samplers import SamplerStore, SamplingSession
+from app.db.stability import StabilityStore
 from app.errors import NotFound, UserError
 from app.storage.objects import ObjectStorage
 from app.storage.paths import KINDS, parse_tinker_path
@@ -29,6 +30,7 @@ class Services:
     storage: ObjectStorage  # checkpoint files (blocking: call through asyncio.to_thread)
     trainers: TrainerClient
     sampler_store: SamplerStore
+    stability: StabilityStore  # stability records of sampled sequences (stable_reinforce)
     samplers: SamplerClient
     model_limits: dict[str, ModelLimits]  # by base model name
     api_keys: frozenset[str]

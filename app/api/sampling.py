@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from fastapi import APIRouter
 
 from app.api.deps import Services, ServicesDep
 from app.db.samplers import SamplingSession, sampling_session_id_for
-from app.errors import Overloaded, UserError
+from app.db.stability import sequence_ids
+from app.errors import LimitExceeded, Overloaded, UserError
 from app.protocol.wire import CreateSamplingSessionRequest, SampleRequest
 from app.request_log import log_request
 from app.sampling.params import sample_args
@@ -67,6 +69,19 @@ async def get_sampler(sampling_session_id: str, services: ServicesDep) -> dict:
     }
 
 
+async def _check_record_room(services: Services, session_id: str, num_samples: int) -> None:
+    """Refuse a sample whose stability records would take the session past its limit."""
+    limit = services.config.limits.max_stability_records_per_session
+    live = await services.stability.count(session_id)
+    if live + num_samples > limit:
+        raise LimitExceeded(
+            f"session {session_id!r} holds {live} stability records; {num_samples} more exceed "
+            f"limits.max_stability_records_per_session={limit}. Records expire after "
+            f"limits.stability_record_ttl_seconds={services.config.limits.stability_record_ttl_seconds:g} s unused",
+            field="record_stability_info",
+        )
+
+
 @router.post("/asample")
 async def asample(body: SampleRequest, services: ServicesDep) -> dict:
     session = await services.sampling_session(body.sampling_session_id)
@@ -76,6 +91,9 @@ async def asample(body: SampleRequest, services: ServicesDep) -> dict:
             f"this sampler's base model {session.base_model!r} is no longer served here", field="sampling_session_id"
         )
     args = sample_args(body, services.config.limits, model)
+    if body.record_stability_info:
+        await _check_record_room(services, session.session_id, args.num_samples)
+        args = replace(args, record_for_session=session.session_id)
     limit = services.config.limits.max_pending_samples
     if not services.samplers.admit(session.base_model, limit):
         raise Overloaded(
@@ -98,4 +116,4 @@ async def asample(body: SampleRequest, services: ServicesDep) -> dict:
     finally:
         if not created:  # a retried submit (its sample already runs) or a failed create
             services.samplers.release(session.base_model)
-    return {"request_id": request_id, "sample_sequence_ids": [f"{request_id}:{i}" for i in range(args.num_samples)]}
+    return {"request_id": request_id, "sample_sequence_ids": sequence_ids(request_id, args.num_samples)}

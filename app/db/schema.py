@@ -99,6 +99,19 @@ checkpoints = Table(
     Column("user_metadata", JSON),
 )
 
+stability_records = Table(
+    "stability_records",
+    metadata,  # what stable_reinforce needs of each sequence sampled with record_stability_info
+    Column("sequence_id", String(200), primary_key=True),  # SampledSequence.sequence_id: {request_id}:{i}
+    Column("session_id", String(64), nullable=False, index=True),  # records are scoped to their session
+    Column("adapter_location", String(1000)),  # the weights that sampled it (null: the base model)
+    Column("prompt", LargeBinary, nullable=False),  # int32 tokens
+    Column("tokens", LargeBinary, nullable=False),  # int32 sampled tokens
+    Column("logprobs", LargeBinary, nullable=False),  # float32 sampler logprob of each sampled token
+    Column("created_at", Float, nullable=False),
+    Column("last_used_at", Float, nullable=False, index=True),
+)
+
 settings = Table(
     "settings",
     metadata,  # server-wide values every replica shares (e.g. the download-URL signing key)
@@ -107,9 +120,10 @@ settings = Table(
 )
 
 schema_info = Table("schema_info", metadata, Column("version", Integer, primary_key=True))
-SCHEMA_VERSION = 3  # 1: before checkpoint rows (stops up to 9); 2: training_runs.last_seq_id (never read)
-# Statements that bring a database of version v to v + 1 in place.
-_UPGRADES: dict[int, tuple[str, ...]] = {2: ("ALTER TABLE training_runs DROP COLUMN last_seq_id",)}
+SCHEMA_VERSION = 4  # 1: before checkpoint rows (stops up to 9); 2: training_runs.last_seq_id (never read);
+# 3: before stability_records. Statements that bring a database of version v to v + 1 in place (new tables need
+# none: create_all adds them).
+_UPGRADES: dict[int, tuple[str, ...]] = {2: ("ALTER TABLE training_runs DROP COLUMN last_seq_id",), 3: ()}
 
 
 class SchemaMismatch(RuntimeError):

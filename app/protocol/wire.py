@@ -174,3 +174,4 @@ class SampleRequest(_Lenient):
     target_prompt_logprobs: dict[str, Any] | None = None
     prompt_alt_tokens_k: int = 0
     prompt_logprobs_last_n: int | None = None
+    record_stability_info: bool | None = None  # keep a stability record of each sequence (stable_reinforce)

@@ -31,6 +31,8 @@ class SampleArgs:
     topk_prompt_logprobs: int
     topk_sample_logprobs: int
     prompt_logprobs_last_n: int | None
+    record_for_session: str | None = None  # not the engine's: the Sampler keeps a stability record of each
+    # sampled sequence for this session (record_stability_info)
 
     @property
     def wants_prompt_logprobs(self) -> bool:

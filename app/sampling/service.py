@@ -13,13 +13,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from app.db.futures import PROTO_CONTENT_TYPE, FutureStore
+from app.db.stability import StabilityRecord, StabilityStore, sequence_ids
 from app.errors import ServerError, TinkerServeError, UserError
 from app.metrics import server_metrics
 from app.request_log import log_request, outcome_of
 from app.sampling.engine import SamplerEngine
 from app.sampling.params import SampleArgs
-from app.sampling.response import encode_sample_response
+from app.sampling.response import SampleResult, encode_sample_response
 from app.storage.objects import ObjectStorage
 
 logger = logging.getLogger("tinker_serve.sampler")
@@ -40,6 +43,7 @@ class SamplerService:
         base_model: str,
         engine: SamplerEngine,
         futures: FutureStore,
+        stability: StabilityStore,
         storage: ObjectStorage,
         cache_dir: Path,
         max_cached: int,
@@ -47,6 +51,7 @@ class SamplerService:
         self._base_model = base_model
         self._engine = engine
         self._futures = futures
+        self._stability = stability
         self._storage = storage
         self._cache_dir = cache_dir
         self._max_cached = max_cached
@@ -103,6 +108,8 @@ class SamplerService:
             payload = encode_sample_response(
                 result, topk_prompt=args.topk_prompt_logprobs, topk_sample=args.topk_sample_logprobs
             )
+            if args.record_for_session is not None:  # stored before the future completes: a client may use it next
+                await self._stability.add(_stability_records(request_id, args, adapter_location, result))
         except TinkerServeError as exc:
             error = exc.to_body()
         except Exception as exc:  # the engine failed; the client must learn it, not hang
@@ -113,3 +120,21 @@ class SamplerService:
             return tokens, None
         await self._futures.fail(request_id, error)
         return 0, error
+
+
+def _stability_records(
+    request_id: str, args: SampleArgs, adapter_location: str | None, result: SampleResult
+) -> list[StabilityRecord]:
+    assert args.record_for_session is not None
+    prompt = np.asarray(args.prompt, dtype=np.int32)
+    return [
+        StabilityRecord(
+            sequence_id=sequence_id,
+            session_id=args.record_for_session,
+            adapter_location=adapter_location,
+            prompt=prompt,
+            tokens=np.asarray(sequence.tokens, dtype=np.int32),
+            logprobs=np.asarray(sequence.logprobs, dtype=np.float32),
+        )
+        for sequence_id, sequence in zip(sequence_ids(request_id, len(result.sequences)), result.sequences)
+    ]

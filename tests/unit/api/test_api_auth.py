@@ -90,6 +90,7 @@ def test_healthz_open_through_the_app_and_other_routes_are_not() -> None:
         storage=None,
         trainers=None,
         sampler_store=None,
+        stability=None,
         samplers=None,
         model_limits={},
         api_keys=frozenset(),

@@ -1,5 +1,5 @@
 """Schema upgrades in place: a version-2 database (training_runs.last_seq_id, NOT NULL, no default) becomes
-version 3 on start, keeping its rows, and takes new runs afterwards."""
+the current version on start, keeping its rows, and takes new runs afterwards."""
 
 from __future__ import annotations
 
@@ -45,8 +45,8 @@ def _version_2_database(path: Path) -> None:
         conn.execute("UPDATE schema_info SET version = 2")
 
 
-def test_version_2_upgrades_in_place(tmp_path: Path) -> None:
-    assert SCHEMA_VERSION == 3
+def test_version_2_upgrades_in_place_to_the_current_version(tmp_path: Path) -> None:
+    assert SCHEMA_VERSION == 4
     path = tmp_path / "v2.sqlite"
     _version_2_database(path)
 
@@ -60,5 +60,6 @@ def test_version_2_upgrades_in_place(tmp_path: Path) -> None:
     with sqlite3.connect(path) as conn:
         columns = [row[1] for row in conn.execute("PRAGMA table_info(training_runs)")]
         assert "last_seq_id" not in columns and "unloaded" in columns
-        assert conn.execute("SELECT version FROM schema_info").fetchall() == [(3,)]
+        assert conn.execute("SELECT version FROM schema_info").fetchall() == [(4,)]
+        assert conn.execute("SELECT count(*) FROM stability_records").fetchone() == (0,)
         assert conn.execute("SELECT count(*) FROM training_runs").fetchone() == (2,)
