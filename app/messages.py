@@ -8,7 +8,7 @@ or a CommandError.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
@@ -160,6 +160,7 @@ class ShardOutput:
     offsets: np.ndarray
     outputs: dict[str, np.ndarray]
     loss_sum: float
+    stats: dict[str, tuple[float, float]] = field(default_factory=dict)  # the loss's metrics: name -> (sum, count)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ user error and the trainer is told to skip that seq_id, so the model's order nev
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
 from fastapi import APIRouter, Request
 from pydantic import ValidationError
@@ -20,6 +21,8 @@ from app.messages import AdamParams, ForwardBackward, ForwardBackwardArgs, Optim
 from app.protocol import wire
 from app.protocol.codec import decode_forward_backward, peek_sequence
 from app.request_log import log_request, outcome_of
+from app.training.losses import get_loss
+from app.training.provenance import behaviour_inputs, referenced_sequences
 from app.training.validation import validate_forward_backward
 
 router = APIRouter(prefix="/api/v1")
@@ -84,8 +87,13 @@ async def forward_backward(request: Request, services: ServicesDep) -> dict:
         loss = validate_forward_backward(
             decoded, services.config.limits, services.model_limits[run.base_model], run.role
         )
-        args = ForwardBackwardArgs(loss.name, loss.config, decoded.forward_only, decoded.batch)
-        return ForwardBackward(request_id, args)
+        batch = decoded.batch
+        if get_loss(loss.name).needs_provenance:  # the sampler's logprobs, from the records the spans name
+            records = await services.stability.get(run.session_id, referenced_sequences(decoded))
+            server_side = behaviour_inputs(decoded, records)
+            user_side = {k: v for k, v in batch.loss_inputs.items() if k != "logprobs"}  # not used: records rule
+            batch = replace(batch, loss_inputs={**user_side, **server_side})
+        return ForwardBackward(request_id, ForwardBackwardArgs(loss.name, loss.config, decoded.forward_only, batch))
 
     return await sequenced(services, "forward_backward", decoded.model_id, decoded.seq_id, build)
 

@@ -19,6 +19,7 @@ from google.protobuf.message import DecodeError
 
 from app.errors import LimitExceeded, ServerError, UserError
 from app.protocol.proto import pb
+from app.protocol.provenance import collect, provenance_from_json, provenance_from_proto
 from app.training.batch import ForwardBackwardInput, ForwardBackwardResult, PackedBatch
 
 __all__ = [
@@ -212,7 +213,7 @@ def _decode_proto(body: bytes, max_cells: int) -> ForwardBackwardInput:
         req.ParseFromString(body)
     except DecodeError as exc:
         raise _err("body", f"is not a valid ForwardBackwardRequest protobuf: {exc}") from exc
-    datums = []
+    datums, provenance = [], []
     for i, d in enumerate(req.data):
         parts = []
         for j, chunk in enumerate(d.model_input):
@@ -226,6 +227,7 @@ def _decode_proto(body: bytes, max_cells: int) -> ForwardBackwardInput:
             for name, t in d.loss_fn_inputs.items()
         }
         datums.append((tokens, inputs))
+        provenance.append(provenance_from_proto(i, d))
     config: dict[str, float | str] = {k: float(v) for k, v in req.loss_fn_config.items()}
     for k, v in req.loss_fn_config_v2.items():
         arm = v.WhichOneof("value")
@@ -233,7 +235,9 @@ def _decode_proto(body: bytes, max_cells: int) -> ForwardBackwardInput:
             raise _err(f"loss_fn_config_v2.{k}", "has neither number nor text set")
         config[k] = float(v.number) if arm == "number" else str(v.text)
     batch = _pack(datums)
-    return ForwardBackwardInput(req.model_id, int(req.seq_id), req.loss_fn, config, bool(req.forward_only), batch)
+    return ForwardBackwardInput(
+        req.model_id, int(req.seq_id), req.loss_fn, config, bool(req.forward_only), batch, collect(provenance)
+    )
 
 
 def _json_tensor(field: str, name: str, obj: Any, n_tokens: int, max_cells: int) -> np.ndarray:
@@ -318,7 +322,8 @@ def _decode_json(body: bytes, max_cells: int) -> ForwardBackwardInput:
             raise _err(f"loss_fn_config.{k}", "is out of the float range") from exc
     forward_only = bool(obj.get("forward_only", inner.get("forward_only", False)))
     batch = _pack([_json_datum(i, d, max_cells) for i, d in enumerate(data)])
-    return ForwardBackwardInput(model_id, seq_id, loss_fn, config, forward_only, batch)
+    provenance = collect([provenance_from_json(i, d) for i, d in enumerate(data)])  # datums are dicts: checked above
+    return ForwardBackwardInput(model_id, seq_id, loss_fn, config, forward_only, batch, provenance)
 
 
 def _output_arrays(result: ForwardBackwardResult) -> dict[str, tuple[np.ndarray, int]]:

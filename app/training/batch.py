@@ -43,6 +43,25 @@ class PackedBatch:
 
 
 @dataclass(frozen=True)
+class Span:
+    """A run of a datum's positions that names its source: `length` consecutive tokens from position `offset` of
+    the sequence `sequence_id`'s sampled tokens (`sampled`) or of the prompt that sampled it."""
+
+    sampled: bool
+    sequence_id: str
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """A datum's spans: tiling its model_input, and tiling its loss_fn_inputs["target_tokens"]."""
+
+    model_input: tuple[Span, ...]
+    loss_fn_inputs: tuple[Span, ...]
+
+
+@dataclass(frozen=True)
 class ForwardBackwardInput:
     """A decoded forward / forward_backward request."""
 
@@ -52,6 +71,7 @@ class ForwardBackwardInput:
     loss_fn_config: dict[str, float | str]
     forward_only: bool
     batch: PackedBatch
+    provenance: tuple[Provenance | None, ...] = ()  # per datum (None: no spans); empty when no datum has any
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from app.training import checkpoint
 from app.training.batch import PackedBatch
 from app.training.lora import AdapterPool
 from app.training.losses import get_loss
-from app.training.losses.functions import LOSS_FUNCTIONS
+from app.training.losses.functions import LOSS_FUNCTIONS, LOSS_STATS
 from app.training.optim import apply_step, make_optimizer
 
 
@@ -117,7 +117,7 @@ class TrainingEngine:
             else:
                 output_name, prediction = "values", self._values(model.value_head, input_ids, mask)
             outputs = {output_name: prediction}
-            loss = torch.zeros(())
+            loss, stats = torch.zeros(()), {}
             if spec.required_inputs <= shard.loss_inputs.keys():  # a critic's forward may ask for values only
                 inputs = {
                     k: torch.from_numpy(v).to(self.device) for k, v in shard.loss_inputs.items() if k != "target_tokens"
@@ -126,10 +126,11 @@ class TrainingEngine:
                 loss, outputs["elementwise_loss"] = LOSS_FUNCTIONS[loss_fn](
                     prediction, inputs, config, datum_ids.to(self.device)
                 )
+                stats = LOSS_STATS[loss_fn](prediction, inputs, config) if loss_fn in LOSS_STATS else {}
                 if not forward_only:
                     loss.backward()
         arrays = {k: v.detach().to(torch.float32).cpu().numpy() for k, v in outputs.items()}
-        return ShardOutput(indices, shard.offsets, arrays, float(loss.detach()))
+        return ShardOutput(indices, shard.offsets, arrays, float(loss.detach()), stats)
 
     def _padded(self, shard: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """The shard's datums as right-padded input ids and their attention mask, both [N, max_len]."""

@@ -21,5 +21,9 @@ def merge_shards(batch_offsets: np.ndarray, shards: list[ShardOutput]) -> Forwar
                 dst = slice(int(batch_offsets[datum]), int(batch_offsets[datum + 1]))
                 out[dst] = shard.outputs[name][int(shard.offsets[j]) : int(shard.offsets[j + 1])]
         merged[name] = out
-    loss = float(sum(s.loss_sum for s in shards))
-    return ForwardBackwardResult(offsets=batch_offsets, outputs=merged, metrics={"loss:sum": loss})
+    metrics: dict[str, float] = {"loss:sum": float(sum(s.loss_sum for s in shards))}
+    for name in sorted({name for s in shards for name in s.stats}):  # a loss's own metrics: sum / count, all ranks
+        parts = [s.stats[name] for s in shards if name in s.stats]
+        count = sum(c for _, c in parts)
+        metrics[name] = sum(t for t, _ in parts) / count if count else 0.0
+    return ForwardBackwardResult(offsets=batch_offsets, outputs=merged, metrics=metrics)

@@ -77,10 +77,15 @@ def test_loss_sum_matches_formula(service_client, name, config):
     assert result.metrics["loss:sum"] == pytest.approx(expected, rel=1e-4, abs=1e-4)
 
 
-def test_stable_reinforce_and_bad_rl_config_are_user_errors(service_client):
+def test_stable_reinforce_without_provenance_and_bad_rl_config_are_user_errors(service_client):
     tc = new_client(service_client, seed=32)
-    data = rl_datums(tc.get_tokenizer(), np.random.default_rng(1))[:1]
-    for loss, config, field in (("stable_reinforce", None, "loss_fn"), ("ppo", {"epsilon": 0.2}, "loss_fn_config")):
+    (datum,) = rl_datums(tc.get_tokenizer(), np.random.default_rng(1))[:1]
+    inputs = {k: v for k, v in datum.loss_fn_inputs.items() if k != "sequence_ratio_mask"}  # only gspo reads it
+    data = [types.Datum(model_input=datum.model_input, loss_fn_inputs=inputs)]
+    for loss, config, field in (
+        ("stable_reinforce", None, "loss_fn_input_spans"),
+        ("ppo", {"epsilon": 0.2}, "loss_fn_config"),
+    ):
         with pytest.raises(tinker.RequestFailedError, match=field):
             tc.forward_backward(data, loss, loss_fn_config=config).result()
 

@@ -65,7 +65,8 @@ def test_records_hold_what_the_client_received(recording_service, state_dir: Pat
 def test_the_sessions_limit_refuses_more_records(recording_service) -> None:
     sampler = recording_service.create_sampling_client(base_model=BASE_MODEL, record_stability_info=True).result()
     prompt = types.ModelInput.from_ints([1, 50, 51])
-    sampler.sample(prompt, MAX_STABILITY_RECORDS, PARAMS).result()  # a new session: now at the limit
+    for start in range(0, MAX_STABILITY_RECORDS, 64):  # a new session: fill it up to the limit
+        sampler.sample(prompt, min(64, MAX_STABILITY_RECORDS - start), PARAMS).result()
     with pytest.raises(tinker.BadRequestError) as info:
         sampler.sample(prompt, 1, PARAMS).result()
     assert "record_stability_info" in str(info.value) and "max_stability_records_per_session" in str(info.value)

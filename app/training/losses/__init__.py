@@ -21,6 +21,7 @@ class LossSpec:
     allows_2d_targets: bool = False
     role: str = "policy"  # the model role the loss trains
     forward_needs_inputs: bool = True  # False: a forward may omit the inputs and get only the prediction
+    needs_provenance: bool = False  # True: datums carry spans naming stability records (stable_reinforce)
 
 
 _POLICY_INPUTS = frozenset({"target_tokens", "logprobs", "advantages"})
@@ -50,15 +51,22 @@ LOSSES: dict[str, LossSpec] = {
         role="critic",
         forward_needs_inputs=False,
     ),
+    # The sampler's logprobs come from the stability records the spans name (app.training.provenance); a client's
+    # own `logprobs` are accepted and not used.
+    "stable_reinforce": LossSpec(
+        required_inputs=frozenset({"target_tokens", "advantages"}),
+        optional_inputs=frozenset({"logprobs"}),
+        config_defaults={"kl_coeff": 0.0, "ratio_cap": 2.0, "mask_low": 0.2, "mask_high": 5.0},
+        needs_provenance=True,
+    ),
 }
+# stable_reinforce's inputs that the server adds from stability records (users cannot send them: unknown names)
+SAMPLER_LOGPROBS, SAMPLED_MASK = "sampler_logprobs", "sampled_mask"
 _CRITIC_ALIASES = {"ppo": "ppo_critic"}  # what a PPO client sends to its critic
-_UNSUPPORTED = {"stable_reinforce": "it needs sampling-time records the public protocol does not define"}
 
 
 def get_loss(name: str) -> LossSpec:
     spec = LOSSES.get(name)
-    if name in _UNSUPPORTED:
-        raise UserError(f"loss_fn {name!r} is not supported by this server: {_UNSUPPORTED[name]}", field="loss_fn")
     if spec is None:
         raise UserError(f"unknown loss_fn {name!r}; supported: {sorted(LOSSES)}", field="loss_fn")
     return spec

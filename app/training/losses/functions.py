@@ -8,6 +8,7 @@ import torch
 
 from app.training.losses.cross_entropy import cross_entropy
 from app.training.losses.policy_gradient import cispo, dro, gspo, importance_sampling, ppo
+from app.training.losses.stable_reinforce import stable_reinforce, stable_reinforce_stats
 from app.training.losses.value import ppo_critic
 
 # (the model's prediction: target logprobs [T] or [T, K] for a policy, values [T] for a critic;
@@ -25,4 +26,9 @@ LOSS_FUNCTIONS: dict[str, LossFn] = {
     "dro": dro,
     "gspo": gspo,
     "ppo_critic": ppo_critic,
+    "stable_reinforce": stable_reinforce,
 }
+
+# Per-rank statistics a loss reports besides its sum: name -> (sum, count), merged across ranks into sum / count.
+StatsFn = Callable[[torch.Tensor, dict[str, torch.Tensor], dict[str, float]], dict[str, tuple[float, float]]]
+LOSS_STATS: dict[str, StatsFn] = {"stable_reinforce": stable_reinforce_stats}

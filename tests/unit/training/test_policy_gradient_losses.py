@@ -107,10 +107,8 @@ def test_gspo(config: dict) -> None:
     assert grad == pytest.approx(expected_grad, rel=1e-9, abs=1e-12)
 
 
-def test_stable_reinforce_is_refused_and_configs_are_checked() -> None:
-    with pytest.raises(UserError, match="not supported") as info:
-        get_loss("stable_reinforce")
-    assert info.value.field == "loss_fn"
+def test_configs_are_checked() -> None:
+    assert get_loss("stable_reinforce").needs_provenance and not get_loss("ppo").needs_provenance
     with pytest.raises(UserError) as info:
         resolve_config("ppo", {"clip_epsilon": 0.2})
     assert info.value.field == "loss_fn_config"
