@@ -124,3 +124,10 @@ def test_routers_write_no_http_status() -> None:
     assert len(routers) > 10
     offenders = {str(p.relative_to(ROOT)): found for p in routers if (found := inline_statuses(p.read_text()))}
     assert offenders == {}
+
+
+def test_test_module_names_are_unique() -> None:
+    """The test folders are not packages: pytest imports two modules with one basename as one, and stops."""
+    names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
+    assert len(names) > 30
+    assert sorted({n for n in names if names.count(n) > 1}) == []
