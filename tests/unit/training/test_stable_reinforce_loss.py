@@ -41,7 +41,7 @@ def test_values_and_gradients_match_the_formula() -> None:
     q = [-1.2, -1.0, -0.5, -0.2, -1.5]  # ratios e^0.2, e^-1 (kept), 1, e^-2.8 (below 0.2: dropped), 1 (a prompt token)
     adv = [1.5, -0.5, 2.0, 1.0, 0.0]
     sampled = [1.0, 1.0, 1.0, 1.0, 0.0]
-    loss, elementwise, grad, stats = _run(lp, q, adv, sampled, kl_coeff=0.3, ratio_cap=1.1)
+    loss, elementwise, grad, stats = _run(lp, q, adv, sampled, kl_coeff=0.3, ratio_cap=1.1, mask_low=0.2, mask_high=5)
     kept = [True, True, True, False, False]
     want = [_by_hand(*t, cap=1.1, kl=0.3) for t in zip(lp, q, adv, kept)]
     assert elementwise == pytest.approx([w[0] for w in want], rel=1e-12)
@@ -63,7 +63,20 @@ def test_on_policy_without_kl_is_the_plain_policy_gradient() -> None:
 
 def test_a_ratio_above_the_band_is_dropped_and_the_weight_is_capped() -> None:
     # ratios e^2 (above mask_high 5: dropped) and e^1 = 2.72 (kept, weight capped at 2)
-    _, elementwise, grad, stats = _run([0.0, 0.0], [-2.0, -1.0], [1.0, 1.0], [1.0, 1.0])
+    _, elementwise, grad, stats = _run([0.0, 0.0], [-2.0, -1.0], [1.0, 1.0], [1.0, 1.0], mask_high=5)
     assert elementwise[0] == 0.0 and grad[0] == 0.0
     assert grad[1] == pytest.approx(-2.0)
     assert stats["stable_reinforce/masked_fraction:mean"] == pytest.approx(0.5)
+
+
+def test_the_default_band_drops_ratios_beyond_a_factor_of_two() -> None:
+    assert resolve_config("stable_reinforce", {}) == {
+        "kl_coeff": 0.0,
+        "ratio_cap": 2.0,
+        "mask_low": 0.5,
+        "mask_high": 2.0,
+    }
+    # ratios e^-0.8 = 0.45 and e^0.8 = 2.23 leave [0.5, 2]; e^0.5 = 1.65 stays
+    _, _, grad, stats = _run([0.0, 0.0, 0.0], [0.8, -0.8, -0.5], [1.0, 1.0, 1.0], [1.0, 1.0, 1.0])
+    assert grad[:2] == [0.0, 0.0] and grad[2] == pytest.approx(-math.exp(0.5))
+    assert stats["stable_reinforce/masked_fraction:mean"] == pytest.approx(2 / 3)
