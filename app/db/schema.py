@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from sqlalchemy import (
@@ -23,7 +24,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine.interfaces import DBAPIConnection
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry
 
@@ -153,10 +154,7 @@ def connect(url: str) -> AsyncEngine:
 async def create_tables(db: AsyncEngine) -> None:
     """Create missing tables, upgrade an older schema in place where an upgrade exists, then check the version:
     a database nothing can upgrade (or a newer one) is refused with a message that says what to do."""
-    async with db.begin() as conn:
-        existing = set(await conn.run_sync(lambda sync: inspect(sync).get_table_names()))
-        await conn.run_sync(metadata.create_all)
-        version = await conn.scalar(select(schema_info.c.version))
+    existing, version = await _create_missing_tables(db)
     if version is None and "futures" in existing and "schema_info" not in existing:
         version = 1  # made before versions were recorded
     if version is None:
@@ -175,6 +173,24 @@ async def create_tables(db: AsyncEngine) -> None:
             f"and this tinker-serve needs {SCHEMA_VERSION}; start with a fresh state_dir (or database_url), or use the "
             "tinker-serve version that made it"
         )
+
+
+async def _create_missing_tables(db: AsyncEngine, attempts: int = 5) -> tuple[set[str], int | None]:
+    """(the tables there were before, the recorded schema version) after creating the missing tables. Replicas
+    starting together race to create them ("table ... already exists"); the loser looks again."""
+    for attempt in range(1, attempts):
+        try:
+            return await _create_all(db)
+        except (OperationalError, ProgrammingError, IntegrityError):
+            await asyncio.sleep(0.1 * attempt)
+    return await _create_all(db)
+
+
+async def _create_all(db: AsyncEngine) -> tuple[set[str], int | None]:
+    async with db.begin() as conn:
+        existing = set(await conn.run_sync(lambda sync: inspect(sync).get_table_names()))
+        await conn.run_sync(metadata.create_all)
+        return existing, await conn.scalar(select(schema_info.c.version))
 
 
 async def _upgrade(db: AsyncEngine, version: int) -> int | None:

@@ -26,7 +26,7 @@ EPHEMERAL_TTL_S = 15.0  # short, so one test can watch an ephemeral sampler expi
 MAX_LORAS = 2  # fewer vLLM LoRA slots than adapters in use: the scheduler must rotate them
 MAX_PENDING_SAMPLES = 16  # beyond it asample answers 429
 SESSION_TIMEOUT_S = 45.0  # a session silent this long expires (the SDK beats every 10 s)
-MAX_STABILITY_RECORDS = 400  # per session: small, so a test can reach it
+MAX_STABILITY_RECORDS = 600  # per session: small, so a test can reach it
 MIN_CHECKPOINT_TTL_S = 2  # the hosted minimum is an hour: short, so a test can watch checkpoints expire
 
 

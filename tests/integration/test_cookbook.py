@@ -25,6 +25,7 @@ from tests.integration.conftest import BASE_MODEL
 from tests.integration.helpers import SENTENCES
 
 COMPLETION_TOKENS = 8
+STEPS = 14
 GROUP_SIZE = 8
 
 
@@ -97,7 +98,7 @@ def offline_cookbook(monkeypatch: pytest.MonkeyPatch) -> None:
 def _rl_config(service_client, base_url: str, log_path: Path, async_config: train.AsyncConfig | None) -> train.Config:
     return train.Config(
         learning_rate=5e-3,
-        dataset_builder=TokenSetDatasetBuilder(targets=_targets(service_client), batches=10),
+        dataset_builder=TokenSetDatasetBuilder(targets=_targets(service_client), batches=STEPS),
         model_name=BASE_MODEL,
         recipe_name="tinker-serve-token-set",
         renderer_name="role_colon",
@@ -121,9 +122,10 @@ def test_rl_loop_with_its_default_loss_learns(
     asyncio.run(train.main(config))
     rewards = _metric(tmp_path / mode, "env/all/reward/total")
     print(f"cookbook {mode} {config.training_loss_fn()} rewards:", [round(r, 3) for r in rewards])
-    assert len(rewards) == 10 and np.mean(rewards[:3]) < 0.2
-    # Off-policy runs are noisy (a step may dip to 0): the second half's mean is what must rise
-    assert np.mean(rewards[5:]) > np.mean(rewards[:3]) + 0.15, rewards
+    assert len(rewards) == STEPS and rewards[0] < 0.2  # the first step samples the untrained policy
+    # Runs are noisy (an off-policy step may dip to 0; a sync run may learn in two steps): the second half's mean
+    # is what must be up
+    assert np.mean(rewards[STEPS // 2 :]) > rewards[0] + 0.2, rewards
 
 
 class SentenceDataset(SupervisedDataset):

@@ -63,3 +63,22 @@ def test_version_2_upgrades_in_place_to_the_current_version(tmp_path: Path) -> N
         assert conn.execute("SELECT version FROM schema_info").fetchall() == [(4,)]
         assert conn.execute("SELECT count(*) FROM stability_records").fetchone() == (0,)
         assert conn.execute("SELECT count(*) FROM training_runs").fetchone() == (2,)
+
+
+def test_replicas_creating_the_tables_together_all_start(tmp_path: Path) -> None:
+    """Ingress, trainer and sampler replicas open a fresh database at once: one creates each table, and the
+    others ("table ... already exists") look again instead of failing their replica."""
+    from app.db.schema import connect, create_tables
+
+    async def together(path: Path) -> None:
+        dbs = [connect(f"sqlite+aiosqlite:///{path}") for _ in range(4)]
+        try:
+            await asyncio.gather(*(create_tables(db) for db in dbs))
+        finally:
+            for db in dbs:
+                await db.dispose()
+
+    for i in range(8):
+        asyncio.run(together(tmp_path / f"fresh-{i}.sqlite"))
+        with sqlite3.connect(tmp_path / f"fresh-{i}.sqlite") as conn:
+            assert conn.execute("SELECT version FROM schema_info").fetchall() == [(SCHEMA_VERSION,)]
