@@ -20,30 +20,34 @@ At r = 1 and kl_coeff = 0 the gradient is the plain policy gradient -A * grad lp
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from app.training.losses import SAMPLED_MASK, SAMPLER_LOGPROBS
 
 
-def _parts(
-    lp: torch.Tensor, inputs: dict[str, torch.Tensor], config: dict[str, float]
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(ratio r, sampled mask m, kept mask k)."""
+class _Terms(NamedTuple):
+    ratio: torch.Tensor  # r
+    sampled: torch.Tensor  # m
+    kept: torch.Tensor  # k
+    kl: torch.Tensor  # r - 1 - log r
+
+
+def _terms(lp: torch.Tensor, inputs: dict[str, torch.Tensor], config: dict[str, float]) -> _Terms:
     log_ratio = lp - inputs[SAMPLER_LOGPROBS]
     ratio = torch.exp(log_ratio)
     sampled = inputs[SAMPLED_MASK]
     in_band = (ratio >= config["mask_low"]) & (ratio <= config["mask_high"])
-    return ratio, sampled, sampled * in_band.to(lp.dtype)
+    return _Terms(ratio, sampled, sampled * in_band.to(lp.dtype), ratio - 1 - log_ratio)
 
 
 def stable_reinforce(
     lp: torch.Tensor, inputs: dict[str, torch.Tensor], config: dict[str, float], datum_ids: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    ratio, _, kept = _parts(lp, inputs, config)
-    weight = torch.clamp(ratio, max=config["ratio_cap"]).detach()
-    log_ratio = lp - inputs[SAMPLER_LOGPROBS]
-    kl = ratio - 1 - log_ratio
-    elementwise = kept * (-weight * inputs["advantages"] * lp + config["kl_coeff"] * kl)
+    t = _terms(lp, inputs, config)
+    weight = torch.clamp(t.ratio, max=config["ratio_cap"]).detach()
+    elementwise = t.kept * (-weight * inputs["advantages"] * lp + config["kl_coeff"] * t.kl)
     return elementwise.sum(), elementwise
 
 
@@ -52,11 +56,10 @@ def stable_reinforce_stats(
 ) -> dict[str, tuple[float, float]]:
     """(sum, count) over sampled targets of: the dropped fraction, the ratio, and the KL estimate."""
     with torch.no_grad():
-        ratio, sampled, kept = _parts(lp, inputs, config)
-        count = float(sampled.sum())
-        kl = ratio - 1 - (lp - inputs[SAMPLER_LOGPROBS])
+        t = _terms(lp, inputs, config)
+        count = float(t.sampled.sum())
         return {
-            "stable_reinforce/masked_fraction:mean": (float((sampled - kept).sum()), count),
-            "stable_reinforce/ratio:mean": (float((sampled * ratio).sum()), count),
-            "stable_reinforce/kl:mean": (float((sampled * kl).sum()), count),
+            "stable_reinforce/masked_fraction:mean": (float((t.sampled - t.kept).sum()), count),
+            "stable_reinforce/ratio:mean": (float((t.sampled * t.ratio).sum()), count),
+            "stable_reinforce/kl:mean": (float((t.sampled * t.kl).sum()), count),
         }
