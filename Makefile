@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export RAY_TRAIN_V2_ENABLED := 1
 
-.PHONY: setup model serve lint test unit bench clean
+.PHONY: setup model serve lint test unit bench sdk-compat clean
 
 setup: $(STAMP)
 
@@ -39,7 +39,16 @@ lint: setup
 unit: setup
 	$(PY) -m pytest tests/unit -q
 
-test: lint model
+# The oldest SDK we support, in its own venv: tests/integration/test_sdk_versions.py drives the server with it.
+OLD_SDK_VENV := .venv-sdk-0.25
+sdk-compat: $(OLD_SDK_VENV)/.installed
+
+$(OLD_SDK_VENV)/.installed: requirements/sdk-0.25-lock.txt
+	test -d $(OLD_SDK_VENV) || $(PYTHON) -m venv $(OLD_SDK_VENV)
+	$(OLD_SDK_VENV)/bin/pip install -q --no-deps -r requirements/sdk-0.25-lock.txt
+	touch $@
+
+test: lint model sdk-compat
 	$(PY) -m pytest tests -v -p no:cacheprovider
 
 bench: setup
@@ -49,4 +58,4 @@ bench: setup
 	$(PY) bench/ppo_iteration.py
 
 clean:
-	rm -rf state .ray_tmp
+	rm -rf state .ray_tmp $(OLD_SDK_VENV)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import Depends, FastAPI, Request
 
-from app.api import checkpoints, downloads, futures, hub, models, rest, sampling, service, training
+from app.api import checkpoints, downloads, futures, hub, models, rest, sampling, service, training, unsupported
 from app.api.auth import check_api_key
 from app.api.errors import register_exception_handlers
 from app.errors import Unavailable
@@ -31,6 +31,7 @@ def create_api() -> FastAPI:
         rest.router,
         downloads.router,
         hub.router,
+        unsupported.router,
     ):
         api.include_router(router)
     register_exception_handlers(api)
