@@ -3,7 +3,8 @@ records, and the sampler logprobs those records hold, placed at the positions th
 
 A datum's `model_input` spans tile its input tokens and its `loss_fn_inputs` spans tile its target tokens; a span
 claims `length` tokens from `offset` of a recorded sequence's sampled tokens or of its prompt. Every claim is
-checked token by token, so the recorded behaviour logprobs can only be used for the tokens the sampler produced.
+checked token by token, so the recorded behaviour logprobs can only be used for the tokens the sampler produced;
+only prompt claims among the targets are not (they score nothing, and the cookbook's rl_loop.py pads them with 0).
 """
 
 from __future__ import annotations
@@ -24,9 +25,15 @@ def referenced_sequences(inp: ForwardBackwardInput) -> set[str]:
 
 
 def _check_spans(
-    field: str, spans: tuple[Span, ...], tokens: np.ndarray, records: Mapping[str, StabilityRecord]
+    field: str,
+    spans: tuple[Span, ...],
+    tokens: np.ndarray,
+    records: Mapping[str, StabilityRecord],
+    *,
+    prompt_tokens_checked: bool,
 ) -> None:
-    """The spans tile `tokens`, and every span's tokens are the ones its record holds there."""
+    """The spans tile `tokens`, and every span's tokens are the ones its record holds there (for prompt spans,
+    only if `prompt_tokens_checked`)."""
     covered = sum(s.length for s in spans)
     if covered != len(tokens):
         raise UserError(f"{field} cover {covered} positions but the datum has {len(tokens)}", field=field)
@@ -49,7 +56,7 @@ def _check_spans(
             )
         claimed = source[span.offset : span.offset + span.length]
         mismatch = np.flatnonzero(tokens[position : position + span.length] != claimed)
-        if mismatch.size:
+        if mismatch.size and (span.sampled or prompt_tokens_checked):
             k = int(mismatch[0])
             raise UserError(
                 f"{field}[{j}]: position {position + k} holds token {int(tokens[position + k])}, but "
@@ -76,8 +83,20 @@ def behaviour_inputs(inp: ForwardBackwardInput, records: Mapping[str, StabilityR
                 field=f"data[{i}].loss_fn_input_spans",
             )
         rows = batch.datum_slice(i)
-        _check_spans(f"data[{i}].model_input_spans", provenance.model_input, batch.tokens[rows], records)
-        _check_spans(f"data[{i}].loss_fn_input_spans", provenance.loss_fn_inputs, targets[rows], records)
+        _check_spans(
+            f"data[{i}].model_input_spans",
+            provenance.model_input,
+            batch.tokens[rows],
+            records,
+            prompt_tokens_checked=True,
+        )
+        _check_spans(
+            f"data[{i}].loss_fn_input_spans",
+            provenance.loss_fn_inputs,
+            targets[rows],
+            records,
+            prompt_tokens_checked=False,
+        )
         position = rows.start
         for span in provenance.loss_fn_inputs:
             here = slice(position, position + span.length)

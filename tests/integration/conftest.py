@@ -21,7 +21,7 @@ from tests.s3 import S3_ENV
 
 BASE_MODEL = "tinker-serve/tiny"
 CHUNK_LEN = 4  # the server tells clients to send at most 4 datums per forward_backward request
-MAX_TOKENS = 64
+MAX_TOKENS = 256  # the cookbook's rl_loop.py prompt (its few-shot example) is 217 tokens
 EPHEMERAL_TTL_S = 15.0  # short, so one test can watch an ephemeral sampler expire
 MAX_LORAS = 2  # fewer vLLM LoRA slots than adapters in use: the scheduler must rotate them
 MAX_PENDING_SAMPLES = 16  # beyond it asample answers 429

@@ -38,7 +38,7 @@ def _cookbook_datum(
     targets: list[int] | None = None,
     sequence_id: str = "r:0",
 ) -> ForwardBackwardInput:
-    """As the cookbook's rl_loop builds it: input = prompt + sampled[:-1], targets = input shifted by one."""
+    """As the cookbook's loops build it: input = prompt + sampled[:-1], targets = input shifted by one."""
     spans = Provenance(
         (Span(False, sequence_id, 0, 3), Span(True, sequence_id, 0, 2)),
         (Span(False, sequence_id, 1, 2), Span(True, sequence_id, 0, 3)),
@@ -57,6 +57,12 @@ def test_recorded_logprobs_land_on_the_sampled_targets() -> None:
     arrays = behaviour_inputs(inp, RECORDS)
     assert arrays[SAMPLER_LOGPROBS].tolist() == [0.0, 0.0, *LOGPROBS]
     assert arrays[SAMPLED_MASK].tolist() == [0.0, 0.0, 1.0, 1.0, 1.0]
+
+
+def test_prompt_targets_are_not_checked_as_recipes_pad_them() -> None:
+    """recipes/rl_loop.py sets the targets of prompt positions to 0: they score nothing, so they are not checked."""
+    arrays = behaviour_inputs(_cookbook_datum(targets=[0, 0, *SAMPLED]), RECORDS)
+    assert arrays[SAMPLER_LOGPROBS].tolist() == [0.0, 0.0, *LOGPROBS]
 
 
 @pytest.mark.parametrize(
