@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
 from pathlib import Path
 
 import chz
@@ -14,71 +13,18 @@ import numpy as np
 import pytest
 import tinker
 from tinker_cookbook.rl import train
-from tinker_cookbook.rl.types import Env, EnvGroupBuilder, RLDataset, RLDatasetBuilder, StepResult
 from tinker_cookbook.supervised import train as supervised_train
 from tinker_cookbook.supervised.types import SupervisedDataset, SupervisedDatasetBuilder
 from tinker_cookbook.tokenizer_utils import get_tokenizer
 from tinker_cookbook.utils import cost_estimation
 
+from examples.cookbook_env import TokenSetDatasetBuilder, token_set_targets
 from examples.rl_task import PROMPTS
 from tests.integration.conftest import BASE_MODEL
 from tests.integration.helpers import SENTENCES
 
 COMPLETION_TOKENS = 8
 STEPS = 14
-GROUP_SIZE = 8
-
-
-class TokenSetEnv(Env):
-    """One completion of a prompt; the reward is the fraction of its tokens in the target set."""
-
-    def __init__(self, prompt: list[int], targets: frozenset[int]) -> None:
-        self.prompt, self.targets = prompt, targets
-
-    async def initial_observation(self) -> tuple[tinker.ModelInput, list[int]]:
-        return tinker.ModelInput.from_ints(self.prompt), []
-
-    async def step(self, action: list[int], *, extra: dict | None = None) -> StepResult:
-        reward = sum(t in self.targets for t in action) / COMPLETION_TOKENS
-        return StepResult(
-            reward=reward, episode_done=True, next_observation=tinker.ModelInput.from_ints([]), next_stop_condition=[]
-        )
-
-
-class TokenSetGroup(EnvGroupBuilder):
-    def __init__(self, prompt: list[int], targets: frozenset[int]) -> None:
-        self.prompt, self.targets = prompt, targets
-
-    async def make_envs(self) -> Sequence[Env]:
-        return [TokenSetEnv(self.prompt, self.targets) for _ in range(GROUP_SIZE)]
-
-
-class TokenSetDataset(RLDataset):
-    def __init__(self, prompts: list[list[int]], targets: frozenset[int], batches: int) -> None:
-        self.prompts, self.targets, self.batches = prompts, targets, batches
-
-    def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
-        return [TokenSetGroup(p, self.targets) for p in self.prompts]
-
-    def __len__(self) -> int:
-        return self.batches
-
-
-@chz.chz
-class TokenSetDatasetBuilder(RLDatasetBuilder):
-    targets: tuple[int, ...]
-    batches: int
-
-    async def __call__(self) -> tuple[RLDataset, RLDataset | None]:
-        tokenizer = get_tokenizer(BASE_MODEL)  # by name, offline: the server registered it
-        return TokenSetDataset([tokenizer.encode(p) for p in PROMPTS], frozenset(self.targets), self.batches), None
-
-
-def _targets(service_client: tinker.ServiceClient) -> tuple[int, ...]:
-    from examples.rl_task import make_task
-
-    sampler = service_client.create_sampling_client(base_model=BASE_MODEL).result()
-    return tuple(sorted(make_task(get_tokenizer(BASE_MODEL), sampler, completion_tokens=COMPLETION_TOKENS).targets))
 
 
 def _metric(log_path: Path, name: str) -> list[float]:
@@ -98,7 +44,9 @@ def offline_cookbook(monkeypatch: pytest.MonkeyPatch) -> None:
 def _rl_config(service_client, base_url: str, log_path: Path, async_config: train.AsyncConfig | None) -> train.Config:
     return train.Config(
         learning_rate=5e-3,
-        dataset_builder=TokenSetDatasetBuilder(targets=_targets(service_client), batches=STEPS),
+        dataset_builder=TokenSetDatasetBuilder(
+            model_name=BASE_MODEL, targets=token_set_targets(service_client, BASE_MODEL), batches=STEPS
+        ),
         model_name=BASE_MODEL,
         recipe_name="tinker-serve-token-set",
         renderer_name="role_colon",
