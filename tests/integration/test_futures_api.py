@@ -76,7 +76,7 @@ def test_sdk_samples_through_the_session_poller(service_client):
 
     async def many() -> list[types.SampleResponse]:
         prompt = types.ModelInput.from_ints(PROBE)
-        return await asyncio.gather(*(sampler.sample_async(prompt, 2, params) for _ in range(6)))
+        return await asyncio.gather(*(sampler.sample(prompt, 2, params) for _ in range(6)))
 
     results = asyncio.run(many())
     poller = sampler._futures_poller  # the SDK waited through retrieve_futures, not per-sample polls
@@ -102,9 +102,8 @@ def test_retrieve_futures_cursor_clones_payloads_and_cancel(http, service_client
 
     # payloads still come from retrieve_future: protobuf of the reported size, or JSON for older SDKs
     proto = http.post("/api/v1/retrieve_future", json={"request_id": ids[0]}, headers={"Accept": PROTO})
-    assert (
-        PROTO in proto.headers["content-type"] and len(proto.content) == seen[0]["response_payload_uncompressed_size"]
-    )
+    sizes = {c["request_id"]: c["response_payload_uncompressed_size"] for c in seen}
+    assert PROTO in proto.headers["content-type"] and len(proto.content) == sizes[ids[0]]
     as_json = http.post("/api/v1/retrieve_future", json={"request_id": ids[0]}).json()
     parsed = deserialize_proto_response(proto.content, types.SampleResponse)
     assert as_json["sequences"][0]["tokens"] == parsed.sequences[0].tokens
@@ -123,12 +122,8 @@ def test_retrieve_futures_cursor_clones_payloads_and_cancel(http, service_client
     error = http.post("/api/v1/retrieve_future", json={"request_id": doomed}).json()
     assert error["cancelled"] is True and error["category"] == "user"
     assert http.post("/api/v1/cancel_future", json={"request_id": ids[0]}).status_code == 200  # finished: no-op
-    assert (
-        PROTO
-        in http.post("/api/v1/retrieve_future", json={"request_id": ids[0]}, headers={"Accept": PROTO}).headers[
-            "content-type"
-        ]
-    )
+    kept = http.post("/api/v1/retrieve_future", json={"request_id": ids[0]}, headers={"Accept": PROTO})
+    assert kept.content == proto.content
 
 
 def test_unknown_ids_are_not_found(http):
