@@ -96,7 +96,7 @@ def test_wait_wakes_when_a_tracked_sample_finishes_here(tmp_path: Path) -> None:
         await task
         return found, elapsed, await store.completions.wait(ORIGINAL, found[-1].cursor, timeout_s=0.3)
 
-    found, elapsed, nothing = run_with_store(tmp_path / "w.db", body, poll_interval_s=30.0)  # no timer could do it
+    found, elapsed, nothing = run_with_store(tmp_path / "w.db", body, poll_interval_s=80.0)  # its first timer: 5 s
     assert [c.cursor for c in found] == [1] and elapsed < 2.0
     assert nothing == []
 
