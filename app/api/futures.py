@@ -41,8 +41,7 @@ async def retrieve_futures(body: RetrieveFuturesRequest, services: ServicesDep) 
     await services.sampling_session(session_id)  # exists (and, if ephemeral, stays alive while polled)
     target = Target(session_id, body.target.cloned_sampler_id)
     completions = services.futures.completions
-    if body.prev_cursor:
-        await completions.trim(target, body.prev_cursor)
+    await completions.trim(target, body.prev_cursor, idle=body.timeout == 0)  # timeout 0: the poller only acks
     limit = services.config.limits.long_poll_seconds
     found = await completions.wait(
         target, body.prev_cursor, limit if body.timeout is None else min(body.timeout, limit)

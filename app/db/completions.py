@@ -22,6 +22,7 @@ from app.db.schema import sample_completions
 
 CLONE_BLOCK = 1_000_000_000  # a SamplingClient clone numbers its seq_ids from clone_id * 1e9
 MAX_COMPLETIONS_PER_POLL = 1000
+TRIM_EVERY = 64  # a busy poller's seen entries are dropped once this many have piled up (an idle one's at once)
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class CompletionLog:
         self._tracked: dict[str, Target] = {}  # futures created here: request_id -> target, until they finish
         self._events: dict[Target, asyncio.Event] = {}
         self._waiters: dict[Target, int] = {}  # the event is dropped when its last waiter leaves
+        self._trimmed: dict[Target, int] = {}  # the cursor each queue was last trimmed at, here
 
     def track(self, request_id: str, target: Target) -> None:
         """Remember a future's target, so its finishing (`wake`) wakes that target's waiters here."""
@@ -112,8 +114,15 @@ class CompletionLog:
             )
             return [Completion(r.cursor, r.request_id, r.state, r.payload_size) for r in rows]
 
-    async def trim(self, target: Target, seen: int) -> None:
-        """Drop the entries before cursor `seen` (the poller has them); the one at `seen` keeps the numbering."""
+    async def trim(self, target: Target, seen: int, *, idle: bool = True) -> None:
+        """Drop the entries before cursor `seen` (the poller has them); the one at `seen` keeps the numbering.
+        While the poller is busy (`idle` False) only every TRIM_EVERY entries, to spare the database a write per
+        poll."""
+        if seen - self._trimmed.get(target, 0) < (1 if idle else TRIM_EVERY):
+            return
+        if len(self._trimmed) > 10_000:  # one per sampling session and clone polled here: keep it bounded
+            self._trimmed.clear()
+        self._trimmed[target] = seen
         table = sample_completions
         async with self._db.begin() as conn:
             await conn.execute(

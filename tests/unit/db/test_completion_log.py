@@ -6,7 +6,7 @@ import asyncio
 import time
 from pathlib import Path
 
-from app.db.completions import Completion, Target, target_of
+from app.db.completions import TRIM_EVERY, Completion, Target, target_of
 from app.db.futures import PROTO_CONTENT_TYPE, Failed, FutureStore
 from app.db.schema import connect
 from tests.unit.db.test_future_store import run_with_store
@@ -124,3 +124,17 @@ def test_wait_sees_another_replicas_completion_by_polling(tmp_path: Path) -> Non
 
     found, elapsed = run_with_store(db, body)
     assert [c.cursor for c in found] == [1] and elapsed < 2.0
+
+
+def test_a_busy_poller_trims_only_every_so_often(tmp_path: Path) -> None:
+    async def body(store: FutureStore) -> None:
+        for seq in range(1, TRIM_EVERY + 2):
+            request_id, _ = await store.create("sample", SESSION, seq)
+            await store.complete(request_id, b"p", PROTO_CONTENT_TYPE)
+        log = store.completions
+        await log.trim(ORIGINAL, 3, idle=False)  # too few seen to spend a write on
+        assert len(await log.read(ORIGINAL, 0)) == TRIM_EVERY + 1
+        await log.trim(ORIGINAL, TRIM_EVERY, idle=False)
+        assert [c.cursor for c in await log.read(ORIGINAL, 0)] == [TRIM_EVERY, TRIM_EVERY + 1]
+
+    run_with_store(tmp_path / "b.db", body)
