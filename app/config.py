@@ -146,6 +146,14 @@ class AuthConfig(_Strict):
         return frozenset(keys)
 
 
+class FeaturesConfig(_Strict):
+    """Optional protocol features told to clients in client/config."""
+
+    # SamplingClients wait for their samples through one retrieve_futures long-poll per sampling session
+    # instead of one retrieve_future long-poll per sample
+    sample_use_retrieve_futures: bool = True
+
+
 class ServerConfig(_Strict):
     state_dir: str = "state"
     # Futures and metadata: else $TINKER_SERVE_DATABASE_URL, else a SQLite file under state_dir;
@@ -157,6 +165,7 @@ class ServerConfig(_Strict):
     base_models: list[BaseModelConfig]
     limits: LimitsConfig = LimitsConfig()
     auth: AuthConfig = AuthConfig()
+    features: FeaturesConfig = FeaturesConfig()
     ingress_replicas: int = Field(1, ge=1)
 
     @model_validator(mode="after")

@@ -150,6 +150,7 @@ class Command:
     adam: AdamParams | None = None
     location: str = ""  # SAVE_*, LOAD_STATE: the checkpoint's storage location
     with_optimizer: bool = False  # LOAD_STATE: restore the optimizer state too
+    request_id: str = ""  # the future it serves (a cancelled one is dropped while no rank has taken it)
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,9 @@ class ServeTrainerClient(TrainerClient):
     def unload_model(self, trainer: str, request_id: str, model_id: str) -> None:
         self._calls.track(trainer, request_id, self._calls.handle(trainer).unload_model.remote(request_id, model_id))
 
+    async def cancel(self, trainer: str, model_id: str, seq_id: int, request_id: str) -> None:
+        await self._calls.handle(trainer).cancel.remote(model_id, seq_id, request_id)
+
     async def ready(self) -> dict[str, bool]:
         return await self._calls.ready()
 

@@ -83,6 +83,9 @@ class Trainer:
     async def unload_model(self, request_id: str, model_id: str) -> None:
         await self._service.unload_model(request_id, model_id)
 
+    async def cancel(self, model_id: str, seq_id: int, request_id: str) -> None:
+        await self._service.cancel(model_id, seq_id, request_id)
+
     async def ping(self) -> bool:
         return True
 

@@ -23,6 +23,10 @@ class TrainerClient(ABC):
     def unload_model(self, trainer: str, request_id: str, model_id: str) -> None: ...
 
     @abstractmethod
+    async def cancel(self, trainer: str, model_id: str, seq_id: int, request_id: str) -> None:
+        """Drop a cancelled operation that has not run yet; one already running finishes, unrecorded."""
+
+    @abstractmethod
     async def ready(self) -> dict[str, bool]:
         """Whether each trainer answers."""
 

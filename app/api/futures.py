@@ -1,4 +1,5 @@
-"""retrieve_future: a long-poll answering try_again, the stored result, or the stored failure."""
+"""Futures: retrieve_future (one long-poll per future), retrieve_futures (one long-poll for every sample of a
+sampling session, as the SDK's session poller asks) and cancel_future."""
 
 from __future__ import annotations
 
@@ -6,10 +7,12 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from app.api.deps import ServicesDep
-from app.db.futures import PROTO_CONTENT_TYPE, Completed, Failed, Pending
-from app.errors import NotFound
+from app.db.completions import Target
+from app.db.futures import PROTO_CONTENT_TYPE, Completed, Failed, Pending, Unknown
+from app.errors import NotFound, UserError
 from app.protocol.codec import forward_backward_json_from_proto
-from app.protocol.wire import RetrieveFutureRequest
+from app.protocol.wire import CancelFutureRequest, RetrieveFutureRequest, RetrieveFuturesRequest
+from app.request_log import log_request
 from app.sampling.response import sample_json_from_proto
 
 router = APIRouter(prefix="/api/v1")
@@ -28,3 +31,40 @@ async def retrieve_future(body: RetrieveFutureRequest, request: Request, service
     if isinstance(outcome, Failed):
         return JSONResponse(outcome.error)
     raise NotFound(f"unknown request_id {body.request_id!r}", field="request_id")
+
+
+@router.post("/retrieve_futures")
+async def retrieve_futures(body: RetrieveFuturesRequest, services: ServicesDep) -> dict:
+    """The samples of one (sampling session, clone) that finished or failed after `prev_cursor`, waiting up to
+    `timeout` (at most limits.long_poll_seconds) for one; their payloads are fetched with retrieve_future."""
+    session_id = body.target.sampling_session_id
+    await services.sampling_session(session_id)  # exists (and, if ephemeral, stays alive while polled)
+    target = Target(session_id, body.target.cloned_sampler_id)
+    completions = services.futures.completions
+    await completions.trim(target, body.prev_cursor, idle=body.timeout == 0)  # timeout 0: the poller only acks
+    limit = services.config.limits.long_poll_seconds
+    found = await completions.wait(
+        target, body.prev_cursor, limit if body.timeout is None else min(body.timeout, limit)
+    )
+    return {
+        "completions": [completion.to_wire() for completion in found],
+        "cursor": found[-1].cursor if found else body.prev_cursor,
+    }
+
+
+@router.post("/cancel_future")
+async def cancel_future(body: CancelFutureRequest, services: ServicesDep) -> dict:
+    """Cancel a pending future: it fails at once; its work is dropped if it has not started, and discarded when it
+    finishes otherwise. A training operation's later seq_ids run as if it had been skipped. A finished future
+    stays as it is."""
+    cancelled = UserError(f"request {body.request_id} was cancelled (cancel_future)", details={"cancelled": True})
+    row = await services.futures.cancel(body.request_id, cancelled.to_body())
+    if row is None:
+        if isinstance(await services.futures.get(body.request_id), Unknown):
+            raise NotFound(f"unknown request_id {body.request_id!r}", field="request_id")
+        return {}
+    if row.kind != "sample" and row.model_id is not None and row.seq_id:  # a sequenced training operation
+        run = await services.training_run(row.model_id)
+        await services.trainers.cancel(run.trainer, row.model_id, row.seq_id, row.request_id)
+    log_request("cancelled", op=row.kind, model_id=row.model_id, seq_id=row.seq_id, tinker_request_id=row.request_id)
+    return {}

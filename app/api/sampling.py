@@ -11,7 +11,7 @@ from app.api.deps import Services, ServicesDep
 from app.db.samplers import SamplingSession, sampling_session_id_for
 from app.db.stability import sequence_ids
 from app.errors import LimitExceeded, Overloaded, UserError
-from app.protocol.wire import CreateSamplingSessionRequest, SampleRequest
+from app.protocol.wire import CreateSamplingSessionRequest, JoinSamplingSessionRequest, SampleRequest
 from app.request_log import log_request
 from app.sampling.params import sample_args
 
@@ -67,6 +67,15 @@ async def get_sampler(sampling_session_id: str, services: ServicesDep) -> dict:
         "base_model": session.base_model,
         "model_path": session.model_path,
     }
+
+
+@router.post("/join_sampling_session")
+async def join_sampling_session(body: JoinSamplingSessionRequest, services: ServicesDep) -> dict:
+    """A client id unique within the sampling session (1, 2, ...; its first client is 0): an unpickled
+    SamplingClient numbers its samples' seq_ids from client_counter * 1e9, so clones never collide."""
+    session = await services.sampling_session(body.sampling_session_id)
+    counter = await services.sampler_store.join(session.sampling_session_id)
+    return {"type": "join_sampling_session", "client_counter": counter}
 
 
 async def _check_record_room(services: Services, session_id: str, num_samples: int) -> None:

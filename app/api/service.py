@@ -18,12 +18,14 @@ async def client_config(services: ServicesDep) -> dict:
         "use_pyqwest_transport": False,
         "fwdbwd_max_chunk_len": services.config.limits.fwdbwd_max_chunk_len,
         "proto_compress_fwdbwd": False,
+        "sample_use_retrieve_futures": services.config.features.sample_use_retrieve_futures,
+        "sample_join_sampling_session": True,
     }
 
 
 @router.post("/client/dynamic_config")
 async def dynamic_config() -> dict:
-    return {}
+    return {"sample_cancel_enabled": True}
 
 
 @router.get("/healthz")

@@ -2,7 +2,9 @@
 
 Rows live in the database so any ingress replica can answer `retrieve_future` and a restart loses no
 finished result. Waiters in the process that completes a future wake at once; others poll the row,
-quickly at first and then less often (many concurrent long-polls must not load the database).
+quickly at first and then less often (many concurrent long-polls must not load the database). A sample
+future that finishes also joins its sampling session's completion queue (`completions`), in the same
+transaction.
 """
 
 from __future__ import annotations
@@ -10,13 +12,21 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import Row, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.db.completions import CompletionLog, target_of
 from app.db.schema import futures
+
+
+def _samples(rows: Sequence[Row]) -> list[Row]:
+    return [row for row in rows if row.kind == "sample" and row.model_id is not None and row.seq_id is not None]
+
 
 PROTO_CONTENT_TYPE = "application/x-protobuf"
 JSON_CONTENT_TYPE = "application/json"
@@ -56,6 +66,7 @@ class FutureStore:
         self._poll_interval_s = poll_interval_s
         self._local_events: dict[str, asyncio.Event] = {}
         self._local_waiters: dict[str, int] = {}  # the event is dropped when its last waiter leaves
+        self.completions = CompletionLog(db, poll_interval_s=poll_interval_s)
 
     async def create(self, kind: str, model_id: str | None = None, seq_id: int | None = None) -> tuple[str, bool]:
         """A new pending future; for a repeated (model_id, seq_id) the existing id and False."""
@@ -71,6 +82,8 @@ class FutureStore:
         try:
             async with self._db.begin() as conn:
                 await conn.execute(insert(futures).values(**row))
+            if kind == "sample" and model_id is not None and seq_id is not None:
+                self.completions.track(request_id, target_of(model_id, seq_id))
             return request_id, True
         except IntegrityError:
             if seq_id is None:
@@ -94,42 +107,63 @@ class FutureStore:
         if isinstance(await self.get(request_id), Pending):
             await self.fail(request_id, error)
 
-    async def _finish(self, request_id: str, **values: object) -> None:
-        async with self._db.begin() as conn:
-            await conn.execute(
-                update(futures)
-                .where(futures.c.request_id == request_id, futures.c.state == "pending")
-                .values(completed_at=time.time(), **values)
-            )
+    async def cancel(self, request_id: str, error: dict) -> Row | None:
+        """Fail a pending future with `error` (its work's result will be discarded); its (request_id, kind,
+        model_id, seq_id), or None when it is unknown or already finished."""
+        return await self._finish(request_id, state="failed", error=error)
+
+    async def _finish(self, request_id: str, **values: object) -> Row | None:
+        rows = await self._finish_where(values, futures.c.request_id == request_id)
         self.notify(request_id)
+        return rows[0] if rows else None
 
     async def fail_pending_of(self, model_ids: list[str], error: dict) -> int:
         """Fail every pending future of these models (their trainer restarted); returns how many."""
         if not model_ids:
             return 0
-        async with self._db.begin() as conn:
-            result = await conn.execute(
-                update(futures)
-                .where(futures.c.model_id.in_(model_ids), futures.c.state == "pending")
-                .values(state="failed", error=error, completed_at=time.time())
-            )
-        return result.rowcount
+        failed = {"state": "failed", "error": error}
+        return len(await self._finish_where(failed, futures.c.model_id.in_(model_ids)))
 
     async def fail_stale(self, kind: str, created_before: float, error: dict) -> int:
         """Fail every pending future of `kind` created before `created_before`; returns how many."""
-        async with self._db.begin() as conn:
-            result = await conn.execute(
-                update(futures)
-                .where(futures.c.kind == kind, futures.c.state == "pending", futures.c.created_at < created_before)
-                .values(state="failed", error=error, completed_at=time.time())
-            )
-        return result.rowcount
+        failed = {"state": "failed", "error": error}
+        return len(await self._finish_where(failed, futures.c.kind == kind, futures.c.created_at < created_before))
+
+    async def _finish_where(self, values: dict[str, Any], *conditions: Any, attempts: int = 5) -> Sequence[Row]:
+        """Finish every pending future matching `conditions` with `values` in one transaction, putting the samples
+        among them in their sampling sessions' completion queues, then wake those queues' waiters here. Returns
+        the (request_id, kind, model_id, seq_id) of each. A queue number taken by a concurrent writer (Postgres)
+        retries the transaction."""
+        payload = values.get("payload")
+        state = "finished" if values["state"] == "completed" else "failed"
+        statement = (
+            update(futures)
+            .where(futures.c.state == "pending", *conditions)
+            .values(completed_at=time.time(), **values)
+            .returning(futures.c.request_id, futures.c.kind, futures.c.model_id, futures.c.seq_id)
+        )
+        for attempt in range(1, attempts + 1):
+            try:
+                async with self._db.begin() as conn:
+                    rows = (await conn.execute(statement)).all()
+                    for row in _samples(rows):
+                        target = target_of(row.model_id, row.seq_id)
+                        size = len(payload) if isinstance(payload, bytes) else None
+                        await self.completions.append(conn, target, row.request_id, state, size)
+                break
+            except IntegrityError:
+                if attempt == attempts:
+                    raise
+        for row in _samples(rows):
+            self.completions.wake_target(target_of(row.model_id, row.seq_id))
+        return rows
 
     def notify(self, request_id: str) -> None:
         """Wake local waiters of a future finished by this or another process."""
         event = self._local_events.get(request_id)
         if event is not None:
             event.set()
+        self.completions.wake(request_id)
 
     async def get(self, request_id: str) -> Outcome:
         async with self._db.connect() as conn:

@@ -13,7 +13,8 @@ from sqlalchemy import Row, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db.schema import sampling_sessions
+from app.db.completions import insert_numbered
+from app.db.schema import sampling_clients, sampling_sessions
 from app.errors import NotFound
 
 
@@ -82,6 +83,18 @@ class SamplerStore:
                 field="sampling_session_id",
             )
         return _from_row(row)
+
+    async def join(self, sampling_session_id: str, attempts: int = 5) -> int:
+        """A new client id, unique within the sampling session: 1, 2, ... (its original client is 0)."""
+        for attempt in range(1, attempts + 1):
+            try:
+                async with self._db.begin() as conn:
+                    key = {"sampling_session_id": sampling_session_id}
+                    return await insert_numbered(conn, sampling_clients, "client_counter", key)
+            except IntegrityError:  # a concurrent join took the number (Postgres)
+                if attempt == attempts:
+                    raise
+        raise AssertionError("unreachable")
 
     async def touch(self, sampling_session_id: str, now: float) -> None:
         async with self._db.begin() as conn:

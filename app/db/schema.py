@@ -113,6 +113,24 @@ stability_records = Table(
     Column("last_used_at", Float, nullable=False, index=True),
 )
 
+sample_completions = Table(
+    "sample_completions",
+    metadata,  # each sampling session's completion queue (retrieve_futures), one per clone of its client
+    Column("sampling_session_id", String(200), primary_key=True),
+    Column("clone_id", BigInteger, primary_key=True),  # seq_id // 1e9: 0 for the original client
+    Column("cursor", BigInteger, primary_key=True),  # 1, 2, ... within the queue, in the order of completion
+    Column("request_id", String(64), nullable=False),
+    Column("state", String(16), nullable=False),  # finished | failed
+    Column("payload_size", BigInteger),
+)
+
+sampling_clients = Table(
+    "sampling_clients",
+    metadata,  # client ids allocated by join_sampling_session (the original client is 0)
+    Column("sampling_session_id", String(200), primary_key=True),
+    Column("client_counter", BigInteger, primary_key=True),
+)
+
 settings = Table(
     "settings",
     metadata,  # server-wide values every replica shares (e.g. the download-URL signing key)

@@ -5,20 +5,23 @@ Request models ignore unknown fields and treat absent and null alike, so newer S
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "AdamParams",
+    "CancelFutureRequest",
     "CreateModelRequest",
     "CreateSamplingSessionRequest",
     "CreateSessionRequest",
     "FinishSessionRequest",
     "GetInfoRequest",
+    "JoinSamplingSessionRequest",
     "LoraConfig",
     "OptimStepRequest",
     "RetrieveFutureRequest",
+    "RetrieveFuturesRequest",
     "SampleRequest",
     "SamplingParams",
     "SaveWeightsForSamplerRequest",
@@ -142,6 +145,29 @@ class WeightsInfoRequest(_Lenient):
 class RetrieveFutureRequest(_Lenient):
     request_id: str
     allow_metadata_only: bool = False
+
+
+class FuturesTarget(_Lenient):
+    """A sampling session's completion queue: one per clone of its client (`seq_id // 1e9`, 0 for the original)."""
+
+    type: Literal["sampling_session"] = "sampling_session"
+    sampling_session_id: str
+    cloned_sampler_id: int = Field(0, ge=0)
+
+
+class RetrieveFuturesRequest(_Lenient):
+    target: FuturesTarget
+    prev_cursor: int = Field(0, ge=0)
+    timeout: float | None = Field(None, ge=0)  # seconds to hold the poll; None: limits.long_poll_seconds
+    retrieved_request_ids: list[str] = Field(default_factory=list)
+
+
+class CancelFutureRequest(_Lenient):
+    request_id: str
+
+
+class JoinSamplingSessionRequest(_Lenient):
+    sampling_session_id: str
 
 
 class CreateSamplingSessionRequest(_Lenient):

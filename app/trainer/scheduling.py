@@ -29,6 +29,7 @@ Dispatch = Callable[[str, list[Op]], Awaitable[list[Any]]]
 class _ModelQueue(Generic[Op]):
     next_seq: int
     waiting: dict[int, tuple[Op, asyncio.Future]] = field(default_factory=dict)
+    cancelled: dict[int, Op] = field(default_factory=dict)  # seq_id -> what runs instead, once it arrives
     gap_watch: tuple[int, asyncio.TimerHandle] | None = None  # (the missing seq_id, its timer)
 
 
@@ -55,6 +56,18 @@ class SeqScheduler(Generic[Op]):
             if not fut.done():
                 fut.set_exception(reason)
 
+    def cancel(self, model_id: str, seq_id: int, skipped: Op) -> bool:
+        """Put `skipped` in the place of a model's operation not dispatched yet (waiting, or still to arrive), so
+        the order goes on without it; False when it was dispatched already (or the model is not here)."""
+        queue = self._queues.get(model_id)
+        if queue is None or seq_id < queue.next_seq:
+            return False
+        if seq_id in queue.waiting:
+            queue.waiting[seq_id] = (skipped, queue.waiting[seq_id][1])
+        else:
+            queue.cancelled[seq_id] = skipped
+        return True
+
     def waiting(self, model_id: str) -> int:
         """The model's operations submitted and not yet dispatched."""
         queue = self._queues.get(model_id)
@@ -75,7 +88,7 @@ class SeqScheduler(Generic[Op]):
                 field="seq_id",
             )
         fut = asyncio.get_running_loop().create_future()
-        queue.waiting[seq_id] = (op, fut)
+        queue.waiting[seq_id] = (queue.cancelled.pop(seq_id, op), fut)
         self._dispatch_ready(model_id, queue)
         return await fut
 
@@ -121,6 +134,7 @@ class SeqScheduler(Generic[Op]):
             len(queue.waiting),
         )
         queue.next_seq = first
+        queue.cancelled = {seq: op for seq, op in queue.cancelled.items() if seq > first}
         self._dispatch_ready(model_id, queue)
 
     async def _settle(self, pending: Awaitable[list[Any]], run: list[tuple[Op, asyncio.Future]]) -> None:

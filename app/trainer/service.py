@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Sequence
+from dataclasses import replace
 from typing import Any, cast
 
 from app.config import LimitsConfig
@@ -55,6 +56,8 @@ class TrainerService:
             self._dispatch, gap_timeout_s=limits.seq_gap_timeout_seconds
         )
         self._models: set[str] = set()
+        self._running: set[str] = set()  # request ids sent to the workers whose outcome is not written yet
+        self._cancelled: set[str] = set()  # of those, the cancelled ones: their outcome is discarded
 
     async def start(self) -> None:
         """Start the workers; futures left pending by a previous incarnation of this trainer can never finish:
@@ -124,10 +127,28 @@ class TrainerService:
         except TinkerServeError as exc:
             await self._futures.fail_if_pending(op.request_id, exc.to_body())
 
+    async def cancel(self, model_id: str, seq_id: int, request_id: str) -> None:
+        """A cancelled operation (its future already failed) never runs if it has not started; one that runs
+        finishes and its outcome is discarded. Later seq_ids go on either way."""
+        if self._scheduler.cancel(model_id, seq_id, (seq_id, Skip(request_id))) or request_id not in self._running:
+            return
+        self._cancelled.add(request_id)
+        dropped = await self._group.cancel(request_id)
+        log_request(
+            "cancelled",
+            op="cancel",
+            model_id=model_id,
+            seq_id=seq_id,
+            tinker_request_id=request_id,
+            outcome="dropped" if dropped else "running",
+        )
+
     def _dispatch(self, model_id: str, run: list[Queued]) -> Awaitable[list[None]]:
         """Send the run to the workers now (order matters); the returned awaitable writes its futures."""
         work = [(seq_id, op) for seq_id, op in run if not isinstance(op, Skip)]
-        pending = self._group.send([operation(op).command(model_id, op) for _, op in work]) if work else None
+        commands = [replace(operation(op).command(model_id, op), request_id=op.request_id) for _, op in work]
+        pending = self._group.send(commands) if work else None
+        self._running.update(op.request_id for _, op in work)
         server_metrics().queue_depth.set(
             self._scheduler.waiting(model_id), tags={"trainer": self.name, "model_id": model_id}
         )
@@ -139,12 +160,20 @@ class TrainerService:
         started = time.monotonic()
         try:
             replies = await pending if pending is not None else []
-        except GroupRestarted as exc:
-            self._lose_all_models(exc)
+        except Exception as exc:
+            ids = {op.request_id for _, op in work}
+            self._running -= ids
+            self._cancelled -= ids
+            if isinstance(exc, GroupRestarted):
+                self._lose_all_models(exc)
             raise
         seconds = time.monotonic() - started
         self._record([op for _, op in work], seconds)
         for i, (seq_id, op) in enumerate(work):
+            self._running.discard(op.request_id)
+            if op.request_id in self._cancelled:  # its future says cancelled already
+                self._cancelled.discard(op.request_id)
+                continue
             try:
                 error = await self._write_outcome(model_id, op, [rank_replies[i] for rank_replies in replies])
             except TinkerServeError as exc:

@@ -44,6 +44,10 @@ class WorkerGroup(ABC):
         return await self.send(commands)
 
     @abstractmethod
+    async def cancel(self, request_id: str) -> bool:
+        """Turn the commands of `request_id` into no-ops if no rank has taken their message yet; whether it did."""
+
+    @abstractmethod
     def check_health(self) -> None: ...
 
     @abstractmethod
@@ -165,6 +169,9 @@ class TorchTrainerGroup(WorkerGroup):
         if cmd.fwdbwd is None:
             return cmd
         return replace(cmd, fwdbwd=replace(cmd.fwdbwd, batch=ray.put(cmd.fwdbwd.batch)))
+
+    async def cancel(self, request_id: str) -> bool:
+        return await self._mailbox.cancel.remote(request_id, Command(CommandKind.PING))
 
     async def stop(self) -> None:
         if self._mailbox is None:

@@ -1,5 +1,8 @@
 """An async actor that hands each message to every rank and collects their replies.
 
+A message no rank has taken yet can still have commands replaced (a cancelled operation becomes a no-op);
+once the first rank takes it, every rank runs the same commands.
+
 Ranks register with a per-process identity. When a rank re-registers with a new identity (the group
 restarted), every pending message fails with GroupRestarted instead of hanging.
 """
@@ -20,6 +23,7 @@ class Mailbox:
         self._identities: dict[int, str] = {}
         self._queues: dict[int, asyncio.Queue] = {r: asyncio.Queue() for r in range(world_size)}
         self._pending: dict[int, tuple[asyncio.Future, dict[int, Any]]] = {}
+        self._untaken: dict[int, list[Any]] = {}  # messages no rank has taken yet: msg_id -> its commands
         self._restarts = 0
 
     async def register(self, rank: int, identity: str) -> None:
@@ -37,6 +41,7 @@ class Mailbox:
                         )
                     )
             self._pending.clear()
+            self._untaken.clear()
             self._queues = {r: asyncio.Queue() for r in range(self._world_size)}
 
     async def status(self) -> dict[str, int]:
@@ -46,15 +51,28 @@ class Mailbox:
         """Send `commands` to every rank; returns the replies ordered by rank."""
         fut = asyncio.get_running_loop().create_future()
         self._pending[msg_id] = (fut, {})
+        self._untaken[msg_id] = commands  # the very list every rank's queue holds
         for queue in self._queues.values():
             queue.put_nowait((msg_id, commands))
         return await fut
 
     async def next(self, rank: int, timeout_s: float) -> tuple[int, Any] | None:
         try:
-            return await asyncio.wait_for(self._queues[rank].get(), timeout_s)
+            msg_id, commands = await asyncio.wait_for(self._queues[rank].get(), timeout_s)
         except TimeoutError:
             return None
+        self._untaken.pop(msg_id, None)
+        return msg_id, commands
+
+    async def cancel(self, request_id: str, replacement: Any) -> bool:
+        """Replace the commands serving `request_id` in messages no rank has taken; whether there were any."""
+        found = False
+        for commands in self._untaken.values():
+            for i, command in enumerate(commands):
+                if getattr(command, "request_id", None) == request_id:
+                    commands[i] = replacement
+                    found = True
+        return found
 
     async def reply(self, msg_id: int, rank: int, result: Any) -> None:
         entry = self._pending.get(msg_id)

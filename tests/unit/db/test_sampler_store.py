@@ -73,3 +73,10 @@ def test_sweep_removes_only_expired_ephemeral_sessions_and_their_files(tmp_path:
     with pytest.raises(FileNotFoundError):
         storage.files("ephemeral/old")
     assert storage.files("ephemeral/fresh") and storage.files("ephemeral/named")
+
+
+def test_join_numbers_clients_per_session(tmp_path: Path) -> None:
+    async def body(store: SamplerStore) -> list[int]:
+        return [await store.join("s:sample:0"), await store.join("s:sample:0"), await store.join("s:sample:1")]
+
+    assert run(tmp_path / "j.db", body) == [1, 2, 1]  # the original client of each session is 0

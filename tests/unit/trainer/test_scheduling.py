@@ -233,3 +233,28 @@ def test_later_submits_do_not_postpone_the_gap_skip() -> None:
         assert await asyncio.wait_for(asyncio.gather(*tasks), 1) == ["m/op2", "m/op3", "m/op4", "m/op5"]
 
     asyncio.run(main())
+
+
+def test_cancelled_ops_are_replaced_and_the_order_goes_on() -> None:
+    """A waiting op and one still to arrive are replaced by their stand-ins; a dispatched one cannot be."""
+
+    async def main() -> None:
+        rec = Recorder(hold_first=True)
+        sched = SeqScheduler(rec)
+        sched.open("m")
+        t1 = asyncio.create_task(sched.submit("m", 1, "op1"))
+        await rec.started.wait()
+        assert not sched.cancel("m", 1, "skip1")  # dispatched already
+        t3 = asyncio.create_task(sched.submit("m", 3, "op3"))
+        await _settle()
+        assert sched.cancel("m", 3, "skip3")  # waiting behind the gap at 2
+        assert sched.cancel("m", 2, "skip2")  # not arrived yet
+        assert not sched.cancel("other", 2, "x")
+        t2 = asyncio.create_task(sched.submit("m", 2, "op2"))
+        t4 = asyncio.create_task(sched.submit("m", 4, "op4"))
+        rec.release.set()
+        results = await asyncio.wait_for(asyncio.gather(t1, t2, t3, t4), 2)
+        assert results == ["m/op1", "m/skip2", "m/skip3", "m/op4"]
+        assert [op for batch in rec.batches for op in batch] == ["op1", "skip2", "skip3", "op4"]
+
+    asyncio.run(main())

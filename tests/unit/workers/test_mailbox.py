@@ -92,3 +92,31 @@ def test_stop_reaches_every_rank() -> None:
         assert [await box.next(r, 1.0) for r in range(2)] == [(-1, STOP), (-1, STOP)]
 
     asyncio.run(main())
+
+
+def test_cancel_replaces_commands_only_while_no_rank_has_taken_them() -> None:
+    async def main() -> None:
+        box = await _registered(2)
+
+        class Cmd:
+            def __init__(self, request_id: str) -> None:
+                self.request_id = request_id
+
+        first, second = [Cmd("a")], [Cmd("b"), Cmd("c")]
+        calls = [asyncio.create_task(box.call(i, cmds)) for i, cmds in ((1, first), (2, second))]
+        await asyncio.sleep(0)
+        taken = await box.next(0, 1.0)  # rank 0 took message 1: it runs as it is on every rank
+        assert not await box.cancel("a", "noop")
+        assert await box.cancel("c", "noop")
+        assert not await box.cancel("unknown", "noop")
+        assert taken is not None and taken[1][0].request_id == "a"
+        assert (await box.next(1, 1.0))[1][0].request_id == "a"
+        for rank in range(2):
+            msg_id, commands = await box.next(rank, 1.0)
+            assert msg_id == 2 and commands[0].request_id == "b" and commands[1] == "noop"
+        for msg_id in (1, 2):
+            for rank in range(2):
+                await box.reply(msg_id, rank, rank)
+        await asyncio.gather(*calls)
+
+    asyncio.run(main())
