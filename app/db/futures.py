@@ -16,7 +16,7 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db.schema import futures
+from app.db.schema import futures, session_requests
 
 PROTO_CONTENT_TYPE = "application/x-protobuf"
 JSON_CONTENT_TYPE = "application/json"
@@ -71,6 +71,12 @@ class FutureStore:
         try:
             async with self._db.begin() as conn:
                 await conn.execute(insert(futures).values(**row))
+                if model_id is not None:  # every model and sampler id starts with its session's id
+                    await conn.execute(
+                        insert(session_requests).values(
+                            request_id=request_id, session_id=model_id.split(":", 1)[0], created_at=row["created_at"]
+                        )
+                    )
             return request_id, True
         except IntegrityError:
             if seq_id is None:
