@@ -27,6 +27,11 @@ from app.storage.paths import CheckpointPath
 router = APIRouter(prefix="/api/v1")
 
 
+def _shape(run: TrainingRun) -> tuple:
+    """What a checkpoint must match to load into a run: base model, role and LoRA shape (not the init seed)."""
+    return run.base_model, run.role, {k: v for k, v in run.lora_config.items() if k != "seed"}
+
+
 async def _destination_run(services: Services, body: CopyWeightsRequest, source: TrainingRun) -> TrainingRun:
     """The run the copy goes into: the named one (created if new), or a new one in a new session."""
     if (body.session_id is None) != (body.model_seq_id is None):
@@ -40,7 +45,7 @@ async def _destination_run(services: Services, body: CopyWeightsRequest, source:
         except NotFound:
             pass
         else:
-            if (run.base_model, run.role, run.lora_config) != (source.base_model, source.role, source.lora_config):
+            if _shape(run) != _shape(source):
                 raise UserError(
                     f"run {model_id!r} ({run.role} on {run.base_model}, LoRA {run.lora_config}) cannot hold a "
                     f"checkpoint of {source.model_id!r} ({source.role} on {source.base_model}, LoRA "
