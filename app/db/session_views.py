@@ -7,6 +7,7 @@ the sessions newest first, so a page is always `limit` matches or the last one.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from app.db.schema import checkpoints, sampling_sessions, session_labels, sessio
 from app.errors import NotFound
 
 _SCAN_BATCH = 500
+_LIKE_SPECIALS = re.compile(r"[\\%_]")  # escaped in display-name words: they match literally
 _CURSOR_EPSILON_S = 1e-6  # cursors carry microsecond datetimes; created_at is a float
 
 
@@ -79,7 +81,8 @@ def _newest_first(query: Select) -> Select:
 
 def _sql_filters(q: SessionQuery) -> list:
     filters = []
-    by_name = [session_labels.c.display_name.ilike(f"%{word}%") for word in (q.display_name or "").split()]
+    words = [_LIKE_SPECIALS.sub(r"\\\g<0>", word) for word in (q.display_name or "").split()]
+    by_name = [session_labels.c.display_name.ilike(f"%{word}%", escape="\\") for word in words]
     if q.session_id is not None and by_name:
         filters.append(or_(sessions.c.session_id == q.session_id, and_(*by_name)))
     elif q.session_id is not None:

@@ -18,20 +18,31 @@ import pytest
 import tinker
 from tinker import types
 
+from tests.integration.conftest import BASE_MODEL
 from tests.integration.helpers import logprobs_of, new_client, sft_datums
 
 API_KEY = "tml-integration-tests"
 GREEDY = types.SamplingParams(max_tokens=6, temperature=0.0, seed=0)
 
 
-def _cli(base_url: str, *args: str) -> dict:
-    """Run `tinker -f json ARGS` against the server; its JSON output."""
+def _cli_text(base_url: str, *args: str, cwd: Path | None = None) -> str:
+    """Run `tinker -f json ARGS` against the server; its standard output."""
     env = {**os.environ, "TINKER_BASE_URL": base_url, "TINKER_API_KEY": API_KEY}
     done = subprocess.run(
-        [sys.executable, "-m", "tinker.cli", "-f", "json", *args], env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "tinker.cli", "-f", "json", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
     )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    assert done.returncode == 0, (args, done.stdout, done.stderr)
+    return done.stdout
+
+
+def _cli(base_url: str, *args: str, cwd: Path | None = None) -> dict:
+    """Run `tinker -f json ARGS` against the server; its JSON output."""
+    return json.loads(_cli_text(base_url, *args, cwd=cwd))
 
 
 def _hour_window() -> tuple[str, str]:
@@ -186,3 +197,35 @@ def test_copy_weights_is_independent_and_sampleable(
         rest.copy_weights("not-a-tinker-path", "proj-copies").result()
     unknown = http.post("/api/v1/copy_weights", json={**body, "session_id": "no-such-session"})
     assert unknown.status_code == 404 and unknown.json()["field"] == "session_id"
+
+
+def test_cli_runs_and_checkpoints(service_client: tinker.ServiceClient, base_url: str, tmp_path: Path) -> None:
+    """Every `tinker run` / `tinker checkpoint` / `tinker model` command that needs no Hugging Face Hub."""
+    tc = new_client(service_client, seed=75)
+    path = tc.save_state("cli").result().path
+    assert BASE_MODEL in _cli_text(base_url, "model", "list")
+    assert tc.model_id in _cli_text(base_url, "run", "list", "--limit", "0")
+    assert _cli(base_url, "run", "info", tc.model_id)["training_run_id"] == tc.model_id
+    listed = _cli(base_url, "checkpoint", "list", "--run-id", tc.model_id)["checkpoints"]
+    assert [c["tinker_path"] for c in listed] == [path]
+    assert path in _cli_text(base_url, "checkpoint", "list", "--limit", "0")
+    assert _cli(base_url, "checkpoint", "info", path)["tinker_path"] == path
+    rest = tinker.RestClient(base_url=base_url, api_key=API_KEY)
+
+    def mine() -> types.Checkpoint:
+        (found,) = rest.list_checkpoints(tc.model_id).result().checkpoints
+        return found
+
+    _cli_text(base_url, "checkpoint", "publish", path)
+    assert mine().public
+    _cli_text(base_url, "checkpoint", "unpublish", path)
+    assert not mine().public
+    _cli_text(base_url, "checkpoint", "set-ttl", path, "--ttl", "7200")
+    assert mine().expires_at is not None
+    _cli_text(base_url, "checkpoint", "set-ttl", path, "--remove")
+    assert mine().expires_at is None
+    _cli_text(base_url, "checkpoint", "download", path, "-o", str(tmp_path), cwd=tmp_path)
+    assert list(tmp_path.rglob("adapter_config.json")), sorted(tmp_path.rglob("*"))
+    assert rest.list_checkpoints(tc.model_id).result().checkpoints == [mine()]  # its temporary export is gone
+    _cli_text(base_url, "checkpoint", "delete", path, "-y")
+    assert rest.list_checkpoints(tc.model_id).result().checkpoints == []

@@ -111,6 +111,19 @@ def test_a_cursor_survives_microsecond_rounding(tmp_path: Path) -> None:
     run_on_db(tmp_path / "db.sqlite", body)
 
 
+def test_name_words_match_literally(tmp_path: Path) -> None:
+    async def body(db: AsyncEngine) -> None:
+        meta, views = MetadataStore(db), SessionViews(db)
+        percent = await meta.create_session("0.38", [], {}, display_name="100% done")
+        await meta.create_session("0.38", [], {}, display_name="100 x done")
+        under = await meta.create_session("0.38", [], {}, display_name="a_b")
+        await meta.create_session("0.38", [], {}, display_name="axb")
+        assert [s.session_id for s in (await views.search(SessionQuery(display_name="0%"), 10))[0]] == [percent]
+        assert [s.session_id for s in (await views.search(SessionQuery(display_name="a_"), 10))[0]] == [under]
+
+    run_on_db(tmp_path / "db.sqlite", body)
+
+
 def test_session_info_defaults() -> None:
     info = SessionInfo("s", 1.0, None)
     assert SessionQuery(user_metadata={"a": "1"}).matches(info) is False
