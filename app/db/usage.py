@@ -9,6 +9,7 @@ Sampler completes it. Each count is one upsert into the hour's row, so the table
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
@@ -18,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.schema import checkpoints, session_labels, training_runs, usage_hours
 
+logger = logging.getLogger("tinker_serve.usage")
 KINDS = ("training", "sampling_prefill", "sampling_sample")
 HOUR_S = 3600
 
@@ -64,6 +66,13 @@ class UsageStore:
                         set_={"token_count": usage_hours.c.token_count + statement.excluded.token_count},
                     )
                 )
+
+    async def record(self, session_id: str, base_model: str, counts: dict[str, int]) -> None:
+        """`add` for the request paths: a failure to count is logged, never the request's failure."""
+        try:
+            await self.add(session_id, base_model, counts)
+        except Exception:
+            logger.exception("counting %s tokens of session %s failed", counts, session_id)
 
     async def hours(self, start: float, end: float) -> list[UsageRow]:
         """Rows of the hours in [start, end), ordered by hour then descending token count."""

@@ -87,11 +87,8 @@ class SamplerService:
         started = time.monotonic()
         tokens, error = await self._sample(request_id, args, adapter_location, register)
         if error is None and args.usage_session is not None:
-            try:
-                counts = {"sampling_prefill": len(args.prompt), "sampling_sample": tokens}
-                await self._usage.add(args.usage_session, self._base_model, counts)
-            except Exception:  # the sample is done; only its accounting failed
-                logger.exception("counting the tokens of sample %s failed", request_id)
+            counts = {"sampling_prefill": len(args.prompt), "sampling_sample": tokens}
+            await self._usage.record(args.usage_session, self._base_model, counts)
         log_request(
             "ran",
             op="sample",

@@ -66,3 +66,14 @@ def test_checkpoint_storage_per_run(tmp_path: Path) -> None:
         assert [r.size_bytes for r in await usage.checkpoint_storage("p1")] == [1000, 150]
 
     run_on_db(tmp_path / "db.sqlite", body)
+
+
+def test_record_never_fails_the_request(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    async def body(db: AsyncEngine) -> None:
+        usage = UsageStore(db)
+        await usage.record("s1", "tiny", {"training": 3})
+        await usage.record("s1", "tiny", {"bogus": 3})  # logged, not raised
+        assert [r.token_count for r in await usage.hours(0, 2 * time.time())] == [3]
+
+    run_on_db(tmp_path / "db.sqlite", body)
+    assert "counting {'bogus': 3} tokens of session s1 failed" in caplog.text
