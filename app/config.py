@@ -60,6 +60,8 @@ class LimitsConfig(_Strict):
     max_user_metadata_bytes: int = Field(16384, ge=2)  # a checkpoint's user_metadata, as JSON
     stability_record_ttl_seconds: float = Field(3600.0, ge=1)  # unused this long, a stability record expires
     max_stability_records_per_session: int = Field(200_000, ge=1)  # live records; asample beyond it is refused
+    max_trace_events_per_session: int = Field(10_000, ge=1)  # requests kept for a session's trace export
+    max_usage_window_hours: int = Field(14 * 24, ge=1)  # billing/usage/events: the widest window asked at once
 
 
 class SamplerConfig(_Strict):

@@ -15,12 +15,16 @@ from app.api.retention import remove_expired_checkpoints
 from app.api.sessions import expire_silent_sessions
 from app.config import ServerConfig, redacted
 from app.db.checkpoints import CheckpointStore
+from app.db.copies import CopyLog
 from app.db.futures import FutureStore
 from app.db.metadata import MetadataStore
 from app.db.samplers import SamplerStore
 from app.db.schema import connect, create_tables
+from app.db.session_views import SessionViews
 from app.db.settings import shared_secret
 from app.db.stability import StabilityStore
+from app.db.traces import TraceStore
+from app.db.usage import UsageStore
 from app.metrics import RequestMetrics
 from app.sampling.expiry import fail_stale_samples, sweep_expired_samplers
 from app.storage.objects import ObjectStorage
@@ -60,6 +64,7 @@ class Ingress:
         futures = FutureStore(db, poll_interval_s=5.0 if cfg.ingress_replicas == 1 else 1.0)
         sampler_store, storage, limits = SamplerStore(db), ObjectStorage(cfg.checkpoint_uri), cfg.limits
         stability, record_ttl = StabilityStore(db), limits.stability_record_ttl_seconds
+        traces = TraceStore(db)
         self._services = services = Services(
             config=cfg,
             futures=futures,
@@ -69,6 +74,10 @@ class Ingress:
             trainers=ServeTrainerClient(trainers, futures),
             sampler_store=sampler_store,
             stability=stability,
+            session_views=SessionViews(db),
+            traces=traces,
+            usage=UsageStore(db),
+            copies=CopyLog(db),
             samplers=ServeSamplerClient(samplers, futures),
             model_limits={name: ModelLimits(**limits) for name, limits in model_limits.items()},
             api_keys=cfg.auth.load_keys(),
@@ -97,6 +106,11 @@ class Ingress:
                     "expired stability records",
                     lambda: stability.expire(time.time() - record_ttl),
                     min(60.0, record_ttl / 4),
+                ),
+                sweep_forever(
+                    "trace entries beyond limits.max_trace_events_per_session",
+                    lambda: traces.trim(limits.max_trace_events_per_session),
+                    60.0,
                 ),
                 sweep_forever(
                     "stale sample futures",

@@ -13,6 +13,7 @@ from app.config import ServerConfig
 from app.db.futures import FutureStore
 from app.db.schema import connect, create_tables
 from app.db.stability import StabilityStore
+from app.db.usage import UsageStore
 from app.sampling.engine import SamplerEngine
 from app.sampling.params import SampleArgs
 from app.sampling.service import LoadedAdapter, SamplerService
@@ -86,6 +87,7 @@ class Sampler:
             self._engine,
             FutureStore(db),
             StabilityStore(db),
+            UsageStore(db),
             ObjectStorage(cfg.checkpoint_uri),
             cache_dir=work_dir / "adapters",
             max_cached=4 * base.sampler.max_cpu_loras,

@@ -10,7 +10,7 @@ from fastapi import Request
 from app.errors import Unauthorized
 
 OPEN_PATHS = frozenset({"/api/v1/healthz", "/ready", "/docs", "/openapi.json"})
-SIGNED_PREFIXES = ("/api/v1/downloads/",)  # a signature in the URL authorises these (app.api.downloads)
+SIGNED_PREFIXES = ("/api/v1/downloads/", "/api/v1/traces/")  # a signature in the URL authorises these
 HUB_PREFIX = "/hub/"  # Hugging Face clients send their token as `Authorization: Bearer` (HF_TOKEN), never a key
 
 

@@ -11,10 +11,14 @@ from fastapi import Depends, Request
 from app.api.backends import SamplerClient, TrainerClient
 from app.config import BaseModelConfig, ServerConfig
 from app.db.checkpoints import CheckpointRecord, CheckpointStore
+from app.db.copies import CopyLog
 from app.db.futures import FutureStore
 from app.db.metadata import MetadataStore, TrainingRun
 from app.db.samplers import SamplerStore, SamplingSession
+from app.db.session_views import SessionViews
 from app.db.stability import StabilityStore
+from app.db.traces import TraceStore
+from app.db.usage import UsageStore
 from app.errors import NotFound, UserError
 from app.storage.objects import ObjectStorage
 from app.storage.paths import KINDS, parse_tinker_path
@@ -31,6 +35,10 @@ class Services:
     trainers: TrainerClient
     sampler_store: SamplerStore
     stability: StabilityStore  # stability records of sampled sequences (stable_reinforce)
+    session_views: SessionViews  # sessions for the REST views
+    traces: TraceStore  # a session's requests and their timings
+    usage: UsageStore  # tokens trained and sampled; checkpoint storage
+    copies: CopyLog  # copy_weights by idempotency key
     samplers: SamplerClient
     model_limits: dict[str, ModelLimits]  # by base model name
     api_keys: frozenset[str]

@@ -30,7 +30,8 @@ DOWNLOAD_PREFIX = "/api/v1/downloads/"  # no API key: the signature authorises
 _CHUNK = 1 << 20
 
 
-def _signature(key: str, resource: str, expires: int) -> str:
+def sign(key: str, resource: str, expires: int) -> str:
+    """The HMAC that authorises `resource` until `expires` (also signs trace downloads: app.api.traces)."""
     return hmac.new(key.encode(), f"{resource}\n{expires}".encode(), hashlib.sha256).hexdigest()
 
 
@@ -44,7 +45,7 @@ def signed_urls(
         resource = f"{record.path.model_id}/{record.path.name}/{f.relative_path}"
         urls[f.relative_path] = (
             f"{base_url.rstrip('/')}{DOWNLOAD_PREFIX}{quote(resource)}"
-            f"?expires={expires}&signature={_signature(key, resource, expires)}"
+            f"?expires={expires}&signature={sign(key, resource, expires)}"
         )
     return urls, datetime.fromtimestamp(expires, UTC)
 
@@ -67,7 +68,7 @@ async def download(
     signature: str = Query(...),
 ) -> StreamingResponse:
     resource = f"{model_id}/{name}/{file_path}"
-    if not hmac.compare_digest(signature, _signature(services.url_signing_key, resource, expires)):
+    if not hmac.compare_digest(signature, sign(services.url_signing_key, resource, expires)):
         raise Forbidden(
             "this download link is not valid; get fresh links with external_weights_urls", field="signature"
         )

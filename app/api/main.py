@@ -4,7 +4,22 @@ from __future__ import annotations
 
 from fastapi import Depends, FastAPI, Request
 
-from app.api import checkpoints, downloads, futures, hub, models, rest, sampling, service, training, unsupported
+from app.api import (
+    checkpoints,
+    copies,
+    downloads,
+    futures,
+    hub,
+    models,
+    rest,
+    sampling,
+    service,
+    session_views,
+    traces,
+    training,
+    unsupported,
+    usage,
+)
 from app.api.auth import check_api_key
 from app.api.errors import register_exception_handlers
 from app.errors import Unavailable
@@ -29,6 +44,10 @@ def create_api() -> FastAPI:
         sampling.router,
         futures.router,
         rest.router,
+        session_views.router,
+        traces.router,
+        copies.router,
+        usage.router,
         downloads.router,
         hub.router,
         unsupported.router,

@@ -99,7 +99,7 @@ async def asample(body: SampleRequest, services: ServicesDep) -> dict:
         raise UserError(
             f"this sampler's base model {session.base_model!r} is no longer served here", field="sampling_session_id"
         )
-    args = sample_args(body, services.config.limits, model)
+    args = replace(sample_args(body, services.config.limits, model), usage_session=session.session_id)
     if body.record_stability_info:
         await _check_record_room(services, session.session_id, args.num_samples)
         args = replace(args, record_for_session=session.session_id)

@@ -44,7 +44,9 @@ async def capabilities(services: ServicesDep) -> dict:
 
 @router.post("/create_session")
 async def create_session(body: CreateSessionRequest, services: ServicesDep) -> dict:
-    session_id = await services.metadata.create_session(body.sdk_version, body.tags, body.user_metadata or {})
+    session_id = await services.metadata.create_session(
+        body.sdk_version, body.tags, body.user_metadata or {}, body.project_id, body.display_name
+    )
     return {"session_id": session_id, "type": "create_session"}
 
 

@@ -93,6 +93,7 @@ async def forward_backward(request: Request, services: ServicesDep) -> dict:
             server_side = behaviour_inputs(decoded, records)
             user_side = {k: v for k, v in batch.loss_inputs.items() if k != "logprobs"}  # not used: records rule
             batch = replace(batch, loss_inputs={**user_side, **server_side})
+        await services.usage.record(run.session_id, run.base_model, {"training": len(batch.tokens)})
         return ForwardBackward(request_id, ForwardBackwardArgs(loss.name, loss.config, decoded.forward_only, batch))
 
     return await sequenced(services, "forward_backward", decoded.model_id, decoded.seq_id, build)

@@ -21,7 +21,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.completions import CompletionLog, target_of
-from app.db.schema import futures
+from app.db.schema import futures, session_requests
 
 
 def _samples(rows: Sequence[Row]) -> list[Row]:
@@ -82,6 +82,12 @@ class FutureStore:
         try:
             async with self._db.begin() as conn:
                 await conn.execute(insert(futures).values(**row))
+                if model_id is not None:  # every model and sampler id starts with its session's id
+                    await conn.execute(
+                        insert(session_requests).values(
+                            request_id=request_id, session_id=model_id.split(":", 1)[0], created_at=row["created_at"]
+                        )
+                    )
             if kind == "sample" and model_id is not None and seq_id is not None:
                 self.completions.track(request_id, target_of(model_id, seq_id))
             return request_id, True

@@ -11,7 +11,7 @@ from sqlalchemy import Row, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db.schema import sessions, training_runs
+from app.db.schema import session_labels, sessions, training_runs
 from app.errors import NotFound, UserError
 
 
@@ -53,7 +53,14 @@ class MetadataStore:
     def __init__(self, db: AsyncEngine) -> None:
         self._db = db
 
-    async def create_session(self, sdk_version: str | None, tags: list[str], user_metadata: dict) -> str:
+    async def create_session(
+        self,
+        sdk_version: str | None,
+        tags: list[str],
+        user_metadata: dict,
+        project_id: str | None = None,
+        display_name: str | None = None,
+    ) -> str:
         session_id = uuid.uuid4().hex[:16]
         now = time.time()
         async with self._db.begin() as conn:
@@ -67,6 +74,12 @@ class MetadataStore:
                     user_metadata=user_metadata,
                 )
             )
+            if project_id is not None or display_name is not None:
+                await conn.execute(
+                    insert(session_labels).values(
+                        session_id=session_id, project_id=project_id, display_name=display_name
+                    )
+                )
         return session_id
 
     async def heartbeat(self, session_id: str) -> bool:
@@ -126,7 +139,7 @@ class MetadataStore:
                         lora_config=run.lora_config,
                         user_metadata=run.user_metadata,
                         created_at=run.created_at,
-                        unloaded=0,
+                        unloaded=int(run.unloaded),
                     )
                 )
         except IntegrityError as exc:

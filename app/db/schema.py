@@ -131,6 +131,42 @@ sampling_clients = Table(
     Column("client_counter", BigInteger, primary_key=True),
 )
 
+session_labels = Table(
+    "session_labels",
+    metadata,  # what a session was created with for display and search, and the project it was moved into
+    Column("session_id", String(64), primary_key=True),
+    Column("project_id", String(200), index=True),
+    Column("display_name", String(400)),
+)
+
+session_requests = Table(
+    "session_requests",
+    metadata,  # which session each future belongs to (the trace export reads their timings from `futures`);
+    # trimmed to limits.max_trace_events_per_session per session by a sweep
+    Column("request_id", String(64), primary_key=True),
+    Column("session_id", String(64), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Index("ix_session_requests_session_created", "session_id", "created_at"),
+)
+
+usage_hours = Table(
+    "usage_hours",
+    metadata,  # tokens trained and sampled, per UTC hour, session, base model and kind (app.db.usage)
+    Column("bucket_start", Float, primary_key=True),
+    Column("session_id", String(64), primary_key=True),
+    Column("base_model", String(200), primary_key=True),
+    Column("kind", String(32), primary_key=True),  # training | sampling_prefill | sampling_sample
+    Column("token_count", BigInteger, nullable=False),
+)
+
+copy_requests = Table(
+    "copy_requests",
+    metadata,  # copy_weights by X-Idempotency-Key: a retried copy answers the first copy's path
+    Column("idempotency_key", String(200), primary_key=True),
+    Column("tinker_path", String(400), nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+
 settings = Table(
     "settings",
     metadata,  # server-wide values every replica shares (e.g. the download-URL signing key)

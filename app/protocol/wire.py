@@ -201,3 +201,36 @@ class SampleRequest(_Lenient):
     prompt_alt_tokens_k: int = 0
     prompt_logprobs_last_n: int | None = None
     record_stability_info: bool | None = None  # keep a stability record of each sequence (stable_reinforce)
+
+
+class SessionProjectRequest(_Lenient):
+    project_id: str | None = None
+
+
+class SessionStatusQuery(_Lenient):
+    type: str  # active | cancelled | failed | client_finished
+    reasons: list[str] | None = None  # client_finished: success | errored | interrupted
+
+
+class SessionSearchCursor(_Lenient):
+    last_created_at: str  # an RFC 3339 datetime
+    last_session_id: str
+
+
+class SessionSearchRequest(_Lenient):
+    session_id: str | None = None
+    project_ids: list[str] | None = None
+    user_metadata: dict[str, str] = Field(default_factory=dict)
+    display_name: str | None = None
+    owner: dict[str, Any] | None = None  # one tenant: every owner's sessions are the caller's
+    statuses: list[SessionStatusQuery] | None = None
+    limit: int = Field(50, ge=1, le=200)
+    cursor: SessionSearchCursor | None = None
+
+
+class CopyWeightsRequest(_Lenient):
+    source_path: str
+    session_id: str | None = None
+    model_seq_id: int | None = Field(None, ge=0)
+    destination_project_id: str | None = None
+    ttl_seconds: int | None = None

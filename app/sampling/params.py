@@ -31,6 +31,7 @@ class SampleArgs:
     topk_prompt_logprobs: int
     topk_sample_logprobs: int
     prompt_logprobs_last_n: int | None
+    usage_session: str | None = None  # not the engine's: the session its tokens are counted for (app.db.usage)
     record_for_session: str | None = None  # not the engine's: the Sampler keeps a stability record of each
     # sampled sequence for this session (record_stability_info)
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from app.db.futures import PROTO_CONTENT_TYPE, FutureStore
 from app.db.stability import StabilityRecord, StabilityStore, sequence_ids
+from app.db.usage import UsageStore
 from app.errors import ServerError, TinkerServeError, UserError
 from app.metrics import server_metrics
 from app.request_log import log_request, outcome_of
@@ -44,6 +45,7 @@ class SamplerService:
         engine: SamplerEngine,
         futures: FutureStore,
         stability: StabilityStore,
+        usage: UsageStore,
         storage: ObjectStorage,
         cache_dir: Path,
         max_cached: int,
@@ -52,6 +54,7 @@ class SamplerService:
         self._engine = engine
         self._futures = futures
         self._stability = stability
+        self._usage = usage
         self._storage = storage
         self._cache_dir = cache_dir
         self._max_cached = max_cached
@@ -83,6 +86,9 @@ class SamplerService:
         """Sample and write the outcome. `register` (Serve's multiplexing) is told first which adapter is used."""
         started = time.monotonic()
         tokens, error = await self._sample(request_id, args, adapter_location, register)
+        if error is None and args.usage_session is not None:
+            counts = {"sampling_prefill": len(args.prompt), "sampling_sample": tokens}
+            await self._usage.record(args.usage_session, self._base_model, counts)
         log_request(
             "ran",
             op="sample",

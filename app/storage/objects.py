@@ -118,6 +118,26 @@ class ObjectStorage:
             shutil.rmtree(staged, ignore_errors=True)
         return target
 
+    def copy(self, source: str, target: str) -> int:
+        """Store a copy of the files at `source` at the new location `target` (appearing complete or not at all,
+        as `write` does); returns its size in bytes. FileNotFoundError when `source` holds nothing."""
+        files = self.files(source)
+        if self.is_local:
+            origin = self._full(source)
+
+            def build(out: Path) -> None:
+                shutil.copytree(origin, out)
+
+            return self.write(target, build)
+        pafs.copy_files(
+            self._full(source),
+            self._full(target),
+            source_filesystem=self._fs,
+            destination_filesystem=self._fs,
+            chunk_size=_CHUNK,
+        )
+        return sum(f.size_bytes for f in files)
+
     def open(self, location: str, relative_path: str) -> pafs.NativeFile:
         """A stream over one file of a location (read it in chunks; never whole)."""
         return self._fs.open_input_stream(f"{self._full(location)}/{_check_location(relative_path)}")

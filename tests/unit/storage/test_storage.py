@@ -106,6 +106,22 @@ def test_a_failed_build_leaves_nothing(storage: ObjectStorage, tmp_path: Path) -
         storage.files("m:train:0/weights/broken/v1")
 
 
+def test_a_copy_has_files_of_its_own(storage: ObjectStorage, tmp_path: Path) -> None:
+    storage.write("m:train:0/weights/src/v1", _build)
+    assert storage.copy("m:train:0/weights/src/v1", "n:train:0/weights/src/v2") == 2 + 2 * 2**20
+    storage.delete("m:train:0/weights/src/v1")
+    assert storage.files("n:train:0/weights/src/v2") == [
+        StoredFile("adapter_config.json", 2),
+        StoredFile("sub/big.bin", 2 * 2**20),
+    ]
+    copied = storage.fetch("n:train:0/weights/src/v2", tmp_path / "cache")
+    assert (copied / "sub" / "big.bin").read_bytes() == bytes(range(256)) * 8192
+    with pytest.raises(FileNotFoundError):
+        storage.copy("m:train:0/weights/src/v1", "n:train:0/weights/src/v3")  # the source is gone
+    with pytest.raises(FileNotFoundError):
+        storage.files("n:train:0/weights/src/v3")
+
+
 @pytest.mark.parametrize("location", ["../escape", "/abs/path", "a/../../b", "a//b", "", "a/./b"])
 def test_locations_cannot_escape_the_root(storage: ObjectStorage, location: str) -> None:
     with pytest.raises(ValueError):
