@@ -60,6 +60,9 @@ class LimitsConfig(_Strict):
     max_user_metadata_bytes: int = Field(16384, ge=2)  # a checkpoint's user_metadata, as JSON
     stability_record_ttl_seconds: float = Field(3600.0, ge=1)  # unused this long, a stability record expires
     max_stability_records_per_session: int = Field(200_000, ge=1)  # live records; asample beyond it is refused
+    max_custom_losses_per_session: int = Field(256, ge=1)  # create_custom_loss beyond it is refused
+    max_custom_loss_nodes: int = Field(512, ge=4)  # nodes of one traced custom loss graph
+    max_custom_loss_elements: int = Field(2**24, ge=1024)  # elements of any tensor a custom loss computes, per datum
 
 
 class SamplerConfig(_Strict):

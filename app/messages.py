@@ -16,6 +16,7 @@ import numpy as np
 
 from app.db.checkpoints import CheckpointRecord
 from app.training.batch import PackedBatch
+from app.training.custom_loss import CustomLossProgram
 
 if TYPE_CHECKING:
     import ray
@@ -64,6 +65,7 @@ class ForwardBackwardArgs:
     loss_config: dict[str, float]  # with defaults filled in
     forward_only: bool
     batch: PackedBatch | ray.ObjectRef  # an ObjectRef once shipped to the workers
+    custom_loss: CustomLossProgram | None = None  # loss_fn "custom": the stored loss the request names
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from app.api.retention import remove_expired_checkpoints
 from app.api.sessions import expire_silent_sessions
 from app.config import ServerConfig, redacted
 from app.db.checkpoints import CheckpointStore
+from app.db.custom_losses import CustomLossStore
 from app.db.futures import FutureStore
 from app.db.metadata import MetadataStore
 from app.db.samplers import SamplerStore
@@ -69,6 +70,7 @@ class Ingress:
             trainers=ServeTrainerClient(trainers, futures),
             sampler_store=sampler_store,
             stability=stability,
+            custom_losses=CustomLossStore(db),
             samplers=ServeSamplerClient(samplers, futures),
             model_limits={name: ModelLimits(**limits) for name, limits in model_limits.items()},
             api_keys=cfg.auth.load_keys(),

@@ -11,6 +11,7 @@ from fastapi import Depends, Request
 from app.api.backends import SamplerClient, TrainerClient
 from app.config import BaseModelConfig, ServerConfig
 from app.db.checkpoints import CheckpointRecord, CheckpointStore
+from app.db.custom_losses import CustomLossStore
 from app.db.futures import FutureStore
 from app.db.metadata import MetadataStore, TrainingRun
 from app.db.samplers import SamplerStore, SamplingSession
@@ -31,6 +32,7 @@ class Services:
     trainers: TrainerClient
     sampler_store: SamplerStore
     stability: StabilityStore  # stability records of sampled sequences (stable_reinforce)
+    custom_losses: CustomLossStore  # losses made by create_custom_loss
     samplers: SamplerClient
     model_limits: dict[str, ModelLimits]  # by base model name
     api_keys: frozenset[str]

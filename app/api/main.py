@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import Depends, FastAPI, Request
 
-from app.api import checkpoints, downloads, futures, hub, models, rest, sampling, service, training
+from app.api import checkpoints, custom_losses, downloads, futures, hub, models, rest, sampling, service, training
 from app.api.auth import check_api_key
 from app.api.errors import register_exception_handlers
 from app.errors import Unavailable
@@ -25,6 +25,7 @@ def create_api() -> FastAPI:
         service.router,
         models.router,
         training.router,
+        custom_losses.router,
         checkpoints.router,
         sampling.router,
         futures.router,

@@ -18,6 +18,7 @@ async def client_config(services: ServicesDep) -> dict:
         "use_pyqwest_transport": False,
         "fwdbwd_max_chunk_len": services.config.limits.fwdbwd_max_chunk_len,
         "proto_compress_fwdbwd": False,
+        "custom_loss_server_side": True,  # forward_backward_custom runs here (app.api.custom_losses)
     }
 
 

@@ -21,7 +21,8 @@ from app.messages import AdamParams, ForwardBackward, ForwardBackwardArgs, Optim
 from app.protocol import wire
 from app.protocol.codec import decode_forward_backward, peek_sequence
 from app.request_log import log_request, outcome_of
-from app.training.losses import get_loss
+from app.training.custom_loss import CustomLossProgram
+from app.training.losses import CUSTOM, get_loss
 from app.training.provenance import behaviour_inputs, referenced_sequences
 from app.training.validation import validate_forward_backward
 
@@ -84,8 +85,9 @@ async def forward_backward(request: Request, services: ServicesDep) -> dict:
         return await sequenced(services, "forward_backward", *sequence, reject)
 
     async def build(request_id: str, run: TrainingRun) -> SequencedOp:
+        custom = await _custom_loss(services, run, decoded.loss_fn_config) if decoded.loss_fn == CUSTOM else None
         loss = validate_forward_backward(
-            decoded, services.config.limits, services.model_limits[run.base_model], run.role
+            decoded, services.config.limits, services.model_limits[run.base_model], run.role, custom
         )
         batch = decoded.batch
         if get_loss(loss.name).needs_provenance:  # the sampler's logprobs, from the records the spans name
@@ -93,9 +95,19 @@ async def forward_backward(request: Request, services: ServicesDep) -> dict:
             server_side = behaviour_inputs(decoded, records)
             user_side = {k: v for k, v in batch.loss_inputs.items() if k != "logprobs"}  # not used: records rule
             batch = replace(batch, loss_inputs={**user_side, **server_side})
-        return ForwardBackward(request_id, ForwardBackwardArgs(loss.name, loss.config, decoded.forward_only, batch))
+        args = ForwardBackwardArgs(loss.name, loss.config, decoded.forward_only, batch, custom)
+        return ForwardBackward(request_id, args)
 
     return await sequenced(services, "forward_backward", decoded.model_id, decoded.seq_id, build)
+
+
+async def _custom_loss(services: Services, run: TrainingRun, config: dict[str, float | str]) -> CustomLossProgram:
+    """The stored loss that loss_fn_config names (`{"loss_id": ...}`, as forward_backward_custom sends it)."""
+    loss_id = config.get("loss_id")
+    if not isinstance(loss_id, str) or set(config) != {"loss_id"}:
+        raise UserError('loss_fn "custom" takes loss_fn_config {"loss_id": <id>} only', field="loss_fn_config.loss_id")
+    program = await services.custom_losses.get(run.session_id, loss_id)
+    return replace(program, max_elements=services.config.limits.max_custom_loss_elements)
 
 
 @router.post("/optim_step")

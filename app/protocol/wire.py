@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "AdamParams",
+    "CreateCustomLossRequest",
     "CreateModelRequest",
     "CreateSamplingSessionRequest",
     "CreateSessionRequest",
@@ -64,6 +65,16 @@ class CreateModelRequest(_Lenient):
     optimizer_config: dict[str, Any] | None = None
     user_metadata: dict[str, Any] | None = None
     model_role: str | None = None  # "policy" or "critic" (SkyRL's field); or user_metadata["model_role"]
+
+
+class CreateCustomLossRequest(_Lenient):
+    """A traced loss; `inputs` and `graph` are checked node by node in app.training.custom_loss.program."""
+
+    session_id: str
+    custom_loss_seq_id: int = Field(ge=0)
+    name: str
+    inputs: list[Any]
+    graph: dict[str, Any]
 
 
 class GetInfoRequest(_Lenient):

@@ -20,6 +20,8 @@ from app.errors import NotFound, UserError
 from app.messages import AdamParams, AdapterSpec, ShardOutput
 from app.training import checkpoint
 from app.training.batch import PackedBatch
+from app.training.custom_loss import CustomLossProgram
+from app.training.custom_loss.interpreter import run_custom_loss
 from app.training.lora import AdapterPool
 from app.training.losses import get_loss
 from app.training.losses.functions import LOSS_FUNCTIONS, LOSS_STATS
@@ -100,11 +102,20 @@ class TrainingEngine:
 
     # -- compute ------------------------------------------------------------------------------
     def forward_backward(
-        self, model_id: str, loss_fn: str, config: dict[str, float], batch: PackedBatch, forward_only: bool
+        self,
+        model_id: str,
+        loss_fn: str,
+        config: dict[str, float],
+        batch: PackedBatch,
+        forward_only: bool,
+        custom: CustomLossProgram | None = None,
     ) -> ShardOutput:
         """Run this rank's shard; gradients accumulate until optim_step. A policy outputs `logprobs` of
-        the target tokens, a critic `values`; both `elementwise_loss` when the loss's inputs were sent."""
+        the target tokens, a critic `values`; both `elementwise_loss` when the loss's inputs were sent.
+        A custom loss (`custom`, loss_fn "custom") runs through its interpreter and reports its own metrics."""
         model = self._activate(model_id)
+        if custom is not None:
+            return self._custom_forward_backward(model_id, custom, batch, forward_only)
         spec = get_loss(loss_fn)
         indices = shard_indices(batch.num_datums, self.rank, self.world_size)
         shard = batch.select(indices)
@@ -131,6 +142,21 @@ class TrainingEngine:
                     loss.backward()
         arrays = {k: v.detach().to(torch.float32).cpu().numpy() for k, v in outputs.items()}
         return ShardOutput(indices, shard.offsets, arrays, float(loss.detach()), stats)
+
+    def _custom_forward_backward(
+        self, model_id: str, program: CustomLossProgram, batch: PackedBatch, forward_only: bool
+    ) -> ShardOutput:
+        indices = shard_indices(batch.num_datums, self.rank, self.world_size)
+        shard = batch.select(indices)
+        if shard.num_datums == 0:
+            return ShardOutput(indices, shard.offsets, {}, 0.0)
+        with torch.set_grad_enabled(not forward_only):
+            logprobs = self._target_logprobs(shard, *self._padded(shard))
+            inputs = {name: torch.from_numpy(shard.loss_inputs[name]).to(self.device) for name in program.input_names}
+            loss, stats = run_custom_loss(program, logprobs, inputs, shard.offsets)
+            if not forward_only:
+                loss.backward()
+        return ShardOutput(indices, shard.offsets, {"logprobs": logprobs.detach().cpu().numpy()}, float(loss), stats)
 
     def _padded(self, shard: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """The shard's datums as right-padded input ids and their attention mask, both [N, max_len]."""

@@ -91,6 +91,7 @@ def test_healthz_open_through_the_app_and_other_routes_are_not() -> None:
         trainers=None,
         sampler_store=None,
         stability=None,
+        custom_losses=None,
         samplers=None,
         model_limits={},
         api_keys=frozenset(),
