@@ -156,7 +156,8 @@ class TrainingEngine:
             loss, stats = run_custom_loss(program, logprobs, inputs, shard.offsets)
             if not forward_only:
                 loss.backward()
-        return ShardOutput(indices, shard.offsets, {"logprobs": logprobs.detach().cpu().numpy()}, float(loss), stats)
+        outputs = {"logprobs": logprobs.detach().cpu().numpy()}
+        return ShardOutput(indices, shard.offsets, outputs, float(loss.detach()), stats)
 
     def _padded(self, shard: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """The shard's datums as right-padded input ids and their attention mask, both [N, max_len]."""
