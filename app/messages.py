@@ -35,6 +35,7 @@ class AdapterSpec:
     train_mlp: bool = True
     alpha: float = 32.0
     role: str = "policy"  # "critic": the model also has a scalar value head and predicts values
+    optimizer: str = "adamw"  # or "dimuon": fixed at creation (optimizer_config), kept by full-state checkpoints
 
     def target_modules(self) -> list[str]:
         """The adapted projections. The unembedding (lm_head) is never adapted: vLLM samplers refuse
@@ -54,6 +55,18 @@ class AdamParams:
     eps: float = 1e-12
     weight_decay: float = 0.0
     grad_clip_norm: float = 0.0  # 0 = no clipping
+
+
+@dataclass(frozen=True)
+class DimuonParams:
+    """Dimuon hyper-parameters as Tinker sends them with every optim_step (app.training.dimuon)."""
+
+    learning_rate: float
+    grad_clip_norm: float = 0.0  # <= 0: no clipping
+    beta1: float = 0.9
+
+
+OptimParams = AdamParams | DimuonParams
 
 
 # ---- ingress -> Trainer: operations, each answered through its future (request_id) ----
@@ -77,7 +90,7 @@ class ForwardBackward:
 @dataclass(frozen=True)
 class OptimStep:
     request_id: str
-    adam: AdamParams
+    params: OptimParams
 
 
 @dataclass(frozen=True)
@@ -149,7 +162,7 @@ class Command:
     model_id: str = ""
     spec: AdapterSpec | None = None
     fwdbwd: ForwardBackwardArgs | None = None
-    adam: AdamParams | None = None
+    optim: OptimParams | None = None
     location: str = ""  # SAVE_*, LOAD_STATE: the checkpoint's storage location
     with_optimizer: bool = False  # LOAD_STATE: restore the optimizer state too
 

@@ -15,6 +15,7 @@ __all__ = [
     "CreateModelRequest",
     "CreateSamplingSessionRequest",
     "CreateSessionRequest",
+    "DimuonParams",
     "FinishSessionRequest",
     "GetInfoRequest",
     "LoraConfig",
@@ -92,6 +93,13 @@ class AdamParams(_Lenient):
     eps: float = Field(1e-12, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     grad_clip_norm: float = Field(0.0, ge=0)
+
+
+class DimuonParams(_Lenient):
+    type: str = "dimuon"
+    learning_rate: float = Field(ge=0)
+    grad_clip_norm: float = 0.0  # nonpositive: no clipping
+    beta1: float = Field(0.9, ge=0, lt=1)
 
 
 class OptimStepRequest(_Lenient):

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
 from app.errors import NotFound, UserError
-from app.messages import AdamParams, AdapterSpec, ShardOutput
+from app.messages import AdapterSpec, OptimParams, ShardOutput
 from app.training import checkpoint
 from app.training.batch import PackedBatch
 from app.training.custom_loss import CustomLossProgram
@@ -44,7 +44,7 @@ class _Model:
     name: str  # module keys cannot hold every model id
     spec: AdapterSpec
     params: list[torch.nn.Parameter]
-    optimizer: torch.optim.AdamW
+    optimizer: torch.optim.Optimizer  # AdamW or Dimuon, as spec.optimizer says
     value_head: torch.nn.Linear | None  # critics only
 
 
@@ -67,7 +67,7 @@ class TrainingEngine:
         head = self._value_head() if spec.role == "critic" else None
         if head is not None:
             params = [*params, *head.parameters()]
-        self._models[model_id] = _Model(name, spec, params, make_optimizer(params), head)
+        self._models[model_id] = _Model(name, spec, params, make_optimizer(params, spec.optimizer), head)
 
     def _value_head(self) -> torch.nn.Linear:
         """A scalar head on the final hidden state, in float32; zero-initialised, so new critics predict 0."""
@@ -186,7 +186,7 @@ class TrainingEngine:
         hidden = backbone(input_ids=input_ids, attention_mask=mask).last_hidden_state
         return head(hidden[mask.bool()].float()).squeeze(-1)
 
-    def optim_step(self, model_id: str, hp: AdamParams) -> dict[str, float]:
+    def optim_step(self, model_id: str, hp: OptimParams) -> dict[str, float]:
         model = self._activate(model_id)
         if self.world_size > 1:
             _all_reduce_sum_grads(model.params)
@@ -226,8 +226,13 @@ class TrainingEngine:
                 f"adapting {model.spec.target_modules()}",
                 field="path",
             )
+        if with_optimizer and saved.optimizer != model.spec.optimizer:
+            raise UserError(
+                f"the checkpoint's optimizer state is {saved.optimizer}'s; this model uses {model.spec.optimizer}",
+                field="path",
+            )
         if not with_optimizer:
-            model.optimizer = make_optimizer(model.params)
+            model.optimizer = make_optimizer(model.params, model.spec.optimizer)
         checkpoint.load_state(
             self.pool.model,
             model.name,
