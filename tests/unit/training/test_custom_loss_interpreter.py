@@ -35,7 +35,7 @@ def test_loss_metrics_and_gradients_equal_the_direct_torch_computation() -> None
     for lo, hi in itertools.pairwise(offsets):
         datum_loss, metrics = clipped_pg(direct[lo:hi], inputs["advantages"][lo:hi], inputs["old_logprobs"][lo:hi])
         expected = expected + datum_loss
-        ratios.append(float(metrics["custom/ratio:mean"]))
+        ratios.append(float(metrics["custom/ratio:mean"].detach()))
     expected.backward()
 
     assert float(loss) == pytest.approx(float(expected), rel=1e-6)
