@@ -62,6 +62,9 @@ class LimitsConfig(_Strict):
     max_stability_records_per_session: int = Field(200_000, ge=1)  # live records; asample beyond it is refused
     max_trace_events_per_session: int = Field(10_000, ge=1)  # requests kept for a session's trace export
     max_usage_window_hours: int = Field(14 * 24, ge=1)  # billing/usage/events: the widest window asked at once
+    max_custom_losses_per_session: int = Field(256, ge=1)  # create_custom_loss beyond it is refused
+    max_custom_loss_nodes: int = Field(512, ge=4)  # nodes of one traced custom loss graph
+    max_custom_loss_elements: int = Field(2**24, ge=1024)  # elements of any tensor a custom loss computes, per datum
 
 
 class SamplerConfig(_Strict):

@@ -16,6 +16,7 @@ import numpy as np
 
 from app.db.checkpoints import CheckpointRecord
 from app.training.batch import PackedBatch
+from app.training.custom_loss import CustomLossProgram
 
 if TYPE_CHECKING:
     import ray
@@ -34,6 +35,7 @@ class AdapterSpec:
     train_mlp: bool = True
     alpha: float = 32.0
     role: str = "policy"  # "critic": the model also has a scalar value head and predicts values
+    optimizer: str = "adamw"  # or "dimuon": fixed at creation (optimizer_config), kept by full-state checkpoints
 
     def target_modules(self) -> list[str]:
         """The adapted projections. The unembedding (lm_head) is never adapted: vLLM samplers refuse
@@ -55,6 +57,18 @@ class AdamParams:
     grad_clip_norm: float = 0.0  # 0 = no clipping
 
 
+@dataclass(frozen=True)
+class DimuonParams:
+    """Dimuon hyper-parameters as Tinker sends them with every optim_step (app.training.dimuon)."""
+
+    learning_rate: float
+    grad_clip_norm: float = 0.0  # <= 0: no clipping
+    beta1: float = 0.9
+
+
+OptimParams = AdamParams | DimuonParams
+
+
 # ---- ingress -> Trainer: operations, each answered through its future (request_id) ----
 
 
@@ -64,6 +78,7 @@ class ForwardBackwardArgs:
     loss_config: dict[str, float]  # with defaults filled in
     forward_only: bool
     batch: PackedBatch | ray.ObjectRef  # an ObjectRef once shipped to the workers
+    custom_loss: CustomLossProgram | None = None  # loss_fn "custom": the stored loss the request names
 
 
 @dataclass(frozen=True)
@@ -75,7 +90,7 @@ class ForwardBackward:
 @dataclass(frozen=True)
 class OptimStep:
     request_id: str
-    adam: AdamParams
+    params: OptimParams
 
 
 @dataclass(frozen=True)
@@ -147,7 +162,7 @@ class Command:
     model_id: str = ""
     spec: AdapterSpec | None = None
     fwdbwd: ForwardBackwardArgs | None = None
-    adam: AdamParams | None = None
+    optim: OptimParams | None = None
     location: str = ""  # SAVE_*, LOAD_STATE: the checkpoint's storage location
     with_optimizer: bool = False  # LOAD_STATE: restore the optimizer state too
     request_id: str = ""  # the future it serves (a cancelled one is dropped while no rank has taken it)

@@ -16,6 +16,7 @@ from app.api.sessions import expire_silent_sessions
 from app.config import ServerConfig, redacted
 from app.db.checkpoints import CheckpointStore
 from app.db.copies import CopyLog
+from app.db.custom_losses import CustomLossStore
 from app.db.futures import FutureStore
 from app.db.metadata import MetadataStore
 from app.db.samplers import SamplerStore
@@ -78,6 +79,7 @@ class Ingress:
             traces=traces,
             usage=UsageStore(db),
             copies=CopyLog(db),
+            custom_losses=CustomLossStore(db),
             samplers=ServeSamplerClient(samplers, futures),
             model_limits={name: ModelLimits(**limits) for name, limits in model_limits.items()},
             api_keys=cfg.auth.load_keys(),

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 
 from fastapi import APIRouter
 
 from app.api.deps import Services, ServicesDep
-from app.api.models import check_optimizer_config, register_model
+from app.api.models import optimizer_of, register_model
 from app.api.training import sequenced
 from app.config import LimitsConfig
 from app.db.checkpoints import CheckpointRecord, already_exists
@@ -187,8 +188,15 @@ async def _create_from_checkpoint(body: wire.LoadWeightsRequest, services: Servi
         raise UserError(
             "creating a model from a checkpoint needs both session_id and model_seq_id", field="model_seq_id"
         )
-    check_optimizer_config(body.optimizer_config)
+    optimizer = optimizer_of(body.optimizer_config)
     record, source, spec = await _training_checkpoint(services, body.path)
+    if not body.optimizer:  # weights only: a fresh optimizer of the asked kind (Adam by default)
+        spec = replace(spec, optimizer=optimizer or "adamw")
+    elif optimizer not in (None, spec.optimizer):
+        raise UserError(
+            f"{body.path!r} holds {spec.optimizer} optimizer state; optimizer_config cannot override it",
+            field="optimizer_config",
+        )
     if body.base_model is not None and body.base_model != source.base_model:
         raise UserError(
             f"{body.path!r} was trained on {source.base_model!r}, not {body.base_model!r}", field="base_model"

@@ -12,6 +12,7 @@ from app.api.backends import SamplerClient, TrainerClient
 from app.config import BaseModelConfig, ServerConfig
 from app.db.checkpoints import CheckpointRecord, CheckpointStore
 from app.db.copies import CopyLog
+from app.db.custom_losses import CustomLossStore
 from app.db.futures import FutureStore
 from app.db.metadata import MetadataStore, TrainingRun
 from app.db.samplers import SamplerStore, SamplingSession
@@ -39,6 +40,7 @@ class Services:
     traces: TraceStore  # a session's requests and their timings
     usage: UsageStore  # tokens trained and sampled; checkpoint storage
     copies: CopyLog  # copy_weights by idempotency key
+    custom_losses: CustomLossStore  # losses made by create_custom_loss
     samplers: SamplerClient
     model_limits: dict[str, ModelLimits]  # by base model name
     api_keys: frozenset[str]

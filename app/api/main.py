@@ -7,6 +7,7 @@ from fastapi import Depends, FastAPI, Request
 from app.api import (
     checkpoints,
     copies,
+    custom_losses,
     downloads,
     futures,
     hub,
@@ -40,6 +41,7 @@ def create_api() -> FastAPI:
         service.router,
         models.router,
         training.router,
+        custom_losses.router,
         checkpoints.router,
         sampling.router,
         futures.router,

@@ -54,20 +54,41 @@ async def create_model(body: CreateModelRequest, services: ServicesDep) -> dict:
             "cannot serve lm_head LoRAs), so train_unembed alone trains nothing",
             field="lora_config",
         )
-    check_optimizer_config(body.optimizer_config)
+    optimizer = optimizer_of(body.optimizer_config) or "adamw"
 
     def spec() -> AdapterSpec:
         seed = lora.seed if lora.seed is not None else random.SystemRandom().randrange(2**31)
-        return AdapterSpec(rank=lora.rank, seed=seed, train_attn=lora.train_attn, train_mlp=lora.train_mlp, role=role)
+        return AdapterSpec(
+            rank=lora.rank,
+            seed=seed,
+            train_attn=lora.train_attn,
+            train_mlp=lora.train_mlp,
+            role=role,
+            optimizer=optimizer,
+        )
 
     return await register_model(
         services, "create_model", body.session_id, body.model_seq_id, base, spec, body.user_metadata
     )
 
 
-def check_optimizer_config(config: dict | None) -> None:
-    if config and config.get("type", "adamw") != "adamw":
-        raise UserError("only optimizer_config.type 'adamw' is supported", field="optimizer_config.type")
+def optimizer_of(config: dict | None) -> str | None:
+    """The optimizer an optimizer_config selects (None when absent): `adamw`, or `dimuon` version 1."""
+    if not config:
+        return None
+    kind = config.get("type", "adamw")
+    if kind not in ("adamw", "dimuon"):
+        raise UserError(
+            f"optimizer_config.type must be 'adamw' or 'dimuon', got {kind!r}", field="optimizer_config.type"
+        )
+    if kind == "dimuon" and config.get("version", 1) != 1:
+        raise UserError("optimizer_config.version must be 1 for dimuon", field="optimizer_config.version")
+    return str(kind)
+
+
+def optimizer_config(optimizer: str) -> dict:
+    """What get_info reports: the SDK's AdamOptimizerConfig or DimuonOptimizerConfig."""
+    return {"type": "dimuon", "version": 1} if optimizer == "dimuon" else {"type": "adamw"}
 
 
 async def register_model(
@@ -121,7 +142,7 @@ async def get_info(body: GetInfoRequest, services: ServicesDep) -> dict:
         "is_lora": True,
         "lora_rank": run.lora_rank,
         "model_name": run.base_model,
-        "optimizer_config": {"type": "adamw"},
+        "optimizer_config": optimizer_config(run.lora_config.get("optimizer", "adamw")),
         "type": "get_info",
     }
 

@@ -20,6 +20,7 @@ async def client_config(services: ServicesDep) -> dict:
         "proto_compress_fwdbwd": False,
         "sample_use_retrieve_futures": services.config.features.sample_use_retrieve_futures,
         "sample_join_sampling_session": True,
+        "custom_loss_server_side": True,  # forward_backward_custom runs here (app.api.custom_losses)
     }
 
 

@@ -9,23 +9,34 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from typing import TypeVar
 
 from fastapi import APIRouter, Request
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from app.api.deps import Services, ServicesDep
 from app.api.errors import validation_message
 from app.db.metadata import TrainingRun
 from app.errors import TinkerServeError, UserError
-from app.messages import AdamParams, ForwardBackward, ForwardBackwardArgs, OptimStep, SequencedOp, Skip
+from app.messages import (
+    AdamParams,
+    DimuonParams,
+    ForwardBackward,
+    ForwardBackwardArgs,
+    OptimStep,
+    SequencedOp,
+    Skip,
+)
 from app.protocol import wire
 from app.protocol.codec import decode_forward_backward, peek_sequence
 from app.request_log import log_request, outcome_of
-from app.training.losses import get_loss
+from app.training.custom_loss import CustomLossProgram
+from app.training.losses import CUSTOM, get_loss
 from app.training.provenance import behaviour_inputs, referenced_sequences
 from app.training.validation import validate_forward_backward
 
 router = APIRouter(prefix="/api/v1")
+_P = TypeVar("_P", bound=BaseModel)
 
 
 async def sequenced(
@@ -84,8 +95,9 @@ async def forward_backward(request: Request, services: ServicesDep) -> dict:
         return await sequenced(services, "forward_backward", *sequence, reject)
 
     async def build(request_id: str, run: TrainingRun) -> SequencedOp:
+        custom = await _custom_loss(services, run, decoded.loss_fn_config) if decoded.loss_fn == CUSTOM else None
         loss = validate_forward_backward(
-            decoded, services.config.limits, services.model_limits[run.base_model], run.role
+            decoded, services.config.limits, services.model_limits[run.base_model], run.role, custom
         )
         batch = decoded.batch
         if get_loss(loss.name).needs_provenance:  # the sampler's logprobs, from the records the spans name
@@ -94,21 +106,41 @@ async def forward_backward(request: Request, services: ServicesDep) -> dict:
             user_side = {k: v for k, v in batch.loss_inputs.items() if k != "logprobs"}  # not used: records rule
             batch = replace(batch, loss_inputs={**user_side, **server_side})
         await services.usage.record(run.session_id, run.base_model, {"training": len(batch.tokens)})
-        return ForwardBackward(request_id, ForwardBackwardArgs(loss.name, loss.config, decoded.forward_only, batch))
+        args = ForwardBackwardArgs(loss.name, loss.config, decoded.forward_only, batch, custom)
+        return ForwardBackward(request_id, args)
 
     return await sequenced(services, "forward_backward", decoded.model_id, decoded.seq_id, build)
 
 
+def _params(model: type[_P], raw: dict, name: str) -> _P:
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        message, field = validation_message(exc.errors())
+        raise UserError(f"{name}.{message}", field=f"{name}.{field}") from exc
+
+
+async def _custom_loss(services: Services, run: TrainingRun, config: dict[str, float | str]) -> CustomLossProgram:
+    """The stored loss that loss_fn_config names (`{"loss_id": ...}`, as forward_backward_custom sends it)."""
+    loss_id = config.get("loss_id")
+    if not isinstance(loss_id, str) or set(config) != {"loss_id"}:
+        raise UserError('loss_fn "custom" takes loss_fn_config {"loss_id": <id>} only', field="loss_fn_config.loss_id")
+    program = await services.custom_losses.get(run.session_id, loss_id)
+    return replace(program, max_elements=services.config.limits.max_custom_loss_elements)
+
+
 @router.post("/optim_step")
 async def optim_step(body: wire.OptimStepRequest, services: ServicesDep) -> dict:
-    async def build(request_id: str, _: TrainingRun) -> SequencedOp:
+    async def build(request_id: str, run: TrainingRun) -> SequencedOp:
+        optimizer = run.lora_config.get("optimizer", "adamw")  # fixed at create_model (AdapterSpec.optimizer)
+        if optimizer == "dimuon":
+            if body.optimizer_params is None or body.optimizer_params.get("type") != "dimuon":
+                raise UserError("this model was created with dimuon: send DimuonParams", field="optimizer_params")
+            dimuon = _params(wire.DimuonParams, body.optimizer_params, "optimizer_params")
+            return OptimStep(request_id, DimuonParams(**dimuon.model_dump(exclude={"type"})))
         if body.adam_params is None:
-            raise UserError("only Adam is supported: send adam_params (optimizer_params is not)", field="adam_params")
-        try:
-            params = wire.AdamParams.model_validate(body.adam_params)
-        except ValidationError as exc:
-            message, field = validation_message(exc.errors())
-            raise UserError(f"adam_params.{message}", field=f"adam_params.{field}") from exc
-        return OptimStep(request_id, AdamParams(**params.model_dump()))
+            raise UserError("this model was created with adamw: send AdamParams", field="adam_params")
+        adam = _params(wire.AdamParams, body.adam_params, "adam_params")
+        return OptimStep(request_id, AdamParams(**adam.model_dump()))
 
     return await sequenced(services, "optim_step", body.model_id, body.seq_id, build)

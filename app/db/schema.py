@@ -16,6 +16,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Table,
+    Text,
     event,
     insert,
     inspect,
@@ -164,6 +165,16 @@ copy_requests = Table(
     metadata,  # copy_weights by X-Idempotency-Key: a retried copy answers the first copy's path
     Column("idempotency_key", String(200), primary_key=True),
     Column("tinker_path", String(400), nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+
+custom_losses = Table(
+    "custom_losses",
+    metadata,  # losses made by create_custom_loss, validated; any replica resolves a loss_id through this
+    Column("loss_id", String(200), primary_key=True),  # {session_id}:loss:{custom_loss_seq_id}
+    Column("session_id", String(64), nullable=False, index=True),  # a loss is used only by its session
+    Column("name", String(200), nullable=False),
+    Column("program", Text, nullable=False),  # the validated graph as JSON (CustomLossProgram.to_json)
     Column("created_at", Float, nullable=False),
 )
 

@@ -1,9 +1,8 @@
 """Wire codec for forward / forward_backward: request decoding (proto, zstd, legacy JSON) and output encoding.
 
-Requests are decoded straight into a PackedBatch; every structural problem becomes a UserError whose
-`field` names the offending request field (``data[3].loss_fn_inputs.weights``). The only limits applied
-here bound memory (body size, zstd output, densified CSR cells); semantic checks (vocab range, loss
-names, datum/token counts) belong to the caller.
+Requests are decoded straight into a PackedBatch; every structural problem becomes a UserError whose `field` names
+the offending request field (``data[3].loss_fn_inputs.weights``). The only limits applied here bound memory (body
+size, zstd output, densified CSR cells); semantic checks (vocab range, loss names, datum counts) belong to the caller.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ import zstandard
 from google.protobuf.message import DecodeError
 
 from app.errors import LimitExceeded, ServerError, UserError
+from app.protocol.chunks import TEXT, not_text
 from app.protocol.proto import pb
 from app.protocol.provenance import collect, provenance_from_json, provenance_from_proto
 from app.training.batch import ForwardBackwardInput, ForwardBackwardResult, PackedBatch
@@ -218,8 +218,8 @@ def _decode_proto(body: bytes, max_cells: int) -> ForwardBackwardInput:
         parts = []
         for j, chunk in enumerate(d.model_input):
             kind = chunk.WhichOneof("chunk")
-            if kind != "encoded_text":
-                raise _err(f"data[{i}].model_input[{j}]", f"is a {kind or 'empty'} chunk; only text is supported")
+            if kind != TEXT:
+                raise not_text(f"data[{i}].model_input[{j}]", kind)
             parts.append(_from_bytes(f"data[{i}].model_input[{j}].tokens", chunk.encoded_text.tokens, np.dtype("<i4")))
         tokens = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
         inputs = {
@@ -271,8 +271,8 @@ def _json_datum(i: int, d: Any, max_cells: int) -> tuple[np.ndarray, dict[str, n
         raise _err(f"data[{i}].model_input.chunks", "must be a list")
     for j, chunk in enumerate(chunks):
         kind = chunk.get("type", "encoded_text") if isinstance(chunk, dict) else "malformed"
-        if kind != "encoded_text":
-            raise _err(f"data[{i}].model_input.chunks[{j}]", f"is a {kind} chunk; only text is supported")
+        if kind != TEXT:
+            raise not_text(f"data[{i}].model_input.chunks[{j}]", kind)
         field = f"data[{i}].model_input.chunks[{j}].tokens"
         try:
             toks = np.asarray(chunk.get("tokens") or [])

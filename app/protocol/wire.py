@@ -12,9 +12,11 @@ from pydantic import BaseModel, ConfigDict, Field
 __all__ = [
     "AdamParams",
     "CancelFutureRequest",
+    "CreateCustomLossRequest",
     "CreateModelRequest",
     "CreateSamplingSessionRequest",
     "CreateSessionRequest",
+    "DimuonParams",
     "FinishSessionRequest",
     "GetInfoRequest",
     "JoinSamplingSessionRequest",
@@ -69,6 +71,16 @@ class CreateModelRequest(_Lenient):
     model_role: str | None = None  # "policy" or "critic" (SkyRL's field); or user_metadata["model_role"]
 
 
+class CreateCustomLossRequest(_Lenient):
+    """A traced loss; `inputs` and `graph` are checked node by node in app.training.custom_loss.program."""
+
+    session_id: str
+    custom_loss_seq_id: int = Field(ge=0)
+    name: str
+    inputs: list[Any]
+    graph: dict[str, Any]
+
+
 class GetInfoRequest(_Lenient):
     model_id: str
 
@@ -84,6 +96,13 @@ class AdamParams(_Lenient):
     eps: float = Field(1e-12, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     grad_clip_norm: float = Field(0.0, ge=0)
+
+
+class DimuonParams(_Lenient):
+    type: str = "dimuon"
+    learning_rate: float = Field(ge=0)
+    grad_clip_norm: float = 0.0  # nonpositive: no clipping
+    beta1: float = Field(0.9, ge=0, lt=1)
 
 
 class OptimStepRequest(_Lenient):

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from app.config import LimitsConfig
 from app.errors import LimitExceeded, UserError, require
+from app.protocol.chunks import TEXT, not_text
 from app.protocol.wire import SampleRequest
 from app.training.validation import ModelLimits
 
@@ -49,11 +50,8 @@ def prompt_tokens(prompt: dict) -> tuple[int, ...]:
     tokens: list[int] = []
     for i, chunk in enumerate(chunks):
         kind = chunk.get("type", "encoded_text") if isinstance(chunk, dict) else None
-        require(
-            kind == "encoded_text",
-            f"prompt.chunks[{i}] has type {kind!r}; this server samples text only (encoded_text chunks)",
-            field=f"prompt.chunks[{i}].type",
-        )
+        if kind != TEXT:
+            raise not_text(f"prompt.chunks[{i}]", kind)
         ids = chunk.get("tokens")
         require(
             isinstance(ids, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in ids),

@@ -103,7 +103,7 @@ class _OptimStep(Operation[OptimStep]):
         return "optim_step"
 
     def command(self, model_id: str, op: OptimStep) -> Command:
-        return Command(CommandKind.OPTIM_STEP, model_id, adam=op.adam)
+        return Command(CommandKind.OPTIM_STEP, model_id, optim=op.params)
 
     async def reply(self, model_id: str, op: OptimStep, per_rank: list[Any], committer: CheckpointCommitter) -> Reply:
         return Reply.json({"metrics": per_rank[0]})

@@ -17,9 +17,11 @@ import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
 from app.errors import NotFound, UserError
-from app.messages import AdamParams, AdapterSpec, ShardOutput
+from app.messages import AdapterSpec, OptimParams, ShardOutput
 from app.training import checkpoint
 from app.training.batch import PackedBatch
+from app.training.custom_loss import CustomLossProgram
+from app.training.custom_loss.interpreter import run_custom_loss
 from app.training.lora import AdapterPool
 from app.training.losses import get_loss
 from app.training.losses.functions import LOSS_FUNCTIONS, LOSS_STATS
@@ -42,7 +44,7 @@ class _Model:
     name: str  # module keys cannot hold every model id
     spec: AdapterSpec
     params: list[torch.nn.Parameter]
-    optimizer: torch.optim.AdamW
+    optimizer: torch.optim.Optimizer  # AdamW or Dimuon, as spec.optimizer says
     value_head: torch.nn.Linear | None  # critics only
 
 
@@ -65,7 +67,7 @@ class TrainingEngine:
         head = self._value_head() if spec.role == "critic" else None
         if head is not None:
             params = [*params, *head.parameters()]
-        self._models[model_id] = _Model(name, spec, params, make_optimizer(params), head)
+        self._models[model_id] = _Model(name, spec, params, make_optimizer(params, spec.optimizer), head)
 
     def _value_head(self) -> torch.nn.Linear:
         """A scalar head on the final hidden state, in float32; zero-initialised, so new critics predict 0."""
@@ -100,11 +102,20 @@ class TrainingEngine:
 
     # -- compute ------------------------------------------------------------------------------
     def forward_backward(
-        self, model_id: str, loss_fn: str, config: dict[str, float], batch: PackedBatch, forward_only: bool
+        self,
+        model_id: str,
+        loss_fn: str,
+        config: dict[str, float],
+        batch: PackedBatch,
+        forward_only: bool,
+        custom: CustomLossProgram | None = None,
     ) -> ShardOutput:
         """Run this rank's shard; gradients accumulate until optim_step. A policy outputs `logprobs` of
-        the target tokens, a critic `values`; both `elementwise_loss` when the loss's inputs were sent."""
+        the target tokens, a critic `values`; both `elementwise_loss` when the loss's inputs were sent.
+        A custom loss (`custom`, loss_fn "custom") runs through its interpreter and reports its own metrics."""
         model = self._activate(model_id)
+        if custom is not None:
+            return self._custom_forward_backward(model_id, custom, batch, forward_only)
         spec = get_loss(loss_fn)
         indices = shard_indices(batch.num_datums, self.rank, self.world_size)
         shard = batch.select(indices)
@@ -131,6 +142,22 @@ class TrainingEngine:
                     loss.backward()
         arrays = {k: v.detach().to(torch.float32).cpu().numpy() for k, v in outputs.items()}
         return ShardOutput(indices, shard.offsets, arrays, float(loss.detach()), stats)
+
+    def _custom_forward_backward(
+        self, model_id: str, program: CustomLossProgram, batch: PackedBatch, forward_only: bool
+    ) -> ShardOutput:
+        indices = shard_indices(batch.num_datums, self.rank, self.world_size)
+        shard = batch.select(indices)
+        if shard.num_datums == 0:
+            return ShardOutput(indices, shard.offsets, {}, 0.0)
+        with torch.set_grad_enabled(not forward_only):
+            logprobs = self._target_logprobs(shard, *self._padded(shard))
+            inputs = {name: torch.from_numpy(shard.loss_inputs[name]).to(self.device) for name in program.input_names}
+            loss, stats = run_custom_loss(program, logprobs, inputs, shard.offsets)
+            if not forward_only:
+                loss.backward()
+        outputs = {"logprobs": logprobs.detach().cpu().numpy()}
+        return ShardOutput(indices, shard.offsets, outputs, float(loss.detach()), stats)
 
     def _padded(self, shard: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """The shard's datums as right-padded input ids and their attention mask, both [N, max_len]."""
@@ -159,7 +186,7 @@ class TrainingEngine:
         hidden = backbone(input_ids=input_ids, attention_mask=mask).last_hidden_state
         return head(hidden[mask.bool()].float()).squeeze(-1)
 
-    def optim_step(self, model_id: str, hp: AdamParams) -> dict[str, float]:
+    def optim_step(self, model_id: str, hp: OptimParams) -> dict[str, float]:
         model = self._activate(model_id)
         if self.world_size > 1:
             _all_reduce_sum_grads(model.params)
@@ -199,8 +226,13 @@ class TrainingEngine:
                 f"adapting {model.spec.target_modules()}",
                 field="path",
             )
+        if with_optimizer and saved.optimizer != model.spec.optimizer:
+            raise UserError(
+                f"the checkpoint's optimizer state is {saved.optimizer}'s; this model uses {model.spec.optimizer}",
+                field="path",
+            )
         if not with_optimizer:
-            model.optimizer = make_optimizer(model.params)
+            model.optimizer = make_optimizer(model.params, model.spec.optimizer)
         checkpoint.load_state(
             self.pool.model,
             model.name,

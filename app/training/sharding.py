@@ -22,8 +22,9 @@ def merge_shards(batch_offsets: np.ndarray, shards: list[ShardOutput]) -> Forwar
                 out[dst] = shard.outputs[name][int(shard.offsets[j]) : int(shard.offsets[j + 1])]
         merged[name] = out
     metrics: dict[str, float] = {"loss:sum": float(sum(s.loss_sum for s in shards))}
-    for name in sorted({name for s in shards for name in s.stats}):  # a loss's own metrics: sum / count, all ranks
+    for name in sorted({name for s in shards for name in s.stats}):  # a loss's metrics: `:sum` summed, else sum / count
         parts = [s.stats[name] for s in shards if name in s.stats]
         count = sum(c for _, c in parts)
-        metrics[name] = sum(t for t, _ in parts) / count if count else 0.0
+        summed = float(sum(t for t, _ in parts))
+        metrics[name] = summed if name.endswith(":sum") else summed / count if count else 0.0
     return ForwardBackwardResult(offsets=batch_offsets, outputs=merged, metrics=metrics)

@@ -12,6 +12,7 @@ import numpy as np
 from app.config import LimitsConfig
 from app.errors import LimitExceeded, UserError
 from app.training.batch import ForwardBackwardInput, PackedBatch
+from app.training.custom_loss import CustomLossProgram
 from app.training.losses import LossSpec, get_loss, loss_for_role, resolve_config
 
 
@@ -28,12 +29,17 @@ class ModelLimits:
 
 
 def validate_forward_backward(
-    inp: ForwardBackwardInput, limits: LimitsConfig, model: ModelLimits, role: str = "policy"
+    inp: ForwardBackwardInput,
+    limits: LimitsConfig,
+    model: ModelLimits,
+    role: str = "policy",
+    custom: CustomLossProgram | None = None,
 ) -> ValidLoss:
-    """Validate the request for a model of `role`; returns the loss to run and its full config."""
+    """Validate the request for a model of `role`; returns the loss to run and its full config. A custom loss
+    (`custom`: the stored loss that loss_fn_config.loss_id names) is checked against its declared inputs."""
     loss_fn = loss_for_role(inp.loss_fn, role)
     spec = get_loss(loss_fn)
-    config = resolve_config(loss_fn, inp.loss_fn_config)
+    config = resolve_config(loss_fn, inp.loss_fn_config) if custom is None else {}
     batch = inp.batch
     if batch.num_datums > limits.max_datums_per_request:
         raise LimitExceeded(
@@ -51,13 +57,16 @@ def validate_forward_backward(
     empty = np.flatnonzero(batch.lengths == 0)
     if empty.size:
         raise UserError(f"data[{int(empty[0])}].model_input is empty", field=f"data[{int(empty[0])}].model_input")
-    _check_input_names(inp, loss_fn, spec)
+    if custom is None:
+        _check_input_names(inp, loss_fn, spec)
+    else:
+        _check_custom_inputs(batch, custom)
     targets = batch.loss_inputs.get("target_tokens")
     if targets is not None and targets.ndim == 2 and not spec.allows_2d_targets:
         raise UserError(f"loss_fn {loss_fn!r} takes 1-D target_tokens", field="loss_fn_inputs.target_tokens")
     per_token = targets.shape[1:] if targets is not None else ()
     for name, arr in batch.loss_inputs.items():
-        if name != "target_tokens" and arr.shape[1:] != per_token:
+        if custom is None and name != "target_tokens" and arr.shape[1:] != per_token:
             raise UserError(
                 f"loss_fn_inputs.{name} has shape {arr.shape[1:]} per token; expected {per_token}",
                 field=f"loss_fn_inputs.{name}",
@@ -78,6 +87,22 @@ def _check_input_names(inp: ForwardBackwardInput, loss_fn: str, spec: LossSpec) 
     unused = sorted(present - spec.required_inputs - spec.optional_inputs)
     if unused:
         raise UserError(f"loss_fn_inputs {unused} are not used by {loss_fn!r}", field=f"loss_fn_inputs.{unused[0]}")
+
+
+def _check_custom_inputs(batch: PackedBatch, custom: CustomLossProgram) -> None:
+    """Each input the loss reads is present at its declared rank; logprobs has target_tokens' rank. Inputs the
+    loss does not read are ignored (the SDK sends a datum's loss_fn_inputs unchanged)."""
+    for i, (name, rank) in enumerate(custom.inputs):
+        key = "target_tokens" if i == 0 else name
+        arr = batch.loss_inputs.get(key)
+        if arr is None:
+            raise UserError(f"custom loss {custom.name!r} reads loss_fn_inputs[{key!r}]", field=f"loss_fn_inputs.{key}")
+        if arr.ndim != rank:
+            raise UserError(
+                f"loss_fn_inputs.{key} has rank {arr.ndim} per datum; custom loss {custom.name!r} declared "
+                f"{name} with rank {rank}",
+                field=f"loss_fn_inputs.{key}",
+            )
 
 
 def _check_vocab(batch: PackedBatch, vocab_size: int) -> None:

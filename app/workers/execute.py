@@ -58,9 +58,13 @@ def execute(engine: TrainingEngine, storage: ObjectStorage, cmd: Command) -> Any
         if cmd.kind is CommandKind.FORWARD_BACKWARD:
             args = _payload(cmd, cmd.fwdbwd)
             batch = args.batch if isinstance(args.batch, PackedBatch) else ray.get(args.batch)
-            return engine.forward_backward(cmd.model_id, args.loss_fn, args.loss_config, batch, args.forward_only)
+            return engine.forward_backward(
+                cmd.model_id, args.loss_fn, args.loss_config, batch, args.forward_only, args.custom_loss
+            )
         if cmd.kind is CommandKind.OPTIM_STEP:
-            return engine.optim_step(cmd.model_id, _payload(cmd, cmd.adam))
+            if cmd.optim is None:  # not _payload: mypy cannot solve its _T for a union
+                raise ServerError("optim_step command sent without its arguments")
+            return engine.optim_step(cmd.model_id, cmd.optim)
         if cmd.kind in (CommandKind.SAVE_ADAPTER, CommandKind.SAVE_STATE, CommandKind.SAVE_EXPORT):
             return _save(engine, storage, cmd)
         if cmd.kind is CommandKind.LOAD_STATE:

@@ -24,6 +24,7 @@ class LossSpec:
     needs_provenance: bool = False  # True: datums carry spans naming stability records (stable_reinforce)
 
 
+CUSTOM = "custom"
 _POLICY_INPUTS = frozenset({"target_tokens", "logprobs", "advantages"})
 _PPO_CLIP = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
 
@@ -53,6 +54,9 @@ LOSSES: dict[str, LossSpec] = {
     ),
     # The sampler's logprobs come from the stability records the spans name (app.training.provenance); a client's
     # own `logprobs` are accepted and not used.
+    # A loss made by create_custom_loss, named by loss_fn_config.loss_id; its inputs are the ones it declared
+    # (app.training.validation), and it runs through app.training.custom_loss, not LOSS_FUNCTIONS.
+    CUSTOM: LossSpec(required_inputs=frozenset({"target_tokens"}), allows_2d_targets=True),
     "stable_reinforce": LossSpec(
         required_inputs=frozenset({"target_tokens", "advantages"}),
         optional_inputs=frozenset({"logprobs"}),

@@ -95,6 +95,7 @@ def test_healthz_open_through_the_app_and_other_routes_are_not() -> None:
         traces=None,
         usage=None,
         copies=None,
+        custom_losses=None,
         samplers=None,
         model_limits={},
         api_keys=frozenset(),

@@ -227,7 +227,7 @@ def test_error_non_text_chunk():
         model_input=types.ModelInput(chunks=[types.EncodedTextChunk(tokens=[1]), img]),
         loss_fn_inputs={"target_tokens": [1, 2, 3]},
     )
-    expect_error(sdk_bytes([d]), "data[0].model_input[1]", "only text is supported")
+    expect_error(sdk_bytes([d]), "data[0].model_input[1]", "text-only")
 
 
 def test_error_empty_data():
@@ -305,7 +305,7 @@ def test_json_errors_name_fields():
     body["forward_backward_input"]["data"][1]["model_input"]["chunks"].append(
         {"type": "image", "data": "AAAA", "format": "png"}
     )
-    expect_error(json.dumps(body).encode(), "data[1].model_input.chunks[1]", "only text", ct="application/json")
+    expect_error(json.dumps(body).encode(), "data[1].model_input.chunks[1]", "text-only", ct="application/json")
     body = json.loads(sdk_json(two_datums()))
     body["forward_backward_input"]["data"][1]["loss_fn_inputs"]["weights"]["data"] = [1.0]
     body["forward_backward_input"]["data"][1]["loss_fn_inputs"]["weights"]["shape"] = [1]

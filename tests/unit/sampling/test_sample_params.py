@@ -53,7 +53,11 @@ def test_defaults_and_stop_forms() -> None:
         ),
         ({"prompt": {"chunks": [{"type": "encoded_text", "tokens": [1] * 40}]}}, "prompt"),
         ({"prompt": {"chunks": [{"type": "encoded_text", "tokens": [100]}]}}, "prompt"),
-        ({"prompt": {"chunks": [{"type": "image", "data": "", "format": "png"}]}}, "prompt.chunks[0].type"),
+        ({"prompt": {"chunks": [{"type": "image", "data": "", "format": "png"}]}}, "prompt.chunks[0]"),
+        (
+            {"prompt": {"chunks": [{"type": "encoded_text", "tokens": [1]}, {"type": "dmel", "dmel": ""}]}},
+            "prompt.chunks[1]",
+        ),
         ({"prompt": {"chunks": []}}, "prompt.chunks"),
         ({"topk_prompt_logprobs": 6}, "topk_prompt_logprobs"),
         ({"topk_sample_logprobs": -1}, "topk_sample_logprobs"),

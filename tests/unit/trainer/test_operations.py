@@ -86,7 +86,7 @@ def test_replies_of_the_other_operations(tmp_path: Path) -> None:
     assert (sent.kind, sent.location, sent.with_optimizer) == (CommandKind.LOAD_STATE, "loc", True)
     sampler = SaveForSampler("r", "s:sample:3", "ephemeral/s:sample:3")
     step = OptimStep("r", AdamParams(learning_rate=0.1))
-    assert operation(step).command(MODEL, step).adam == AdamParams(learning_rate=0.1)
+    assert operation(step).command(MODEL, step).optim == AdamParams(learning_rate=0.1)
 
     async def replies() -> list[dict]:
         return [
