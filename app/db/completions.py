@@ -10,8 +10,6 @@ query per target and poll, however many futures are in flight.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +17,7 @@ from sqlalchemy import Table, delete, func, insert, literal, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.db.schema import sample_completions
+from app.db.wakeups import Wakeups
 
 CLONE_BLOCK = 1_000_000_000  # a SamplingClient clone numbers its seq_ids from clone_id * 1e9
 MAX_COMPLETIONS_PER_POLL = 1000
@@ -69,10 +68,8 @@ async def insert_numbered(conn: AsyncConnection, table: Table, number: str, key:
 class CompletionLog:
     def __init__(self, db: AsyncEngine, *, poll_interval_s: float = 1.0) -> None:
         self._db = db
-        self._poll_interval_s = poll_interval_s
+        self._wakeups: Wakeups[Target] = Wakeups(poll_interval_s)
         self._tracked: dict[str, Target] = {}  # futures created here: request_id -> target, until they finish
-        self._events: dict[Target, asyncio.Event] = {}
-        self._waiters: dict[Target, int] = {}  # the event is dropped when its last waiter leaves
         self._trimmed: dict[Target, int] = {}  # the cursor each queue was last trimmed at, here
 
     def track(self, request_id: str, target: Target) -> None:
@@ -85,9 +82,7 @@ class CompletionLog:
             self.wake_target(target)
 
     def wake_target(self, target: Target) -> None:
-        event = self._events.get(target)
-        if event is not None:
-            event.set()
+        self._wakeups.wake(target)
 
     @staticmethod
     async def append(
@@ -135,23 +130,4 @@ class CompletionLog:
 
     async def wait(self, target: Target, after: int, timeout_s: float) -> list[Completion]:
         """Long-poll: the entries after cursor `after` once there are any, or [] after `timeout_s`."""
-        deadline = time.monotonic() + timeout_s
-        self._waiters[target] = self._waiters.get(target, 0) + 1
-        interval = self._poll_interval_s / 16  # doubles up to poll_interval_s
-        try:
-            while True:
-                event = self._events.setdefault(target, asyncio.Event())
-                event.clear()  # set again by any finish after this read starts
-                found = await self.read(target, after)
-                remaining = deadline - time.monotonic()
-                if found or remaining <= 0:
-                    return found
-                try:
-                    await asyncio.wait_for(event.wait(), min(interval, remaining))
-                except TimeoutError:
-                    interval = min(2 * interval, self._poll_interval_s)
-        finally:
-            self._waiters[target] -= 1
-            if not self._waiters[target]:
-                del self._waiters[target]
-                self._events.pop(target, None)
+        return await self._wakeups.poll(target, lambda: self.read(target, after), bool, timeout_s)

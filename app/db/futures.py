@@ -9,7 +9,6 @@ transaction.
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import Sequence
@@ -22,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.completions import CompletionLog, target_of
 from app.db.schema import futures, session_requests
+from app.db.wakeups import Wakeups
 
 
 def _samples(rows: Sequence[Row]) -> list[Row]:
@@ -63,9 +63,7 @@ Outcome = Pending | Completed | Failed | Unknown
 class FutureStore:
     def __init__(self, db: AsyncEngine, *, poll_interval_s: float = 1.0) -> None:
         self._db = db
-        self._poll_interval_s = poll_interval_s
-        self._local_events: dict[str, asyncio.Event] = {}
-        self._local_waiters: dict[str, int] = {}  # the event is dropped when its last waiter leaves
+        self._wakeups: Wakeups[str] = Wakeups(poll_interval_s)
         self.completions = CompletionLog(db, poll_interval_s=poll_interval_s)
 
     async def create(self, kind: str, model_id: str | None = None, seq_id: int | None = None) -> tuple[str, bool]:
@@ -166,9 +164,7 @@ class FutureStore:
 
     def notify(self, request_id: str) -> None:
         """Wake local waiters of a future finished by this or another process."""
-        event = self._local_events.get(request_id)
-        if event is not None:
-            event.set()
+        self._wakeups.wake(request_id)
         self.completions.wake(request_id)
 
     async def get(self, request_id: str) -> Outcome:
@@ -190,22 +186,6 @@ class FutureStore:
 
     async def wait(self, request_id: str, timeout_s: float) -> Outcome:
         """Long-poll: the outcome once finished, or Pending after `timeout_s`."""
-        deadline = time.monotonic() + timeout_s
-        event = self._local_events.setdefault(request_id, asyncio.Event())
-        self._local_waiters[request_id] = self._local_waiters.get(request_id, 0) + 1
-        interval = self._poll_interval_s / 16  # doubles up to poll_interval_s
-        try:
-            while True:
-                outcome = await self.get(request_id)
-                remaining = deadline - time.monotonic()
-                if not isinstance(outcome, Pending) or remaining <= 0:
-                    return outcome
-                try:
-                    await asyncio.wait_for(event.wait(), min(interval, remaining))
-                except TimeoutError:
-                    interval = min(2 * interval, self._poll_interval_s)
-        finally:
-            self._local_waiters[request_id] -= 1
-            if not self._local_waiters[request_id]:
-                del self._local_waiters[request_id]
-                self._local_events.pop(request_id, None)
+        return await self._wakeups.poll(
+            request_id, lambda: self.get(request_id), lambda outcome: not isinstance(outcome, Pending), timeout_s
+        )

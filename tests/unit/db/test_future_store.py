@@ -210,7 +210,7 @@ def test_every_local_waiter_wakes_at_once(db: Path) -> None:
         await store.complete(rid, b"both", JSON_CONTENT_TYPE)
         outcome = await patient
         elapsed = time.monotonic() - start
-        assert store._local_events == {} and store._local_waiters == {}  # nothing left behind
+        assert store._wakeups._events == {} and store._wakeups._waiters == {}  # nothing left behind
         return impatient, outcome, elapsed
 
     impatient, outcome, elapsed = run_with_store(db, body, poll_interval_s=10.0)
