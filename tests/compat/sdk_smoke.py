@@ -40,7 +40,7 @@ def main(base_url: str, base_model: str) -> dict:
     losses = []
     for _ in range(STEPS):
         result = training.forward_backward(datums(), "cross_entropy").result()
-        training.optim_step(types.AdamParams(learning_rate=5e-2)).result()
+        training.optim_step(types.AdamParams(learning_rate=2e-2)).result()
         losses.append(mean_loss(result))
     trained = mean_loss(training.forward(datums(), "cross_entropy").result())
 

@@ -30,10 +30,9 @@ def run_smoke(python: Path, base_url: str) -> dict:
 
 def check_smoke(seen: dict, version_prefix: str) -> None:
     assert seen["sdk_version"].startswith(version_prefix), seen
-    assert seen["losses"][-1] < seen["losses"][0] - 0.05, seen  # it learns
-    assert seen["trained_loss"] < seen["losses"][0], seen
+    assert seen["trained_loss"] < seen["losses"][0] - 0.05, seen  # it learns
     assert abs(seen["restored_loss"] - seen["trained_loss"]) < 1e-4, seen  # the saved state is the trained one
-    assert len(seen["sampled"]) == 2 and all(len(tokens) == 6 for tokens in seen["sampled"]), seen
+    assert len(seen["sampled"]) == 2 and all(1 <= len(tokens) <= 6 for tokens in seen["sampled"]), seen  # EOS stops
 
 
 def test_oldest_supported_sdk_trains_samples_saves_and_loads(base_url: str) -> None:
