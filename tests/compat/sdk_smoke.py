@@ -15,7 +15,7 @@ import numpy as np
 import tinker
 from tinker import types
 
-STEPS = 4
+STEPS = 6
 TOKENS = [[5, 9, 14, 3, 27, 8, 11, 40], [7, 7, 21, 2, 19, 33, 6, 12]]
 
 
@@ -36,11 +36,11 @@ def mean_loss(result: types.ForwardBackwardOutput) -> float:
 
 def main(base_url: str, base_model: str) -> dict:
     service = tinker.ServiceClient(base_url=base_url, api_key="tml-sdk-smoke")
-    training = service.create_lora_training_client(base_model=base_model, rank=4)
+    training = service.create_lora_training_client(base_model=base_model, rank=4, seed=0)
     losses = []
     for _ in range(STEPS):
         result = training.forward_backward(datums(), "cross_entropy").result()
-        training.optim_step(types.AdamParams(learning_rate=2e-2)).result()
+        training.optim_step(types.AdamParams(learning_rate=1e-2)).result()
         losses.append(mean_loss(result))
     trained = mean_loss(training.forward(datums(), "cross_entropy").result())
 

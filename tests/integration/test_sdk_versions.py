@@ -29,6 +29,7 @@ def run_smoke(python: Path, base_url: str) -> dict:
 
 
 def check_smoke(seen: dict, version_prefix: str) -> None:
+    print(f"SDK {seen['sdk_version']} smoke: losses {seen['losses']}, trained {seen['trained_loss']}")
     assert seen["sdk_version"].startswith(version_prefix), seen
     assert seen["trained_loss"] < seen["losses"][0] - 0.05, seen  # it learns
     assert abs(seen["restored_loss"] - seen["trained_loss"]) < 1e-4, seen  # the saved state is the trained one
