@@ -1,7 +1,8 @@
 """The cookbook's minimal RL recipe, `recipes/rl_loop.py` (its default loss: stable_reinforce), runs unmodified
 against this server and learns, on a synthetic environment: its GSM8K download, its Qwen renderer choice and
-its math grader are swapped for a few fixed questions, the model-agnostic renderer and a token-set reward (the
-reward's tokens are ones the untrained model writes in this recipe now and then, found by a one-step probe run)."""
+its math grader are swapped for a few fixed questions, the model-agnostic renderer and a token-set reward: the
+fraction of the response's tokens outside the untrained model's favourites (the few tokens that make up most of what
+it writes in this recipe, found by a one-step probe run)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from tinker_cookbook.utils import cost_estimation
 from examples.rl_task import PROMPTS
 from tests.integration.conftest import BASE_MODEL
 
-STEPS = 18  # x 4 prompts x 8 samples = 576 stability records: under the test server's limit of 600
+STEPS = 8  # x 4 prompts x 8 samples = 256 stability records: under the test server's limit of 600
 GROUP_SIZE = 8
 COMPLETION_TOKENS = 8
 
@@ -34,9 +35,9 @@ def synthetic_gsm8k(steps: int) -> datasets.DatasetDict:
     )
 
 
-def probe_targets(config: rl_loop.Config, monkeypatch: pytest.MonkeyPatch, skip: int = 16) -> set[int]:
-    """Run the recipe one step, keep what the untrained model wrote, and return tokens it writes now and then:
-    every token it wrote but its `skip` most frequent."""
+def probe_favourites(config: rl_loop.Config, monkeypatch: pytest.MonkeyPatch, share: float = 0.5) -> set[int]:
+    """Run the recipe one step, keep what the untrained model wrote, and return its favourite tokens: the most
+    frequent ones that together make up at least `share` of everything it wrote."""
     responses: list[str] = []
 
     def record(response: str, answer: str) -> float:
@@ -47,7 +48,14 @@ def probe_targets(config: rl_loop.Config, monkeypatch: pytest.MonkeyPatch, skip:
     rl_loop.main(chz.replace(config, max_steps=1, log_path=config.log_path + "-probe"))
     tokenizer = get_tokenizer(config.model_name)
     counts = Counter(t for response in responses for t in tokenizer.encode(response))
-    return {t for t, _ in counts.most_common()[skip:]}
+    favourites: set[int] = set()
+    covered = 0
+    for token, count in counts.most_common():
+        if covered >= share * counts.total():
+            break
+        favourites.add(token)
+        covered += count
+    return favourites
 
 
 def test_rl_loop_recipe_learns_with_stable_reinforce(
@@ -71,13 +79,13 @@ def test_rl_loop_recipe_learns_with_stable_reinforce(
         max_steps=STEPS,
     )
     assert config.loss_fn == "stable_reinforce"
-    targets = probe_targets(config, monkeypatch)
+    favourites = probe_favourites(config, monkeypatch)
     tokenizer = get_tokenizer(BASE_MODEL)
 
     def token_set_reward(response: str, answer: str) -> float:
-        """The fraction of the response's tokens in the target set (responses may stop early)."""
+        """The fraction of the response's tokens that are not the untrained model's favourites (0 if empty)."""
         tokens = tokenizer.encode(response)
-        return sum(t in targets for t in tokens) / max(len(tokens), 1)
+        return sum(t not in favourites for t in tokens) / max(len(tokens), 1)
 
     monkeypatch.setattr(rl_loop, "get_reward", token_set_reward)
     rl_loop.main(config)
@@ -86,6 +94,6 @@ def test_rl_loop_recipe_learns_with_stable_reinforce(
     rewards = [row["reward/total"] for row in rows if "reward/total" in row]
     print("rl_loop.py stable_reinforce rewards:", [round(r, 3) for r in rewards])
     assert len(rewards) == STEPS, rewards
-    # The policy often settles on one completion early (its group's advantages are then 0, and learning stops): seen
-    # 0.0 -> 1.0, 0.006 -> 0.18, 0.0 -> 0.1, 0.003 -> 0.14. Untrained, the reward stays near its first step's.
-    assert np.mean(rewards[STEPS // 2 :]) > max(rewards[0] + 0.04, 3 * rewards[0]), rewards
+    # The untrained model writes its favourites about 3/4 of the time (reward about 0.2, seen 0.22 and 0.23); seen
+    # learning: 1.0 from the second step on, in both runs with this reward.
+    assert np.mean(rewards[STEPS // 2 :]) > rewards[0] + 0.3, rewards
