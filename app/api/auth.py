@@ -1,7 +1,9 @@
-"""X-API-Key checks: any `tml-` key from loopback in the laptop default, else configured keys only."""
+"""X-API-Key checks, and who the caller is: any `tml-` key from loopback in the laptop default, else configured keys
+only. Each distinct key is its own user, named by a hash of the key (the key itself is never stored or logged)."""
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 
@@ -21,9 +23,16 @@ def _is_loopback(host: str | None) -> bool:
         return host == "localhost"
 
 
-def check_api_key(request: Request, mode: str, keys: frozenset[str]) -> None:
+def user_id_of(key: str) -> str:
+    """The user a key stands for: `user-` and 16 hex digits of its SHA-256 (one-way: the id reveals no key)."""
+    return "user-" + hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def check_api_key(request: Request, mode: str, keys: frozenset[str]) -> str | None:
+    """The caller's user id; None on routes that need no key (health, signed links, the base models' tokenizers
+    on loopback). Unauthorized when the key is missing or unknown."""
     if request.url.path in OPEN_PATHS or request.url.path.startswith(SIGNED_PREFIXES):
-        return
+        return None
     key = request.headers.get("x-api-key", "")
     hub = request.url.path.startswith(HUB_PREFIX)
     if hub and not key:
@@ -31,11 +40,14 @@ def check_api_key(request: Request, mode: str, keys: frozenset[str]) -> None:
         key = token if scheme.lower() == "bearer" else ""
     if mode == "any_tml_key_on_loopback":
         client = request.client.host if request.client else None
-        if (hub or key.startswith("tml-")) and _is_loopback(client):  # the base models' tokenizers need no key
-            return
+        if _is_loopback(client) and key.startswith("tml-"):
+            return user_id_of(key)
+        if hub and _is_loopback(client):  # the base models' tokenizers need no key
+            return None
         raise Unauthorized("send an X-API-Key starting with 'tml-' from 127.0.0.1 (any such key is accepted)")
     if not any(hmac.compare_digest(key, k) for k in keys):
         raise Unauthorized(
             "unknown API key: set TINKER_API_KEY (HF_TOKEN for the /hub routes) to a key listed in "
             "the server's configuration"
         )
+    return user_id_of(key)

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from fastapi import APIRouter
 
-from app.api.deps import Services, ServicesDep
+from app.api.deps import Services, ServicesDep, UserDep
 from app.api.models import optimizer_of, register_model
 from app.api.training import sequenced
 from app.config import LimitsConfig
@@ -82,14 +82,14 @@ async def _new_checkpoint(
 
 
 @router.post("/save_weights")
-async def save_weights(body: wire.SaveWeightsRequest, services: ServicesDep) -> dict:
+async def save_weights(body: wire.SaveWeightsRequest, services: ServicesDep, user: UserDep) -> dict:
     async def build(request_id: str, _: TrainingRun) -> SequencedOp:
         record = await _new_checkpoint(
             services, body.model_id, "weights", body.path, body.ttl_seconds, body.user_metadata, body.overwrite
         )
         return SaveCheckpoint(request_id, record, body.overwrite)
 
-    return await sequenced(services, "save_weights", body.model_id, body.seq_id, build)
+    return await sequenced(services, user, "save_weights", body.model_id, body.seq_id, build)
 
 
 def _refuse_critic(run: TrainingRun) -> None:
@@ -102,7 +102,9 @@ def _refuse_critic(run: TrainingRun) -> None:
 
 
 @router.post("/save_weights_for_sampler")
-async def save_weights_for_sampler(body: wire.SaveWeightsForSamplerRequest, services: ServicesDep) -> dict:
+async def save_weights_for_sampler(
+    body: wire.SaveWeightsForSamplerRequest, services: ServicesDep, user: UserDep
+) -> dict:
     async def build(request_id: str, run: TrainingRun) -> SequencedOp:
         _refuse_critic(run)
         if body.path is not None:
@@ -127,11 +129,11 @@ async def save_weights_for_sampler(body: wire.SaveWeightsForSamplerRequest, serv
         )
         return SaveForSampler(request_id, sampler_id, location)
 
-    return await sequenced(services, "save_weights_for_sampler", body.model_id, body.seq_id, build)
+    return await sequenced(services, user, "save_weights_for_sampler", body.model_id, body.seq_id, build)
 
 
 @router.post("/save_weights_external")
-async def save_weights_external(body: wire.SaveWeightsExternalRequest, services: ServicesDep) -> dict:
+async def save_weights_external(body: wire.SaveWeightsExternalRequest, services: ServicesDep, user: UserDep) -> dict:
     """An export to download through external_weights_urls: a PEFT adapter directory (Hugging Face format); a
     critic's also holds its value head and spec, as its training checkpoint does."""
 
@@ -144,13 +146,17 @@ async def save_weights_external(body: wire.SaveWeightsExternalRequest, services:
         record = await _new_checkpoint(services, body.model_id, "external_weights", body.path, body.ttl_seconds)
         return SaveCheckpoint(request_id, record)
 
-    return await sequenced(services, "save_weights_external", body.model_id, body.seq_id, build)
+    return await sequenced(services, user, "save_weights_external", body.model_id, body.seq_id, build)
 
 
-async def _training_checkpoint(services: Services, uri: str) -> tuple[CheckpointRecord, TrainingRun, AdapterSpec]:
-    """The checkpoint at `uri`, the run that saved it and its spec; user errors naming `path` otherwise."""
+async def _training_checkpoint(
+    services: Services, uri: str, user: str
+) -> tuple[CheckpointRecord, TrainingRun, AdapterSpec]:
+    """The checkpoint at `uri` (`user`'s, or published), the run that saved it and its spec; user errors naming
+    `path` otherwise."""
     record, run = await services.saved_by(
         uri,
+        user,
         field="path",
         kinds=("weights",),
         hint="load a training checkpoint (tinker://.../weights/...) saved with save_state",
@@ -163,7 +169,7 @@ def _load(request_id: str, record: CheckpointRecord, with_optimizer: bool) -> Lo
 
 
 @router.post("/load_weights")
-async def load_weights(body: wire.LoadWeightsRequest, services: ServicesDep) -> dict:
+async def load_weights(body: wire.LoadWeightsRequest, services: ServicesDep, user: UserDep) -> dict:
     creates = body.session_id is not None or body.model_seq_id is not None
     if creates == (body.model_id is not None or body.seq_id is not None):
         raise UserError(
@@ -172,24 +178,24 @@ async def load_weights(body: wire.LoadWeightsRequest, services: ServicesDep) -> 
             field="model_id",
         )
     if creates:
-        return await _create_from_checkpoint(body, services)
+        return await _create_from_checkpoint(body, services, user)
     if body.model_id is None or body.seq_id is None:
         raise UserError("loading into an existing model needs both model_id and seq_id", field="seq_id")
 
     async def build(request_id: str, run: TrainingRun) -> SequencedOp:
-        record, _, _ = await _training_checkpoint(services, body.path)
+        record, _, _ = await _training_checkpoint(services, body.path, user)
         return _load(request_id, record, body.optimizer)
 
-    return await sequenced(services, "load_weights", body.model_id, body.seq_id, build)
+    return await sequenced(services, user, "load_weights", body.model_id, body.seq_id, build)
 
 
-async def _create_from_checkpoint(body: wire.LoadWeightsRequest, services: Services) -> dict:
+async def _create_from_checkpoint(body: wire.LoadWeightsRequest, services: Services, user: str) -> dict:
     if body.session_id is None or body.model_seq_id is None:
         raise UserError(
             "creating a model from a checkpoint needs both session_id and model_seq_id", field="model_seq_id"
         )
     optimizer = optimizer_of(body.optimizer_config)
-    record, source, spec = await _training_checkpoint(services, body.path)
+    record, source, spec = await _training_checkpoint(services, body.path, user)
     if not body.optimizer:  # weights only: a fresh optimizer of the asked kind (Adam by default)
         spec = replace(spec, optimizer=optimizer or "adamw")
     elif optimizer not in (None, spec.optimizer):
@@ -204,6 +210,7 @@ async def _create_from_checkpoint(body: wire.LoadWeightsRequest, services: Servi
     base = services.served_base_model(source.base_model)
     return await register_model(
         services,
+        user,
         "load_weights",
         body.session_id,
         body.model_seq_id,

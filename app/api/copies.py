@@ -1,11 +1,12 @@
 """copy_weights: a checkpoint copied, under its own kind and name, into another training run.
 
-The destination is the run `{session_id}:train:{model_seq_id}` when the request names one (an existing run on
-the same base model with the same LoRA config, or a new one made for the copy), else a new run in a new session
-(in `destination_project_id`). Runs made for a copy hold checkpoints only: they were never loaded on a trainer.
-The files are copied (off the event loop) to a new storage location before the row is written, so the copy is
-complete when visible and outlives its source. The SDK sends one X-Idempotency-Key across its retries: a retry
-answers the first copy's path.
+The destination is the run `{session_id}:train:{model_seq_id}` when the request names one (an existing run on the
+same base model with the same LoRA config, or a new one made for the copy), else a new run in a new session (in
+`destination_project_id`), the caller's either way. Runs made for a copy hold checkpoints only: they were never
+loaded on a trainer. The files are copied (off the event loop) to a new storage location before the row is written,
+so the copy is complete when visible and outlives its source. The SDK sends one X-Idempotency-Key across its
+retries: a retry answers the first copy's path (keys are per user). The source is the caller's checkpoint or a
+published one.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import replace
 from fastapi import APIRouter, Request
 
 from app.api.checkpoints import checkpoint_expiry
-from app.api.deps import Services, ServicesDep
+from app.api.deps import Services, ServicesDep, UserDep
 from app.db.checkpoints import CheckpointRecord
 from app.db.metadata import TrainingRun, model_id_for
 from app.errors import NotFound, ServerError, UserError
@@ -32,13 +33,14 @@ def _shape(run: TrainingRun) -> tuple:
     return run.base_model, run.role, {k: v for k, v in run.lora_config.items() if k != "seed"}
 
 
-async def _destination_run(services: Services, body: CopyWeightsRequest, source: TrainingRun) -> TrainingRun:
-    """The run the copy goes into: the named one (created if new), or a new one in a new session."""
+async def _destination_run(services: Services, body: CopyWeightsRequest, source: TrainingRun, user: str) -> TrainingRun:
+    """The run the copy goes into: the named one in a session of `user`'s (created if new), or a new one in a new
+    session of theirs."""
     if (body.session_id is None) != (body.model_seq_id is None):
         missing = "model_seq_id" if body.model_seq_id is None else "session_id"
         raise UserError("send session_id and model_seq_id together (or destination_project_id)", field=missing)
     if body.session_id is not None and body.model_seq_id is not None:
-        await services.metadata.require_session(body.session_id)
+        await services.session(body.session_id, user)
         model_id = model_id_for(body.session_id, body.model_seq_id)
         try:
             run = await services.metadata.get_training_run(model_id)
@@ -57,7 +59,7 @@ async def _destination_run(services: Services, body: CopyWeightsRequest, source:
         session_id = body.session_id
     else:
         session_id = await services.metadata.create_session(
-            None, ["copy_weights"], {}, project_id=body.destination_project_id
+            None, ["copy_weights"], {}, project_id=body.destination_project_id, owner=user
         )
         await services.metadata.finish_session(session_id, "copied")
         model_id = model_id_for(session_id, 0)
@@ -90,18 +92,20 @@ def _collision(path: CheckpointPath) -> UserError:
 
 
 @router.post("/copy_weights")
-async def copy_weights(body: CopyWeightsRequest, request: Request, services: ServicesDep) -> dict:
-    key = request.headers.get("x-idempotency-key")
+async def copy_weights(body: CopyWeightsRequest, request: Request, services: ServicesDep, user: UserDep) -> dict:
+    sent_key = request.headers.get("x-idempotency-key")
+    key = f"{user}:{sent_key}" if sent_key else None
     if key and (done := await services.copies.find(key)) is not None:
         return {"tinker_path": done}
     source, source_run = await services.saved_by(
         body.source_path,
+        user,
         field="source_path",
         kinds=("weights", "sampler_weights"),
         hint="copy training weights (save_state) or sampler weights (save_weights_for_sampler)",
     )
     expires_at = checkpoint_expiry(services.config.limits, body.ttl_seconds)
-    run = await _destination_run(services, body, source_run)
+    run = await _destination_run(services, body, source_run, user)
     path = CheckpointPath(run.model_id, source.path.kind, source.path.name)
     if await services.checkpoints.find(path) is not None:
         raise _collision(path)

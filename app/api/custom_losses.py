@@ -8,7 +8,7 @@ import json
 
 from fastapi import APIRouter
 
-from app.api.deps import ServicesDep
+from app.api.deps import ServicesDep, UserDep
 from app.db.custom_losses import loss_id_for
 from app.db.futures import JSON_CONTENT_TYPE
 from app.errors import LimitExceeded
@@ -20,9 +20,9 @@ router = APIRouter(prefix="/api/v1")
 
 
 @router.post("/create_custom_loss")
-async def create_custom_loss(body: CreateCustomLossRequest, services: ServicesDep) -> dict:
+async def create_custom_loss(body: CreateCustomLossRequest, services: ServicesDep, user: UserDep) -> dict:
     """Rejections are immediate user errors naming the node; a valid loss's future is complete at once."""
-    await services.metadata.require_session(body.session_id)
+    await services.session(body.session_id, user)
     limits = services.config.limits
     loss_id = loss_id_for(body.session_id, body.custom_loss_seq_id)
     program = validate_custom_loss(loss_id, body.name, body.inputs, body.graph, limits.max_custom_loss_nodes)

@@ -13,9 +13,9 @@ from app.config import BaseModelConfig, ServerConfig
 from app.db.checkpoints import CheckpointRecord, CheckpointStore
 from app.db.copies import CopyLog
 from app.db.custom_losses import CustomLossStore
-from app.db.futures import FutureStore
-from app.db.metadata import MetadataStore, TrainingRun
-from app.db.samplers import SamplerStore, SamplingSession
+from app.db.futures import FutureStore, future_not_found
+from app.db.metadata import MetadataStore, TrainingRun, model_not_found, session_not_found
+from app.db.samplers import SamplerStore, SamplingSession, sampler_not_found
 from app.db.session_views import SessionViews
 from app.db.stability import StabilityStore
 from app.db.traces import TraceStore
@@ -47,6 +47,8 @@ class Services:
     url_signing_key: str  # signs download URLs; shared by every ingress replica (see app.db.settings)
     _runs: dict[str, TrainingRun] = field(default_factory=dict)
     _sampling_sessions: dict[str, SamplingSession] = field(default_factory=dict)
+    _owners: dict[str, str | None] = field(default_factory=dict)  # session id -> owner (owners never change)
+    _future_sessions: dict[str, str] = field(default_factory=dict)  # request id -> its session
 
     def served_base_model(self, name: str) -> BaseModelConfig:
         """The configured base model called `name`; a user error listing the served ones otherwise."""
@@ -56,33 +58,85 @@ class Services:
             raise UserError(f"base_model {name!r} is not served here; available: {served}", field="base_model")
         return base
 
-    async def training_run(self, model_id: str) -> TrainingRun:
-        """The run behind a model id (cached; runs never change base model)."""
+    async def owns(self, user: str, session_id: str) -> bool:
+        """Whether the session exists and `user` may use it and what it holds (its models, sampling sessions,
+        checkpoints, futures): theirs, or made before owners were recorded."""
+        if session_id not in self._owners:
+            try:
+                owner = await self.metadata.owner_of(session_id)
+            except NotFound:
+                return False
+            if len(self._owners) > 100_000:
+                self._owners.clear()
+            self._owners[session_id] = owner
+        owner = self._owners[session_id]
+        return owner is None or owner == user
+
+    async def session(self, session_id: str, user: str) -> None:
+        """Check that `user` may use the session; another user's answers as a missing one does."""
+        if not await self.owns(user, session_id):
+            raise session_not_found(session_id)
+
+    async def future(self, request_id: str, user: str) -> None:
+        """Check that a future is `user`'s; another user's answers as an unknown one does."""
+        session_id = self._future_sessions.get(request_id)
+        if session_id is None:
+            session_id = await self.futures.session_of(request_id)
+            if session_id is None:
+                raise future_not_found(request_id)
+            if len(self._future_sessions) > 100_000:
+                self._future_sessions.clear()
+            self._future_sessions[request_id] = session_id
+        if not await self.owns(user, session_id):
+            raise future_not_found(request_id)
+
+    async def _run(self, model_id: str) -> TrainingRun:
+        """The run behind a model id, whoever owns it (cached; runs never change base model or session)."""
         run = self._runs.get(model_id)
         if run is None:
             run = await self.metadata.get_training_run(model_id)
+            if len(self._runs) > 100_000:
+                self._runs.clear()
             self._runs[model_id] = run
         return run
 
+    async def training_run(self, model_id: str, user: str) -> TrainingRun:
+        """The run behind a model id of `user`'s; another user's answers as a missing one does."""
+        run = await self._run(model_id)
+        if not await self.owns(user, run.session_id):
+            raise model_not_found(model_id)
+        return run
+
     async def saved_by(
-        self, uri: str, *, field: str, kinds: tuple[str, ...] = KINDS, hint: str = ""
+        self, uri: str, user: str, *, field: str, kinds: tuple[str, ...] = KINDS, hint: str = ""
     ) -> tuple[CheckpointRecord, TrainingRun]:
-        """The live checkpoint at a tinker path of one of `kinds`, and the run that saved it; user errors
-        naming `field` otherwise (`hint` says what to send instead of another kind)."""
+        """The live checkpoint at a tinker path of one of `kinds` that `user` may read (theirs, or published),
+        and the run that saved it; user errors naming `field` otherwise (`hint` says what to send instead of
+        another kind). Another user's unpublished checkpoint answers as a missing run does."""
         path = parse_tinker_path(uri, field=field)
         if path.kind not in kinds:
             raise UserError(f"{uri!r} is a {path.kind} checkpoint; {hint}", field=field)
+        no_run = NotFound(f"{field} {uri!r}: no training run {path.model_id!r}", field=field)
         try:
-            run = await self.training_run(path.model_id)
+            run = await self._run(path.model_id)
         except NotFound:
-            raise NotFound(f"{field} {uri!r}: no training run {path.model_id!r}", field=field) from None
-        return await self.checkpoints.get(path, field=field), run
+            raise no_run from None
+        owned = await self.owns(user, run.session_id)
+        record = await self.checkpoints.find(path)
+        if record is not None and (owned or record.public):
+            return record, run
+        if not owned:
+            raise no_run
+        return await self.checkpoints.get(path, field=field), run  # its own message: never saved, deleted, expired
 
-    async def sampling_session(self, sampling_session_id: str) -> SamplingSession:
-        """A live sampling session; using an ephemeral one keeps it from expiring."""
+    async def sampling_session(self, sampling_session_id: str, user: str) -> SamplingSession:
+        """A live sampling session of `user`'s; using an ephemeral one keeps it from expiring. Another user's
+        answers as a missing one does."""
         session = self._sampling_sessions.get(sampling_session_id)
         if session is None:
             session = await self.sampler_store.get(sampling_session_id)
+        if not await self.owns(user, session.session_id):
+            raise sampler_not_found(sampling_session_id)
         if session.ephemeral:
             ttl, now = self.config.limits.ephemeral_sampler_ttl_seconds, time.time()
             if now - session.last_used_at > ttl / 10:  # refresh rarely: another replica may have used it
@@ -105,4 +159,13 @@ def get_services(request: Request) -> Services:
     return request.app.state.services
 
 
+def get_user(request: Request) -> str:
+    """The caller's user id, set by app.api.main.authenticate on every route that needs a key."""
+    user = request.state.user
+    if user is None:  # a route that needs no key never asks for the user
+        raise RuntimeError(f"{request.url.path} has no authenticated user")
+    return str(user)
+
+
 ServicesDep = Annotated[Services, Depends(get_services)]
+UserDep = Annotated[str, Depends(get_user)]

@@ -6,10 +6,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from app.api.deps import ServicesDep
+from app.api.deps import ServicesDep, UserDep
 from app.db.completions import Target
-from app.db.futures import PROTO_CONTENT_TYPE, Completed, Failed, Pending, Unknown
-from app.errors import NotFound, UserError
+from app.db.futures import PROTO_CONTENT_TYPE, Completed, Failed, Pending, future_not_found
+from app.errors import UserError
 from app.protocol.codec import forward_backward_json_from_proto
 from app.protocol.wire import CancelFutureRequest, RetrieveFutureRequest, RetrieveFuturesRequest
 from app.request_log import log_request
@@ -20,7 +20,10 @@ _JSON_VIEWS = {"forward_backward": forward_backward_json_from_proto, "sample": s
 
 
 @router.post("/retrieve_future")
-async def retrieve_future(body: RetrieveFutureRequest, request: Request, services: ServicesDep) -> Response:
+async def retrieve_future(
+    body: RetrieveFutureRequest, request: Request, services: ServicesDep, user: UserDep
+) -> Response:
+    await services.future(body.request_id, user)
     outcome = await services.futures.wait(body.request_id, services.config.limits.long_poll_seconds)
     if isinstance(outcome, Pending):
         return JSONResponse({"type": "try_again", "request_id": body.request_id, "queue_state": outcome.queue_state})
@@ -30,15 +33,15 @@ async def retrieve_future(body: RetrieveFutureRequest, request: Request, service
         return Response(outcome.payload, media_type=outcome.content_type)
     if isinstance(outcome, Failed):
         return JSONResponse(outcome.error)
-    raise NotFound(f"unknown request_id {body.request_id!r}", field="request_id")
+    raise future_not_found(body.request_id)
 
 
 @router.post("/retrieve_futures")
-async def retrieve_futures(body: RetrieveFuturesRequest, services: ServicesDep) -> dict:
+async def retrieve_futures(body: RetrieveFuturesRequest, services: ServicesDep, user: UserDep) -> dict:
     """The samples of one (sampling session, clone) that finished or failed after `prev_cursor`, waiting up to
     `timeout` (at most limits.long_poll_seconds) for one; their payloads are fetched with retrieve_future."""
     session_id = body.target.sampling_session_id
-    await services.sampling_session(session_id)  # exists (and, if ephemeral, stays alive while polled)
+    await services.sampling_session(session_id, user)  # exists (and, if ephemeral, stays alive while polled)
     target = Target(session_id, body.target.cloned_sampler_id)
     completions = services.futures.completions
     await completions.trim(target, body.prev_cursor, idle=body.timeout == 0)  # timeout 0: the poller only acks
@@ -53,18 +56,17 @@ async def retrieve_futures(body: RetrieveFuturesRequest, services: ServicesDep) 
 
 
 @router.post("/cancel_future")
-async def cancel_future(body: CancelFutureRequest, services: ServicesDep) -> dict:
+async def cancel_future(body: CancelFutureRequest, services: ServicesDep, user: UserDep) -> dict:
     """Cancel a pending future: it fails at once; its work is dropped if it has not started, and discarded when it
     finishes otherwise. A training operation's later seq_ids run as if it had been skipped. A finished future
     stays as it is."""
+    await services.future(body.request_id, user)
     cancelled = UserError(f"request {body.request_id} was cancelled (cancel_future)", details={"cancelled": True})
     row = await services.futures.cancel(body.request_id, cancelled.to_body())
-    if row is None:
-        if isinstance(await services.futures.get(body.request_id), Unknown):
-            raise NotFound(f"unknown request_id {body.request_id!r}", field="request_id")
+    if row is None:  # finished already
         return {}
     if row.kind != "sample" and row.model_id is not None and row.seq_id:  # a sequenced training operation
-        run = await services.training_run(row.model_id)
+        run = await services.training_run(row.model_id, user)
         await services.trainers.cancel(run.trainer, row.model_id, row.seq_id, row.request_id)
     log_request("cancelled", op=row.kind, model_id=row.model_id, seq_id=row.seq_id, tinker_request_id=row.request_id)
     return {}

@@ -27,9 +27,10 @@ from app.errors import Unavailable
 
 
 def authenticate(request: Request) -> None:
-    """Every route's first dependency (cheaper than an HTTP middleware on each request)."""
+    """Every route's first dependency (cheaper than an HTTP middleware on each request): the key's user, or None on
+    routes that need no key, goes to `request.state.user` (app.api.deps.UserDep)."""
     services = request.app.state.services
-    check_api_key(request, services.config.auth.mode, services.api_keys)
+    request.state.user = check_api_key(request, services.config.auth.mode, services.api_keys)
 
 
 def create_api() -> FastAPI:

@@ -9,7 +9,7 @@ from dataclasses import asdict
 
 from fastapi import APIRouter
 
-from app.api.deps import Services, ServicesDep
+from app.api.deps import Services, ServicesDep, UserDep
 from app.api.sessions import unload
 from app.config import ROLES, BaseModelConfig
 from app.db.metadata import TrainingRun, model_id_for
@@ -39,7 +39,7 @@ def _model_role(body: CreateModelRequest) -> str:
 
 
 @router.post("/create_model")
-async def create_model(body: CreateModelRequest, services: ServicesDep) -> dict:
+async def create_model(body: CreateModelRequest, services: ServicesDep, user: UserDep) -> dict:
     base = services.served_base_model(body.base_model)
     role = _model_role(body)
     lora = body.lora_config
@@ -68,7 +68,7 @@ async def create_model(body: CreateModelRequest, services: ServicesDep) -> dict:
         )
 
     return await register_model(
-        services, "create_model", body.session_id, body.model_seq_id, base, spec, body.user_metadata
+        services, user, "create_model", body.session_id, body.model_seq_id, base, spec, body.user_metadata
     )
 
 
@@ -93,6 +93,7 @@ def optimizer_config(optimizer: str) -> dict:
 
 async def register_model(
     services: Services,
+    user: str,
     kind: str,
     session_id: str,
     model_seq_id: int,
@@ -101,10 +102,10 @@ async def register_model(
     user_metadata: dict | None,
     load: Callable[[str], LoadCheckpoint] | None = None,
 ) -> dict:
-    """Record the model `{session_id}:train:{model_seq_id}` (its training run and its route to a trainer)
-    and have that trainer create it, filled from a checkpoint by `load(request_id)` if given.
+    """Record the model `{session_id}:train:{model_seq_id}` in `user`'s session (its training run and its route to
+    a trainer) and have that trainer create it, filled from a checkpoint by `load(request_id)` if given.
     A retry finds the first request's future."""
-    await services.metadata.require_session(session_id)
+    await services.session(session_id, user)
     model_id = model_id_for(session_id, model_seq_id)
     request_id, created = await services.futures.create(kind, model_id, 0)
     if created:
@@ -132,8 +133,8 @@ async def register_model(
 
 
 @router.post("/get_info")
-async def get_info(body: GetInfoRequest, services: ServicesDep) -> dict:
-    run = await services.training_run(body.model_id)
+async def get_info(body: GetInfoRequest, services: ServicesDep, user: UserDep) -> dict:
+    run = await services.training_run(body.model_id, user)
     base = services.config.base_model(run.base_model)
     tokenizer_id = base.path if base else run.base_model
     return {
@@ -148,6 +149,6 @@ async def get_info(body: GetInfoRequest, services: ServicesDep) -> dict:
 
 
 @router.post("/unload_model")
-async def unload_model(body: UnloadModelRequest, services: ServicesDep) -> dict:
-    run = await services.training_run(body.model_id)
+async def unload_model(body: UnloadModelRequest, services: ServicesDep, user: UserDep) -> dict:
+    run = await services.training_run(body.model_id, user)
     return {"request_id": await unload(services, run), "model_id": run.model_id}

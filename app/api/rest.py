@@ -1,6 +1,10 @@
 """REST views (RestClient): training runs, their checkpoints (list, delete, publish, TTL, download links) and
 describing weights. Checkpoint ids are `{kind}/{name}`, so their routes take a path parameter; the routes
-with a suffix come before the bare delete, which would otherwise swallow them."""
+with a suffix come before the bare delete, which would otherwise swallow them.
+
+A user sees and changes their own runs and checkpoints; another user's published checkpoints can be read (download
+links, weights_info, listed with `public: true`), never changed. Anything else of another user's answers as a
+missing one does."""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from datetime import UTC, datetime
 from fastapi import APIRouter, Query, Request
 
 from app.api.checkpoints import checkpoint_expiry
-from app.api.deps import Services, ServicesDep
+from app.api.deps import Services, ServicesDep, UserDep
 from app.api.downloads import signed_urls
 from app.api.retention import remove_checkpoint
 from app.db.checkpoints import CheckpointRecord
@@ -22,29 +26,38 @@ from app.storage.paths import CheckpointPath, checkpoint_path
 router = APIRouter(prefix="/api/v1")
 
 
-async def _run(services: Services, run_id: str) -> TrainingRun:
+async def _run(services: Services, run_id: str, user: str) -> TrainingRun:
     try:
-        return await services.training_run(run_id)
+        return await services.training_run(run_id, user)
     except NotFound as exc:
         raise NotFound(f"training run {run_id!r} does not exist", field="run_id") from exc
 
 
-async def _path(services: Services, run_id: str, checkpoint_id: str) -> CheckpointPath:
-    """The checkpoint `{kind}/{name}` of a known run; user errors naming `checkpoint_id` when malformed."""
-    run = await _run(services, run_id)
+async def _path(services: Services, run_id: str, checkpoint_id: str, user: str) -> CheckpointPath:
+    """The checkpoint `{kind}/{name}` of a run of `user`'s; user errors naming `checkpoint_id` when malformed."""
+    run = await _run(services, run_id, user)
     kind, _, name = checkpoint_id.partition("/")
     return checkpoint_path(run.model_id, kind, name, field="checkpoint_id")
 
 
-async def _checkpoint(services: Services, run_id: str, checkpoint_id: str) -> CheckpointRecord:
-    return await services.checkpoints.get(await _path(services, run_id, checkpoint_id), field="checkpoint_id")
+async def _readable(services: Services, run_id: str, checkpoint_id: str, user: str) -> CheckpointRecord:
+    """A checkpoint of a run of `user`'s, or a published one of anyone's; another user's unpublished one answers
+    as a missing run does."""
+    try:
+        return await services.checkpoints.get(await _path(services, run_id, checkpoint_id, user), field="checkpoint_id")
+    except NotFound as missing:
+        kind, _, name = checkpoint_id.partition("/")
+        record = await services.checkpoints.find(checkpoint_path(run_id, kind, name, field="checkpoint_id"))
+        if record is None or not record.public:
+            raise missing from None
+        return record
 
 
-def _run_view(run: TrainingRun) -> dict:
+def _run_view(run: TrainingRun, owner: str) -> dict:
     return {
         "training_run_id": run.model_id,
         "base_model": run.base_model,
-        "model_owner": run.session_id,
+        "model_owner": owner,
         "is_lora": True,
         "lora_rank": run.lora_rank,
         "corrupted": False,
@@ -55,32 +68,33 @@ def _run_view(run: TrainingRun) -> dict:
 
 @router.get("/training_runs")
 async def training_runs(
-    services: ServicesDep, limit: int = Query(20, ge=1, le=1000), offset: int = Query(0, ge=0)
+    services: ServicesDep, user: UserDep, limit: int = Query(20, ge=1, le=1000), offset: int = Query(0, ge=0)
 ) -> dict:
-    runs, total = await services.metadata.list_training_runs(limit, offset)
+    """The caller's runs, newest first."""
+    runs, total = await services.metadata.list_training_runs(limit, offset, owner=user)
     return {
-        "training_runs": [_run_view(r) for r in runs],
+        "training_runs": [_run_view(r, user) for r in runs],
         "cursor": {"offset": offset, "limit": limit, "total_count": total},
     }
 
 
 @router.get("/training_runs/{run_id}")
-async def training_run(run_id: str, services: ServicesDep) -> dict:
-    return _run_view(await _run(services, run_id))
+async def training_run(run_id: str, services: ServicesDep, user: UserDep) -> dict:
+    return _run_view(await _run(services, run_id, user), user)
 
 
 @router.get("/training_runs/{run_id}/checkpoints")
-async def run_checkpoints(run_id: str, services: ServicesDep) -> dict:
-    run = await _run(services, run_id)
+async def run_checkpoints(run_id: str, services: ServicesDep, user: UserDep) -> dict:
+    run = await _run(services, run_id, user)
     return {"checkpoints": [c.to_json() for c in await services.checkpoints.of_run(run.model_id)], "cursor": None}
 
 
 @router.get("/checkpoints")
 async def user_checkpoints(
-    services: ServicesDep, limit: int = Query(100, ge=1, le=1000), offset: int = Query(0, ge=0)
+    services: ServicesDep, user: UserDep, limit: int = Query(100, ge=1, le=1000), offset: int = Query(0, ge=0)
 ) -> dict:
-    """Every run's live checkpoints, newest first."""
-    found, total = await services.checkpoints.page(limit, offset)
+    """The caller's live checkpoints and every user's published ones (`public: true`), newest first."""
+    found, total = await services.checkpoints.page(limit, offset, readable_by=user)
     return {
         "checkpoints": [c.to_json() for c in found],
         "cursor": {"offset": offset, "limit": limit, "total_count": total},
@@ -88,29 +102,33 @@ async def user_checkpoints(
 
 
 @router.post("/training_runs/{run_id}/checkpoints/{checkpoint_id:path}/publish")
-async def publish(run_id: str, checkpoint_id: str, services: ServicesDep) -> dict:
+async def publish(run_id: str, checkpoint_id: str, services: ServicesDep, user: UserDep) -> dict:
     """Mark public (publishing twice is harmless: the SDK retries a 409 for minutes)."""
-    await services.checkpoints.update(await _path(services, run_id, checkpoint_id), public=1)
+    await services.checkpoints.update(await _path(services, run_id, checkpoint_id, user), public=1)
     return {"public": True}
 
 
 @router.delete("/training_runs/{run_id}/checkpoints/{checkpoint_id:path}/publish")
-async def unpublish(run_id: str, checkpoint_id: str, services: ServicesDep) -> dict:
-    await services.checkpoints.update(await _path(services, run_id, checkpoint_id), public=0)
+async def unpublish(run_id: str, checkpoint_id: str, services: ServicesDep, user: UserDep) -> dict:
+    await services.checkpoints.update(await _path(services, run_id, checkpoint_id, user), public=0)
     return {"public": False}
 
 
 @router.put("/training_runs/{run_id}/checkpoints/{checkpoint_id:path}/ttl")
-async def set_ttl(run_id: str, checkpoint_id: str, body: CheckpointTtlRequest, services: ServicesDep) -> dict:
+async def set_ttl(
+    run_id: str, checkpoint_id: str, body: CheckpointTtlRequest, services: ServicesDep, user: UserDep
+) -> dict:
     """Expire `ttl_seconds` from now; null keeps the checkpoint until deleted."""
     expires_at = checkpoint_expiry(services.config.limits, body.ttl_seconds)
-    await services.checkpoints.update(await _path(services, run_id, checkpoint_id), expires_at=expires_at)
+    await services.checkpoints.update(await _path(services, run_id, checkpoint_id, user), expires_at=expires_at)
     return {"expires_at": expires_at}
 
 
 @router.get("/training_runs/{run_id}/checkpoints/{checkpoint_id:path}/external_weights_urls")
-async def external_weights_urls(run_id: str, checkpoint_id: str, request: Request, services: ServicesDep) -> dict:
-    record = await _checkpoint(services, run_id, checkpoint_id)
+async def external_weights_urls(
+    run_id: str, checkpoint_id: str, request: Request, services: ServicesDep, user: UserDep
+) -> dict:
+    record = await _readable(services, run_id, checkpoint_id, user)
     if record.path.kind != "external_weights":
         raise UserError(
             f"{checkpoint_id!r} is not an export; download URLs exist for external_weights "
@@ -128,16 +146,16 @@ async def external_weights_urls(run_id: str, checkpoint_id: str, request: Reques
 
 
 @router.delete("/training_runs/{run_id}/checkpoints/{checkpoint_id:path}")
-async def delete_run_checkpoint(run_id: str, checkpoint_id: str, services: ServicesDep) -> dict:
-    path = await _path(services, run_id, checkpoint_id)
+async def delete_run_checkpoint(run_id: str, checkpoint_id: str, services: ServicesDep, user: UserDep) -> dict:
+    path = await _path(services, run_id, checkpoint_id, user)
     if not await remove_checkpoint(services, path):
         raise NotFound(f"checkpoint {checkpoint_id!r} of {run_id!r} does not exist", field="checkpoint_id")
     return {"deleted": path.uri}
 
 
 @router.post("/weights_info")
-async def weights_info(body: WeightsInfoRequest, services: ServicesDep) -> dict:
-    _, run = await services.saved_by(body.tinker_path, field="tinker_path")
+async def weights_info(body: WeightsInfoRequest, services: ServicesDep, user: UserDep) -> dict:
+    _, run = await services.saved_by(body.tinker_path, user, field="tinker_path")
     lora = run.lora_config
     return {
         "base_model": run.base_model,

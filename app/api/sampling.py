@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from fastapi import APIRouter
 
-from app.api.deps import Services, ServicesDep
+from app.api.deps import Services, ServicesDep, UserDep
 from app.db.samplers import SamplingSession, sampling_session_id_for
 from app.db.stability import sequence_ids
 from app.errors import LimitExceeded, Overloaded, UserError
@@ -18,11 +18,12 @@ from app.sampling.params import sample_args
 router = APIRouter(prefix="/api/v1")
 
 
-async def _adapter_of(services: Services, model_path: str) -> tuple[str, str]:
+async def _adapter_of(services: Services, model_path: str, user: str) -> tuple[str, str]:
     """(base model, adapter location) of saved sampler weights or a training checkpoint (both hold a PEFT
-    adapter); a user error if there is none."""
+    adapter) that `user` may read; a user error if there is none."""
     record, run = await services.saved_by(
         model_path,
+        user,
         field="model_path",
         kinds=("sampler_weights", "weights"),
         hint="sample from sampler_weights (save_weights_for_sampler) or weights (save_state)",
@@ -37,12 +38,12 @@ async def _adapter_of(services: Services, model_path: str) -> tuple[str, str]:
 
 
 @router.post("/create_sampling_session")
-async def create_sampling_session(body: CreateSamplingSessionRequest, services: ServicesDep) -> dict:
+async def create_sampling_session(body: CreateSamplingSessionRequest, services: ServicesDep, user: UserDep) -> dict:
     if (body.base_model is None) == (body.model_path is None):
         raise UserError("send exactly one of base_model and model_path", field="base_model")
-    await services.metadata.require_session(body.session_id)
+    await services.session(body.session_id, user)
     if body.model_path is not None:
-        base_model, adapter_location = await _adapter_of(services, body.model_path)
+        base_model, adapter_location = await _adapter_of(services, body.model_path, user)
     elif body.base_model is not None:  # always, after the exactly-one check above
         base_model, adapter_location = services.served_base_model(body.base_model).name, None
     session = await services.sampler_store.create(
@@ -60,8 +61,8 @@ async def create_sampling_session(body: CreateSamplingSessionRequest, services: 
 
 
 @router.get("/samplers/{sampling_session_id}")
-async def get_sampler(sampling_session_id: str, services: ServicesDep) -> dict:
-    session = await services.sampling_session(sampling_session_id)
+async def get_sampler(sampling_session_id: str, services: ServicesDep, user: UserDep) -> dict:
+    session = await services.sampling_session(sampling_session_id, user)
     return {
         "sampler_id": session.sampling_session_id,
         "base_model": session.base_model,
@@ -70,10 +71,10 @@ async def get_sampler(sampling_session_id: str, services: ServicesDep) -> dict:
 
 
 @router.post("/join_sampling_session")
-async def join_sampling_session(body: JoinSamplingSessionRequest, services: ServicesDep) -> dict:
+async def join_sampling_session(body: JoinSamplingSessionRequest, services: ServicesDep, user: UserDep) -> dict:
     """A client id unique within the sampling session (1, 2, ...; its first client is 0): an unpickled
     SamplingClient numbers its samples' seq_ids from client_counter * 1e9, so clones never collide."""
-    session = await services.sampling_session(body.sampling_session_id)
+    session = await services.sampling_session(body.sampling_session_id, user)
     counter = await services.sampler_store.join(session.sampling_session_id)
     return {"type": "join_sampling_session", "client_counter": counter}
 
@@ -92,8 +93,8 @@ async def _check_record_room(services: Services, session_id: str, num_samples: i
 
 
 @router.post("/asample")
-async def asample(body: SampleRequest, services: ServicesDep) -> dict:
-    session = await services.sampling_session(body.sampling_session_id)
+async def asample(body: SampleRequest, services: ServicesDep, user: UserDep) -> dict:
+    session = await services.sampling_session(body.sampling_session_id, user)
     model = services.model_limits.get(session.base_model)
     if model is None:
         raise UserError(

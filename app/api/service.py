@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Body
 
-from app.api.deps import ServicesDep
+from app.api.deps import ServicesDep, UserDep
 from app.api.sessions import unload_session_models
 from app.errors import Gone
 from app.protocol.wire import CreateSessionRequest, FinishSessionRequest, SessionHeartbeatRequest
@@ -44,22 +44,26 @@ async def capabilities(services: ServicesDep) -> dict:
 
 
 @router.post("/create_session")
-async def create_session(body: CreateSessionRequest, services: ServicesDep) -> dict:
+async def create_session(body: CreateSessionRequest, services: ServicesDep, user: UserDep) -> dict:
     session_id = await services.metadata.create_session(
-        body.sdk_version, body.tags, body.user_metadata or {}, body.project_id, body.display_name
+        body.sdk_version, body.tags, body.user_metadata or {}, body.project_id, body.display_name, owner=user
     )
     return {"session_id": session_id, "type": "create_session"}
 
 
 @router.post("/session_heartbeat")
-async def heartbeat(body: SessionHeartbeatRequest, services: ServicesDep) -> dict:
-    if not await services.metadata.heartbeat(body.session_id):
+async def heartbeat(body: SessionHeartbeatRequest, services: ServicesDep, user: UserDep) -> dict:
+    if not await services.owns(user, body.session_id) or not await services.metadata.heartbeat(body.session_id):
         raise Gone(f"session {body.session_id!r} does not exist or has ended", field="session_id")
     return {"type": "session_heartbeat"}
 
 
 @router.post("/sessions/{session_id}/finish")
-async def finish_session(session_id: str, services: ServicesDep, body: FinishSessionRequest = Body(None)) -> dict:
+async def finish_session(
+    session_id: str, services: ServicesDep, user: UserDep, body: FinishSessionRequest = Body(None)
+) -> dict:
+    if not await services.owns(user, session_id):  # as for a missing session: finishing is harmless
+        return {}
     reason = ((body.reason or {}).get("type") if body else None) or "success"
     await services.metadata.finish_session(session_id, str(reason))
     await unload_session_models(services, session_id)

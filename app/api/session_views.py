@@ -1,8 +1,9 @@
 """REST views of sessions (RestClient): list, get, search, and moving a session into a project.
 
-One tenant: `access_scope` and the search's `owner` are accepted and change nothing (every key sees every
-session). A session's status: `active` while open, `client_finished` with the reason its client gave when
-closed; a session that expired for want of heartbeats has none (the SDK's "neither finished nor running").
+Each user sees their own sessions only: `access_scope` and the search's `owner` are accepted and change nothing,
+and another user's session answers as a missing one does. A session's status: `active` while open,
+`client_finished` with the reason its client gave when closed; a session that expired for want of heartbeats has
+none (the SDK's "neither finished nor running").
 """
 
 from __future__ import annotations
@@ -12,14 +13,13 @@ from datetime import UTC, datetime
 
 from fastapi import APIRouter, Query
 
-from app.api.deps import ServicesDep
+from app.api.deps import ServicesDep, UserDep
 from app.db.session_views import SessionInfo, SessionQuery
 from app.errors import UserError
 from app.protocol.wire import SessionProjectRequest, SessionSearchRequest, SessionStatusQuery
 
 router = APIRouter(prefix="/api/v1")
 CLIENT_REASONS = ("success", "errored", "interrupted")
-OWNER = "tinker-serve"  # the one owner every session has
 
 
 def _iso(timestamp: float) -> str:
@@ -52,7 +52,7 @@ def _status_filter(queries: list[SessionStatusQuery] | None) -> Callable[[Sessio
     return matches
 
 
-def _query(body: SessionSearchRequest) -> SessionQuery:
+def _query(body: SessionSearchRequest, user: str) -> SessionQuery:
     if body.display_name is not None and not body.display_name.strip():
         raise UserError("display_name must not be empty; leave it out to match every name", field="display_name")
     before = None
@@ -63,6 +63,7 @@ def _query(body: SessionSearchRequest) -> SessionQuery:
             raise UserError("cursor.last_created_at is not an RFC 3339 datetime", field="cursor") from None
         before = (created.timestamp(), body.cursor.last_session_id)
     return SessionQuery(
+        owner=user,
         session_id=body.session_id,
         display_name=body.display_name,
         project_ids=body.project_ids,
@@ -72,11 +73,11 @@ def _query(body: SessionSearchRequest) -> SessionQuery:
     )
 
 
-def _summary(info: SessionInfo, totals: tuple[int, int]) -> dict:
+def _summary(info: SessionInfo, totals: tuple[int, int], owner: str) -> dict:
     return {
         "session_id": info.session_id,
         "created_at": _iso(info.created_at),
-        "owner": OWNER,
+        "owner": owner,
         "project_id": info.project_id or "",
         "status": status_of(info),
         "checkpoints_count": totals[0],
@@ -88,20 +89,20 @@ def _summary(info: SessionInfo, totals: tuple[int, int]) -> dict:
 
 @router.get("/sessions")
 async def list_sessions(
-    services: ServicesDep, limit: int = Query(20, ge=1, le=1000), offset: int = Query(0, ge=0)
+    services: ServicesDep, user: UserDep, limit: int = Query(20, ge=1, le=1000), offset: int = Query(0, ge=0)
 ) -> dict:
-    """Session ids, newest first (`cursor` is ours; the SDK reads `sessions`)."""
-    ids, total = await services.session_views.page(limit, offset)
+    """The caller's session ids, newest first (`cursor` is ours; the SDK reads `sessions`)."""
+    ids, total = await services.session_views.page(limit, offset, owner=user)
     return {"sessions": ids, "cursor": {"offset": offset, "limit": limit, "total_count": total}}
 
 
 @router.post("/sessions/search")
-async def search_sessions(body: SessionSearchRequest, services: ServicesDep) -> dict:
-    found, more = await services.session_views.search(_query(body), body.limit)
+async def search_sessions(body: SessionSearchRequest, services: ServicesDep, user: UserDep) -> dict:
+    found, more = await services.session_views.search(_query(body, user), body.limit)
     totals = await services.session_views.checkpoint_totals([s.session_id for s in found])
     last = found[-1] if more else None
     return {
-        "sessions": [_summary(s, totals.get(s.session_id, (0, 0))) for s in found],
+        "sessions": [_summary(s, totals.get(s.session_id, (0, 0)), user) for s in found],
         "next_cursor": None
         if last is None
         else {"last_created_at": _iso(last.created_at), "last_session_id": last.session_id},
@@ -109,7 +110,8 @@ async def search_sessions(body: SessionSearchRequest, services: ServicesDep) -> 
 
 
 @router.get("/sessions/{session_id}")
-async def get_session(session_id: str, services: ServicesDep) -> dict:
+async def get_session(session_id: str, services: ServicesDep, user: UserDep) -> dict:
+    await services.session(session_id, user)
     info = await services.session_views.get(session_id)
     runs, samplers = await services.session_views.members(session_id)
     return {
@@ -121,7 +123,8 @@ async def get_session(session_id: str, services: ServicesDep) -> dict:
 
 
 @router.put("/sessions/{session_id}/project")
-async def assign_project(session_id: str, body: SessionProjectRequest, services: ServicesDep) -> None:
+async def assign_project(session_id: str, body: SessionProjectRequest, services: ServicesDep, user: UserDep) -> None:
     if not body.project_id:
         raise UserError("send the destination project_id", field="project_id")
+    await services.session(session_id, user)
     await services.session_views.set_project(session_id, body.project_id)

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from fastapi import APIRouter, Query, Request
 
-from app.api.deps import ServicesDep
+from app.api.deps import ServicesDep, UserDep
 from app.api.downloads import sign
 from app.db.traces import RequestEvent
 from app.errors import Forbidden
@@ -48,9 +48,9 @@ def trace_json(session_id: str, events: Iterable[RequestEvent], now: float) -> d
 
 
 @router.get("/sessions/{session_id}/trace_export")
-async def trace_export(session_id: str, request: Request, services: ServicesDep) -> dict:
+async def trace_export(session_id: str, request: Request, services: ServicesDep, user: UserDep) -> dict:
     """Ready at once: the link builds the trace when fetched (valid limits.download_url_ttl_seconds)."""
-    await services.session_views.get(session_id)
+    await services.session(session_id, user)
     expires = int(time.time()) + services.config.limits.download_url_ttl_seconds
     signature = sign(services.url_signing_key, f"trace/{session_id}", expires)
     url = f"{str(request.base_url).rstrip('/')}{TRACE_PREFIX}{session_id}?expires={expires}&signature={signature}"

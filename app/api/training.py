@@ -14,7 +14,7 @@ from typing import TypeVar
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ValidationError
 
-from app.api.deps import Services, ServicesDep
+from app.api.deps import Services, ServicesDep, UserDep
 from app.api.errors import validation_message
 from app.db.metadata import TrainingRun
 from app.errors import TinkerServeError, UserError
@@ -41,13 +41,14 @@ _P = TypeVar("_P", bound=BaseModel)
 
 async def sequenced(
     services: Services,
+    user: str,
     kind: str,
     model_id: str,
     seq_id: int,
     build_op: Callable[[str, TrainingRun], Awaitable[SequencedOp]],
 ) -> dict:
-    """Create (or find, for a retry) the future of (model_id, seq_id) and queue its operation."""
-    run = await services.training_run(model_id)
+    """Create (or find, for a retry) the future of (model_id, seq_id) of `user`'s model and queue its operation."""
+    run = await services.training_run(model_id, user)
     request_id, created = await services.futures.create(kind, model_id, seq_id)
     if not created:
         log_request("retried", op=kind, model_id=model_id, seq_id=seq_id, tinker_request_id=request_id)
@@ -77,7 +78,7 @@ async def sequenced(
 
 
 @router.post("/forward_backward")
-async def forward_backward(request: Request, services: ServicesDep) -> dict:
+async def forward_backward(request: Request, services: ServicesDep, user: UserDep) -> dict:
     body = await request.body()
     ctype, encoding = request.headers.get("content-type", ""), request.headers.get("content-encoding")
     max_bytes = services.config.limits.max_request_bytes
@@ -92,7 +93,7 @@ async def forward_backward(request: Request, services: ServicesDep) -> dict:
         async def reject(_: str, __: TrainingRun) -> SequencedOp:
             raise rejection
 
-        return await sequenced(services, "forward_backward", *sequence, reject)
+        return await sequenced(services, user, "forward_backward", *sequence, reject)
 
     async def build(request_id: str, run: TrainingRun) -> SequencedOp:
         custom = await _custom_loss(services, run, decoded.loss_fn_config) if decoded.loss_fn == CUSTOM else None
@@ -109,7 +110,7 @@ async def forward_backward(request: Request, services: ServicesDep) -> dict:
         args = ForwardBackwardArgs(loss.name, loss.config, decoded.forward_only, batch, custom)
         return ForwardBackward(request_id, args)
 
-    return await sequenced(services, "forward_backward", decoded.model_id, decoded.seq_id, build)
+    return await sequenced(services, user, "forward_backward", decoded.model_id, decoded.seq_id, build)
 
 
 def _params(model: type[_P], raw: dict, name: str) -> _P:
@@ -130,7 +131,7 @@ async def _custom_loss(services: Services, run: TrainingRun, config: dict[str, f
 
 
 @router.post("/optim_step")
-async def optim_step(body: wire.OptimStepRequest, services: ServicesDep) -> dict:
+async def optim_step(body: wire.OptimStepRequest, services: ServicesDep, user: UserDep) -> dict:
     async def build(request_id: str, run: TrainingRun) -> SequencedOp:
         optimizer = run.lora_config.get("optimizer", "adamw")  # fixed at create_model (AdapterSpec.optimizer)
         if optimizer == "dimuon":
@@ -143,4 +144,4 @@ async def optim_step(body: wire.OptimStepRequest, services: ServicesDep) -> dict
         adam = _params(wire.AdamParams, body.adam_params, "adam_params")
         return OptimStep(request_id, AdamParams(**adam.model_dump()))
 
-    return await sequenced(services, "optim_step", body.model_id, body.seq_id, build)
+    return await sequenced(services, user, "optim_step", body.model_id, body.seq_id, build)

@@ -1,7 +1,8 @@
 """Usage (AdminClient, `tinker billing`): hourly token counts per session, and checkpoint storage per run.
 
-Counts are real (app.db.usage says when each is taken). This server prices nothing: every cost and rate is null.
-Storage rows are per training run (`training_run_id` and `session_id` ride along beside the SDK's fields).
+Counts are real (app.db.usage says when each is taken), and each user sees their own sessions' only. This server
+prices nothing: every cost and rate is null. Storage rows are per training run (`training_run_id` and `session_id`
+ride along beside the SDK's fields).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from datetime import UTC, datetime
 
 from fastapi import APIRouter
 
-from app.api.deps import ServicesDep
+from app.api.deps import ServicesDep, UserDep
 from app.db.session_views import SessionInfo
 from app.db.usage import HOUR_S, UsageRow
 from app.errors import LimitExceeded, NotFound, UserError
@@ -62,9 +63,9 @@ def _event(row: UsageRow, project_id: str | None) -> dict:
 
 
 @router.get("/billing/usage/events")
-async def usage_events(starting_on: datetime, ending_before: datetime, services: ServicesDep) -> dict:
+async def usage_events(starting_on: datetime, ending_before: datetime, services: ServicesDep, user: UserDep) -> dict:
     start, end = _window(starting_on, ending_before, services.config.limits.max_usage_window_hours)
-    rows = await services.usage.hours(start, end)
+    rows = await services.usage.hours(start, end, owner=user)
     sessions: dict[str, SessionInfo | None] = {}
     for session_id in dict.fromkeys(row.session_id for row in rows):
         try:
@@ -82,8 +83,8 @@ async def usage_events(starting_on: datetime, ending_before: datetime, services:
 
 
 @router.get("/billing/usage/checkpoints/current")
-async def checkpoint_storage(services: ServicesDep, project_id: str | None = None) -> dict:
-    runs = await services.usage.checkpoint_storage(project_id)
+async def checkpoint_storage(services: ServicesDep, user: UserDep, project_id: str | None = None) -> dict:
+    runs = await services.usage.checkpoint_storage(project_id, owner=user)
     return {
         "effective_rate_usd_per_gigabyte_month": None,
         "data": [

@@ -14,7 +14,8 @@ from sqlalchemy import ColumnElement, Row, and_, delete, func, insert, or_, sele
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db.schema import checkpoints
+from app.db.owners import session_ids_of
+from app.db.schema import checkpoints, training_runs
 from app.errors import NotFound, UserError
 from app.storage.paths import CheckpointPath
 
@@ -142,14 +143,19 @@ class CheckpointStore:
             )
         return [_from_row(row) for row in rows]
 
-    async def page(self, limit: int, offset: int) -> tuple[list[CheckpointRecord], int]:
-        """One page of every live checkpoint, newest first, and the total count."""
+    async def page(self, limit: int, offset: int, readable_by: str | None = None) -> tuple[list[CheckpointRecord], int]:
+        """One page of live checkpoints, newest first, and the total count: those `readable_by` may read (of the
+        sessions they see, and every published one), or every one (None)."""
         now = time.time()
+        scope = [_live(now)]
+        if readable_by is not None:
+            runs = select(training_runs.c.model_id).where(training_runs.c.session_id.in_(session_ids_of(readable_by)))
+            scope.append(or_(checkpoints.c.public == 1, checkpoints.c.model_id.in_(runs)))
         async with self._db.connect() as conn:
-            total = (await conn.execute(select(func.count()).select_from(checkpoints).where(_live(now)))).scalar_one()
+            total = (await conn.execute(select(func.count()).select_from(checkpoints).where(*scope))).scalar_one()
             rows = await conn.execute(
                 select(checkpoints)
-                .where(_live(now))
+                .where(*scope)
                 .order_by(
                     checkpoints.c.created_at.desc(), checkpoints.c.model_id, checkpoints.c.kind, checkpoints.c.name
                 )

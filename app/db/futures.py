@@ -22,10 +22,16 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.db.completions import CompletionLog, target_of
 from app.db.schema import futures, session_requests
 from app.db.wakeups import Wakeups
+from app.errors import NotFound
 
 
 def _samples(rows: Sequence[Row]) -> list[Row]:
     return [row for row in rows if row.kind == "sample" and row.model_id is not None and row.seq_id is not None]
+
+
+def future_not_found(request_id: str) -> NotFound:
+    """What a future that does not exist, or is another user's, answers."""
+    return NotFound(f"unknown request_id {request_id!r}", field="request_id")
 
 
 PROTO_CONTENT_TYPE = "application/x-protobuf"
@@ -166,6 +172,13 @@ class FutureStore:
         """Wake local waiters of a future finished by this or another process."""
         self._wakeups.wake(request_id)
         self.completions.wake(request_id)
+
+    async def session_of(self, request_id: str) -> str | None:
+        """The session a future belongs to (None: no such future). Every future's model_id is a model, sampling
+        session or custom loss id, and those start with their session id and a colon."""
+        async with self._db.connect() as conn:
+            model_id = await conn.scalar(select(futures.c.model_id).where(futures.c.request_id == request_id))
+        return None if model_id is None else str(model_id).split(":", 1)[0]
 
     async def get(self, request_id: str) -> Outcome:
         async with self._db.connect() as conn:

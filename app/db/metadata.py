@@ -11,6 +11,7 @@ from sqlalchemy import Row, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.db.owners import session_ids_of
 from app.db.schema import session_labels, sessions, training_runs
 from app.errors import NotFound, UserError
 
@@ -44,6 +45,16 @@ def _run_from_row(row: Row[Any]) -> TrainingRun:
     )
 
 
+def session_not_found(session_id: str) -> NotFound:
+    """What a session that does not exist, or is another user's, answers."""
+    return NotFound(f"session {session_id!r} does not exist; create a new ServiceClient", field="session_id")
+
+
+def model_not_found(model_id: str) -> NotFound:
+    """What a model that does not exist, or is another user's, answers."""
+    return NotFound(f"model {model_id!r} does not exist", field="model_id")
+
+
 def model_id_for(session_id: str, model_seq_id: int) -> str:
     """The mandatory Tinker model id format (the SDK builds it itself for create-from-state)."""
     return f"{session_id}:train:{model_seq_id}"
@@ -60,7 +71,9 @@ class MetadataStore:
         user_metadata: dict,
         project_id: str | None = None,
         display_name: str | None = None,
+        owner: str | None = None,
     ) -> str:
+        """A new session of `owner` (the user id; None only for sessions made outside any request)."""
         session_id = uuid.uuid4().hex[:16]
         now = time.time()
         async with self._db.begin() as conn:
@@ -72,6 +85,7 @@ class MetadataStore:
                     sdk_version=sdk_version,
                     tags=tags,
                     user_metadata=user_metadata,
+                    owner=owner,
                 )
             )
             if project_id is not None or display_name is not None:
@@ -119,11 +133,13 @@ class MetadataStore:
                 .values(finished_reason=reason)
             )
 
-    async def require_session(self, session_id: str) -> None:
+    async def owner_of(self, session_id: str) -> str | None:
+        """The session's owner (None: made before owners were recorded); NotFound when there is no session."""
         async with self._db.connect() as conn:
-            found = await conn.scalar(select(sessions.c.session_id).where(sessions.c.session_id == session_id))
-        if found is None:
-            raise NotFound(f"session {session_id!r} does not exist; create a new ServiceClient", field="session_id")
+            row = (await conn.execute(select(sessions.c.owner).where(sessions.c.session_id == session_id))).first()
+        if row is None:
+            raise session_not_found(session_id)
+        return row.owner
 
     async def add_training_run(self, run: TrainingRun) -> None:
         try:
@@ -151,15 +167,19 @@ class MetadataStore:
         async with self._db.connect() as conn:
             row = (await conn.execute(select(training_runs).where(training_runs.c.model_id == model_id))).first()
         if row is None:
-            raise NotFound(f"model {model_id!r} does not exist", field="model_id")
+            raise model_not_found(model_id)
         return _run_from_row(row)
 
-    async def list_training_runs(self, limit: int, offset: int) -> tuple[list[TrainingRun], int]:
-        """One page of runs, newest first, and the total count."""
+    async def list_training_runs(
+        self, limit: int, offset: int, owner: str | None = None
+    ) -> tuple[list[TrainingRun], int]:
+        """One page of runs (of the sessions `owner` sees; None: every run), newest first, and the total count."""
+        scope = [] if owner is None else [training_runs.c.session_id.in_(session_ids_of(owner))]
         async with self._db.connect() as conn:
-            total = (await conn.execute(select(func.count()).select_from(training_runs))).scalar_one()
+            total = (await conn.execute(select(func.count()).select_from(training_runs).where(*scope))).scalar_one()
             rows = await conn.execute(
                 select(training_runs)
+                .where(*scope)
                 .order_by(training_runs.c.created_at.desc(), training_runs.c.model_id)
                 .limit(limit)
                 .offset(offset)

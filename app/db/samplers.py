@@ -34,6 +34,14 @@ def sampling_session_id_for(session_id: str, sampling_session_seq_id: int) -> st
     return f"{session_id}:sample:{sampling_session_seq_id}"
 
 
+def sampler_not_found(sampling_session_id: str) -> NotFound:
+    """What a sampling session that does not exist, or is another user's, answers."""
+    return NotFound(
+        f"sampling session {sampling_session_id!r} does not exist (or expired); create a new sampling client",
+        field="sampling_session_id",
+    )
+
+
 def _from_row(row: Row) -> SamplingSession:
     return SamplingSession(
         sampling_session_id=row.sampling_session_id,
@@ -78,10 +86,7 @@ class SamplerStore:
                 )
             ).first()
         if row is None:
-            raise NotFound(
-                f"sampling session {sampling_session_id!r} does not exist (or expired); create a new sampling client",
-                field="sampling_session_id",
-            )
+            raise sampler_not_found(sampling_session_id)
         return _from_row(row)
 
     async def join(self, sampling_session_id: str, attempts: int = 5) -> int:

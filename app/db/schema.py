@@ -57,6 +57,7 @@ sessions = Table(
     Column("sdk_version", String(32)),
     Column("tags", JSON),
     Column("user_metadata", JSON),
+    Column("owner", String(64), index=True),  # the user (app.api.auth.user_id_of); null: made before users existed
 )
 
 training_runs = Table(
@@ -186,10 +187,14 @@ settings = Table(
 )
 
 schema_info = Table("schema_info", metadata, Column("version", Integer, primary_key=True))
-SCHEMA_VERSION = 4  # 1: before checkpoint rows (stops up to 9); 2: training_runs.last_seq_id (never read);
-# 3: before stability_records. Statements that bring a database of version v to v + 1 in place (new tables need
-# none: create_all adds them).
-_UPGRADES: dict[int, tuple[str, ...]] = {2: ("ALTER TABLE training_runs DROP COLUMN last_seq_id",), 3: ()}
+SCHEMA_VERSION = 5  # 1: before checkpoint rows (stops up to 9); 2: training_runs.last_seq_id (never read);
+# 3: before stability_records; 4: before sessions.owner. Statements that bring a database of version v to v + 1 in
+# place (new tables need none: create_all adds them).
+_UPGRADES: dict[int, tuple[str, ...]] = {
+    2: ("ALTER TABLE training_runs DROP COLUMN last_seq_id",),
+    3: (),
+    4: ("ALTER TABLE sessions ADD COLUMN owner VARCHAR(64)", "CREATE INDEX ix_sessions_owner ON sessions (owner)"),
+}
 
 
 class SchemaMismatch(RuntimeError):

@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import Row, Select, and_, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.db.owners import visible_to
 from app.db.schema import checkpoints, sampling_sessions, session_labels, sessions, training_runs
 from app.errors import NotFound
 
@@ -37,8 +38,9 @@ class SessionInfo:
 
 @dataclass(frozen=True)
 class SessionQuery:
-    """The SDK's SessionSearchRequest, less owner (one tenant: every session is the caller's)."""
+    """The SDK's SessionSearchRequest, within the sessions `owner` sees (None: every session)."""
 
+    owner: str | None = None
     session_id: str | None = None
     display_name: str | None = None
     project_ids: list[str] | None = None
@@ -80,7 +82,7 @@ def _newest_first(query: Select) -> Select:
 
 
 def _sql_filters(q: SessionQuery) -> list:
-    filters = []
+    filters = [] if q.owner is None else [visible_to(q.owner)]
     words = [_LIKE_SPECIALS.sub(r"\\\g<0>", word) for word in (q.display_name or "").split()]
     by_name = [session_labels.c.display_name.ilike(f"%{word}%", escape="\\") for word in words]
     if q.session_id is not None and by_name:
@@ -98,11 +100,14 @@ class SessionViews:
     def __init__(self, db: AsyncEngine) -> None:
         self._db = db
 
-    async def page(self, limit: int, offset: int) -> tuple[list[str], int]:
-        """One page of session ids, newest first, and the total count."""
+    async def page(self, limit: int, offset: int, owner: str | None = None) -> tuple[list[str], int]:
+        """One page of the ids of the sessions `owner` sees (None: every session), newest first, and the total
+        count."""
+        scope = [] if owner is None else [visible_to(owner)]
         async with self._db.connect() as conn:
-            total = (await conn.execute(select(func.count()).select_from(sessions))).scalar_one()
-            rows = await conn.execute(_newest_first(select(sessions.c.session_id)).limit(limit).offset(offset))
+            total = (await conn.execute(select(func.count()).select_from(sessions).where(*scope))).scalar_one()
+            query = _newest_first(select(sessions.c.session_id).where(*scope))
+            rows = await conn.execute(query.limit(limit).offset(offset))
         return [row.session_id for row in rows], int(total)
 
     async def get(self, session_id: str) -> SessionInfo:

@@ -17,6 +17,7 @@ from sqlalchemy import func, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.db.owners import session_ids_of
 from app.db.schema import checkpoints, session_labels, training_runs, usage_hours
 
 logger = logging.getLogger("tinker_serve.usage")
@@ -74,19 +75,21 @@ class UsageStore:
         except Exception:
             logger.exception("counting %s tokens of session %s failed", counts, session_id)
 
-    async def hours(self, start: float, end: float) -> list[UsageRow]:
-        """Rows of the hours in [start, end), ordered by hour then descending token count."""
+    async def hours(self, start: float, end: float, owner: str | None = None) -> list[UsageRow]:
+        """Rows of the hours in [start, end) (of the sessions `owner` sees; None: every session), ordered by hour
+        then descending token count."""
+        scope = [] if owner is None else [usage_hours.c.session_id.in_(session_ids_of(owner))]
         async with self._db.connect() as conn:
             rows = await conn.execute(
                 select(usage_hours)
-                .where(usage_hours.c.bucket_start >= start, usage_hours.c.bucket_start < end)
+                .where(usage_hours.c.bucket_start >= start, usage_hours.c.bucket_start < end, *scope)
                 .order_by(usage_hours.c.bucket_start, usage_hours.c.token_count.desc(), usage_hours.c.session_id)
             )
             return [UsageRow(r.bucket_start, r.session_id, r.base_model, r.kind, int(r.token_count)) for r in rows]
 
-    async def checkpoint_storage(self, project_id: str | None = None) -> list[RunStorage]:
-        """Per run with live checkpoints (of sessions in `project_id`, if given): their count and bytes, largest
-        first."""
+    async def checkpoint_storage(self, project_id: str | None = None, owner: str | None = None) -> list[RunStorage]:
+        """Per run with live checkpoints (of sessions in `project_id`, if given, and that `owner` sees, if given):
+        their count and bytes, largest first."""
         size = func.sum(checkpoints.c.size_bytes)
         runs = checkpoints.join(training_runs, checkpoints.c.model_id == training_runs.c.model_id).outerjoin(
             session_labels, training_runs.c.session_id == session_labels.c.session_id
@@ -102,6 +105,8 @@ class UsageStore:
         )
         if project_id is not None:
             query = query.where(session_labels.c.project_id == project_id)
+        if owner is not None:
+            query = query.where(training_runs.c.session_id.in_(session_ids_of(owner)))
         async with self._db.connect() as conn:
             rows = await conn.execute(query)
             return [RunStorage(r[0], r[1], r[2], int(r[3]), int(r[4] or 0)) for r in rows]

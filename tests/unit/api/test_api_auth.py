@@ -34,6 +34,16 @@ def test_loopback_accepts_any_tml_key(client: str) -> None:
     check_api_key(make_request(key="tml-x", client=client), LOOPBACK, frozenset())
 
 
+def test_each_key_is_its_own_user_named_without_the_key() -> None:
+    alice, bob = (check_api_key(make_request(key=k), LOOPBACK, frozenset()) for k in ("tml-alice", "tml-bob"))
+    assert alice == check_api_key(make_request(key="tml-alice", client="::1"), LOOPBACK, frozenset())
+    assert alice is not None and bob is not None and alice != bob
+    assert "alice" not in alice and alice.startswith("user-")
+    keys = frozenset({"secret-1", "secret-2"})
+    configured = {check_api_key(make_request(key=k, client="10.1.2.3"), "api_keys", keys) for k in sorted(keys)}
+    assert len(configured) == 2 and not any("secret" in str(user) for user in configured)
+
+
 @pytest.mark.parametrize(
     ("key", "client"),
     [

@@ -60,7 +60,7 @@ def test_model_id_format() -> None:
 def test_session_lifecycle(tmp_path: Path) -> None:
     async def body(store: MetadataStore, engine) -> None:
         before = time.time()
-        sid = await store.create_session("0.9.0", ["a", "b"], {"user": "me"})
+        sid = await store.create_session("0.9.0", ["a", "b"], {"user": "me"}, owner="user-alice")
         assert len(sid) == 16
         row = await _session_row(engine, sid)
         assert (row.sdk_version, row.tags, row.user_metadata, row.finished_reason) == (
@@ -70,7 +70,8 @@ def test_session_lifecycle(tmp_path: Path) -> None:
             None,
         )
         assert row.created_at >= before
-        await store.require_session(sid)
+        assert await store.owner_of(sid) == "user-alice"
+        assert await store.owner_of(await store.create_session(None, [], {})) is None  # made outside any request
 
         await asyncio.sleep(0.01)
         assert await store.heartbeat(sid) is True
@@ -84,10 +85,10 @@ def test_session_lifecycle(tmp_path: Path) -> None:
     run_with_store(tmp_path / "m.db", body)
 
 
-def test_require_unknown_session(tmp_path: Path) -> None:
+def test_owner_of_unknown_session(tmp_path: Path) -> None:
     async def body(store: MetadataStore, _engine) -> None:
         with pytest.raises(NotFound) as info:
-            await store.require_session("missing")
+            await store.owner_of("missing")
         assert info.value.field == "session_id"
         assert info.value.status_code == 404
 

@@ -1,5 +1,5 @@
-"""Schema upgrades in place: a version-2 database (training_runs.last_seq_id, NOT NULL, no default) becomes
-the current version on start, keeping its rows, and takes new runs afterwards."""
+"""Schema upgrades in place: a version-2 database (training_runs.last_seq_id, NOT NULL, no default; sessions without
+an owner) becomes the current version on start, keeping its rows, and takes new runs and owned sessions afterwards."""
 
 from __future__ import annotations
 
@@ -17,6 +17,9 @@ _V2_TRAINING_RUNS = """CREATE TABLE training_runs (
     model_id VARCHAR(200) PRIMARY KEY, session_id VARCHAR(64) NOT NULL, base_model VARCHAR(200) NOT NULL,
     lora_rank INTEGER NOT NULL, role VARCHAR(16) NOT NULL, trainer VARCHAR(220) NOT NULL, lora_config JSON NOT NULL,
     user_metadata JSON, created_at FLOAT NOT NULL, last_seq_id INTEGER NOT NULL, unloaded INTEGER NOT NULL)"""
+_V2_SESSIONS = """CREATE TABLE sessions (
+    session_id VARCHAR(64) PRIMARY KEY, created_at FLOAT NOT NULL, last_heartbeat FLOAT NOT NULL,
+    finished_reason VARCHAR(32), sdk_version VARCHAR(32), tags JSON, user_metadata JSON)"""
 
 
 def _run(model_id: str) -> TrainingRun:
@@ -39,6 +42,9 @@ def _version_2_database(path: Path) -> None:
     with sqlite3.connect(path) as conn:
         conn.execute("DROP TABLE training_runs")
         conn.execute(_V2_TRAINING_RUNS)
+        conn.execute("DROP TABLE sessions")
+        conn.execute(_V2_SESSIONS)
+        conn.execute("INSERT INTO sessions VALUES ('s', 1.0, 1.0, NULL, '0.25', '[]', '{}')")
         conn.execute(
             "INSERT INTO training_runs VALUES ('s:train:0', 's', 'b', 4, 'policy', 'b', '{}', '{}', 1.0, 7, 0)"
         )
@@ -46,7 +52,7 @@ def _version_2_database(path: Path) -> None:
 
 
 def test_version_2_upgrades_in_place_to_the_current_version(tmp_path: Path) -> None:
-    assert SCHEMA_VERSION == 4
+    assert SCHEMA_VERSION == 5
     path = tmp_path / "v2.sqlite"
     _version_2_database(path)
 
@@ -54,13 +60,15 @@ def test_version_2_upgrades_in_place_to_the_current_version(tmp_path: Path) -> N
         store = MetadataStore(db)
         await store.add_training_run(_run("s:train:1"))  # fails while last_seq_id (NOT NULL) is still there
         assert (await store.get_training_run("s:train:0")).base_model == "b"
+        assert await store.owner_of("s") is None  # made before owners: everyone's (app.db.owners)
+        assert await store.owner_of(await store.create_session("0.38", [], {}, owner="user-a")) == "user-a"
 
     run_on_db(path, body)
     run_on_db(path, lambda db: asyncio.sleep(0))  # reopening an upgraded database is fine
     with sqlite3.connect(path) as conn:
         columns = [row[1] for row in conn.execute("PRAGMA table_info(training_runs)")]
         assert "last_seq_id" not in columns and "unloaded" in columns
-        assert conn.execute("SELECT version FROM schema_info").fetchall() == [(4,)]
+        assert conn.execute("SELECT version FROM schema_info").fetchall() == [(5,)]
         assert conn.execute("SELECT count(*) FROM stability_records").fetchone() == (0,)
         assert conn.execute("SELECT count(*) FROM training_runs").fetchone() == (2,)
 
