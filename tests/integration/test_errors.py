@@ -99,7 +99,7 @@ def _fb_body(model_id: str, seq_id: int, datum: types.Datum) -> bytes:
 
 
 def test_http_level_errors_and_idempotent_resubmit(base_url, service_client):
-    headers = {"X-API-Key": "tml-raw", "Content-Type": "application/x-protobuf"}
+    headers = {"X-API-Key": "tml-integration-tests", "Content-Type": "application/x-protobuf"}
     with httpx.Client(base_url=base_url, timeout=30) as http:
         assert http.post("/api/v1/create_session", json={}, headers={"X-API-Key": "nope"}).status_code == 401
         bad = http.post("/api/v1/forward_backward", content=b"\xff\x00garbage", headers=headers)

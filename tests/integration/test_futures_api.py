@@ -22,7 +22,7 @@ PROBE = list(range(20, 36))  # tokens of the datum whose logprobs show the weigh
 
 @pytest.fixture(scope="module")
 def http(base_url):
-    with httpx.Client(base_url=base_url, timeout=60, headers={"X-API-Key": "tml-futures"}) as client:
+    with httpx.Client(base_url=base_url, timeout=60, headers={"X-API-Key": "tml-integration-tests"}) as client:
         yield client
 
 
@@ -182,7 +182,7 @@ def test_clones_join_the_sampling_session(service_client):
     original = service_client.create_sampling_client(base_model=BASE_MODEL).result()
     handle = original.get_sampler_handle()
     clones = [
-        tinker.SamplingClient.from_sampler_handle(handle, api_key="tml-clone") for _ in range(2)
+        tinker.SamplingClient.from_sampler_handle(handle, api_key="tml-integration-tests") for _ in range(2)
     ]  # each a second client of the same sampling session, with its own connection and poller
     prompt, params = types.ModelInput.from_ints(PROBE), types.SamplingParams(max_tokens=5, temperature=0.0, seed=2)
     expected = original.sample(prompt, 1, params).result().sequences[0].tokens

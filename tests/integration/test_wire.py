@@ -31,7 +31,7 @@ def setup(base_url, service_client):
         model_input=types.ModelInput.from_ints(TOKENS), loss_fn_inputs={"target_tokens": TARGETS, "weights": [1.0] * 4}
     )
     expected = tc.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
-    with httpx.Client(base_url=base_url, timeout=60, headers={"X-API-Key": "tml-wire"}) as http:
+    with httpx.Client(base_url=base_url, timeout=60, headers={"X-API-Key": "tml-integration-tests"}) as http:
         yield tc, http, expected
 
 
