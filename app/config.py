@@ -137,11 +137,14 @@ class BaseModelConfig(_Strict):
 
 
 class AuthConfig(_Strict):
-    """`any_tml_key_on_loopback`: any `tml-` key from 127.0.0.0/8 or ::1 (the laptop default).
-    `api_keys`: keys from the environment variable and/or a secret file (one key per line)."""
+    """`any_tml_key_on_loopback`: any `tml-` key from 127.0.0.0/8 or ::1 (the laptop default), each its own user.
+    `api_keys`: keys issued by `tinker-serve keys create`, and keys from the environment variable and/or a secret
+    file (one key per line), each its own user."""
 
     mode: Literal["any_tml_key_on_loopback", "api_keys"] = "api_keys"
     api_keys_file: str | None = None
+    # how long a replica trusts what it read of a key; a revoked key stops working on every replica within this
+    key_cache_seconds: float = Field(2.0, ge=0)
 
     def load_keys(self) -> frozenset[str]:
         keys = {k.strip() for k in os.environ.get(API_KEYS_ENV, "").split(",") if k.strip()}

@@ -9,6 +9,7 @@ from typing import Any
 
 from ray.serve.handle import DeploymentHandle
 
+from app.api.auth import Authenticator
 from app.api.deps import Services
 from app.api.main import create_api
 from app.api.retention import remove_expired_checkpoints
@@ -18,6 +19,7 @@ from app.db.checkpoints import CheckpointStore
 from app.db.copies import CopyLog
 from app.db.custom_losses import CustomLossStore
 from app.db.futures import FutureStore
+from app.db.keys import KeyStore
 from app.db.metadata import MetadataStore
 from app.db.samplers import SamplerStore
 from app.db.schema import connect, create_tables
@@ -82,7 +84,7 @@ class Ingress:
             custom_losses=CustomLossStore(db),
             samplers=ServeSamplerClient(samplers, futures),
             model_limits={name: ModelLimits(**limits) for name, limits in model_limits.items()},
-            api_keys=cfg.auth.load_keys(),
+            auth=Authenticator(cfg.auth.mode, cfg.auth.load_keys(), KeyStore(db), cfg.auth.key_cache_seconds),
             url_signing_key=await shared_secret(db, "url_signing_key"),
         )
         sampler_ttl = limits.ephemeral_sampler_ttl_seconds

@@ -1,19 +1,25 @@
-"""X-API-Key checks, and who the caller is: any `tml-` key from loopback in the laptop default, else configured keys
-only. Each distinct key is its own user, named by a hash of the key (the key itself is never stored or logged)."""
+"""Who the caller is. `presented_key` checks what a request shows for the mode (any `tml-` key from loopback in the
+laptop default; else issued or configured keys); `Authenticator` turns the key into its user through the key
+store: issued keys belong to their named user, and any other accepted key is enrolled on first use as a user of its
+own. Revoked and expired keys are refused. Keys are compared and stored only as hashes, and never logged."""
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import ipaddress
+import time
+from dataclasses import dataclass, field
 
 from fastapi import Request
 
+from app.db.keys import KEY_PREFIX, KeyRecord, KeyStore, key_hash
 from app.errors import Unauthorized
 
 OPEN_PATHS = frozenset({"/api/v1/healthz", "/ready", "/docs", "/openapi.json"})
 SIGNED_PREFIXES = ("/api/v1/downloads/", "/api/v1/traces/")  # a signature in the URL authorises these
 HUB_PREFIX = "/hub/"  # Hugging Face clients send their token as `Authorization: Bearer` (HF_TOKEN), never a key
+LOOPBACK_MODE = "any_tml_key_on_loopback"
+_TOUCH_EVERY_S = 60.0  # last_used_at is written at most this often per key and replica
 
 
 def _is_loopback(host: str | None) -> bool:
@@ -23,14 +29,9 @@ def _is_loopback(host: str | None) -> bool:
         return host == "localhost"
 
 
-def user_id_of(key: str) -> str:
-    """The user a key stands for: `user-` and 16 hex digits of its SHA-256 (one-way: the id reveals no key)."""
-    return "user-" + hashlib.sha256(key.encode()).hexdigest()[:16]
-
-
-def check_api_key(request: Request, mode: str, keys: frozenset[str]) -> str | None:
-    """The caller's user id; None on routes that need no key (health, signed links, the base models' tokenizers
-    on loopback). Unauthorized when the key is missing or unknown."""
+def presented_key(request: Request, mode: str) -> str | None:
+    """The API key the request presents; None on routes that need none (health, signed links, and on loopback
+    the base models' tokenizers). Unauthorized when the mode cannot accept it."""
     if request.url.path in OPEN_PATHS or request.url.path.startswith(SIGNED_PREFIXES):
         return None
     key = request.headers.get("x-api-key", "")
@@ -38,16 +39,62 @@ def check_api_key(request: Request, mode: str, keys: frozenset[str]) -> str | No
     if hub and not key:
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         key = token if scheme.lower() == "bearer" else ""
-    if mode == "any_tml_key_on_loopback":
-        client = request.client.host if request.client else None
-        if _is_loopback(client) and key.startswith("tml-"):
-            return user_id_of(key)
-        if hub and _is_loopback(client):  # the base models' tokenizers need no key
+    if mode == LOOPBACK_MODE:
+        loopback = _is_loopback(request.client.host if request.client else None)
+        if loopback and key.startswith(KEY_PREFIX):
+            return key
+        if hub and loopback and not key:
             return None
         raise Unauthorized("send an X-API-Key starting with 'tml-' from 127.0.0.1 (any such key is accepted)")
-    if not any(hmac.compare_digest(key, k) for k in keys):
-        raise Unauthorized(
-            "unknown API key: set TINKER_API_KEY (HF_TOKEN for the /hub routes) to a key listed in "
-            "the server's configuration"
-        )
-    return user_id_of(key)
+    if not key:
+        raise Unauthorized("send your API key in X-API-Key (TINKER_API_KEY; HF_TOKEN for the /hub routes)")
+    return key
+
+
+@dataclass
+class Authenticator:
+    mode: str
+    configured: frozenset[str]  # keys the operator configured (environment or secret file)
+    keys: KeyStore
+    cache_s: float  # how long a key's record is trusted before it is read again
+    _cache: dict[str, tuple[KeyRecord, float]] = field(default_factory=dict)  # key hash -> (record, read at)
+    _touched: dict[int, float] = field(default_factory=dict)
+
+    async def authenticate(self, request: Request) -> KeyRecord | None:
+        """The record of the caller's key (None on routes that need none); Unauthorized otherwise."""
+        key = presented_key(request, self.mode)
+        if key is None:
+            return None
+        now = time.time()
+        record = await self._record(key, now)
+        if not record.usable(now):
+            raise Unauthorized("this API key was revoked or has expired: ask your server's operator for a new one")
+        if now - self._touched.get(record.key_id, 0.0) > _TOUCH_EVERY_S:
+            self._touched[record.key_id] = now
+            await self.keys.touch(record.key_id, now)
+        return record
+
+    def forget(self, key: str) -> None:
+        """Drop a key's cached record (after revoking it here)."""
+        self._cache.pop(key_hash(key), None)
+
+    async def _record(self, key: str, now: float) -> KeyRecord:
+        digest = key_hash(key)
+        cached = self._cache.get(digest)
+        if cached is not None and now - cached[1] < self.cache_s:
+            return cached[0]
+        record = await self.keys.find(key)
+        if record is None or record.origin != "issued":  # else accepted while the mode or configuration says so
+            if self.mode == LOOPBACK_MODE:
+                record = record or await self.keys.enroll(key, "enrolled")
+            elif any(hmac.compare_digest(key, k) for k in self.configured):
+                record = record or await self.keys.enroll(key, "configured")
+            else:
+                raise Unauthorized(
+                    "unknown API key: set TINKER_API_KEY (HF_TOKEN for the /hub routes) to a key issued by "
+                    "`tinker-serve keys create` or listed in the server's configuration"
+                )
+        if len(self._cache) > 100_000:
+            self._cache.clear()
+        self._cache[digest] = (record, now)
+        return record

@@ -8,6 +8,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from app.api.auth import Authenticator
 from app.api.backends import SamplerClient, TrainerClient
 from app.config import BaseModelConfig, ServerConfig
 from app.db.checkpoints import CheckpointRecord, CheckpointStore
@@ -43,7 +44,7 @@ class Services:
     custom_losses: CustomLossStore  # losses made by create_custom_loss
     samplers: SamplerClient
     model_limits: dict[str, ModelLimits]  # by base model name
-    api_keys: frozenset[str]
+    auth: Authenticator  # API key -> user
     url_signing_key: str  # signs download URLs; shared by every ingress replica (see app.db.settings)
     _runs: dict[str, TrainingRun] = field(default_factory=dict)
     _sampling_sessions: dict[str, SamplingSession] = field(default_factory=dict)

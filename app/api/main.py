@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import Depends, FastAPI, Request
 
 from app.api import (
+    apikeys,
     checkpoints,
     copies,
     custom_losses,
@@ -21,16 +22,17 @@ from app.api import (
     unsupported,
     usage,
 )
-from app.api.auth import check_api_key
 from app.api.errors import register_exception_handlers
 from app.errors import Unavailable
 
 
-def authenticate(request: Request) -> None:
-    """Every route's first dependency (cheaper than an HTTP middleware on each request): the key's user, or None on
-    routes that need no key, goes to `request.state.user` (app.api.deps.UserDep)."""
-    services = request.app.state.services
-    request.state.user = check_api_key(request, services.config.auth.mode, services.api_keys)
+async def authenticate(request: Request) -> None:
+    """Every route's first dependency (cheaper than an HTTP middleware on each request): the caller's key record
+    goes to `request.state.key` and its user to `request.state.user` (app.api.deps.UserDep); both None on routes
+    that need no key."""
+    record = await request.app.state.services.auth.authenticate(request)
+    request.state.key = record
+    request.state.user = record.owner if record is not None else None
 
 
 def create_api() -> FastAPI:
@@ -40,6 +42,7 @@ def create_api() -> FastAPI:
     )
     for router in (
         service.router,
+        apikeys.router,
         models.router,
         training.router,
         custom_losses.router,

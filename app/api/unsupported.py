@@ -13,10 +13,7 @@ from app.errors import UserError
 
 router = APIRouter(prefix="/api/v1")
 
-_TENANCY = (
-    "this server has no per-user API keys yet: its keys are configured by the operator (serve_config.yaml "
-    "auth.api_keys, or any tml- key on loopback)"
-)
+_NOT_YET = "this server has API keys (`tinker-serve keys`) but no JWT exchange or audit log yet"
 
 
 @dataclass(frozen=True)
@@ -27,10 +24,8 @@ class Unsupported:
 
 
 UNSUPPORTED = (
-    Unsupported("GET", "/auth/apikey/me", f"key details: {_TENANCY}; `tinker auth login` cannot verify a key here"),
-    Unsupported("DELETE", "/auth/apikey/me", f"revoking a key: {_TENANCY}; ask the operator to remove it"),
-    Unsupported("POST", "/auth/token", f"JWT exchange: {_TENANCY}; send the API key itself (client/config never asks)"),
-    Unsupported("GET", "/audit", f"the audit log: {_TENANCY}; the request log (README 'Logs') records every call"),
+    Unsupported("POST", "/auth/token", f"JWT exchange: {_NOT_YET}; send the API key itself (client/config never asks)"),
+    Unsupported("GET", "/audit", f"the audit log: {_NOT_YET}; the request log (README 'Logs') records every call"),
 )
 
 

@@ -179,6 +179,28 @@ custom_losses = Table(
     Column("created_at", Float, nullable=False),
 )
 
+users = Table(
+    "users",
+    metadata,  # people given keys by `tinker-serve keys create` (keys enrolled on first use have none)
+    Column("name", String(64), primary_key=True),  # the owner id of their sessions
+    Column("created_at", Float, nullable=False),
+)
+
+api_keys = Table(
+    "api_keys",
+    metadata,  # every key the server knows, by the SHA-256 of the secret (the secret itself is never stored)
+    Column("key_id", Integer, primary_key=True, autoincrement=True),
+    Column("key_hash", String(64), nullable=False, unique=True),
+    Column("owner", String(64), nullable=False, index=True),  # a users.name, or user-<hash> for an enrolled key
+    Column("name", String(200), nullable=False),
+    Column("hint", String(16), nullable=False),  # the secret's last 4 characters, to tell keys apart in lists
+    Column("origin", String(16), nullable=False),  # issued | enrolled (a tml- key on loopback) | configured
+    Column("created_at", Float, nullable=False),
+    Column("last_used_at", Float),
+    Column("expires_at", Float),  # null: never
+    Column("revoked_at", Float),
+)
+
 settings = Table(
     "settings",
     metadata,  # server-wide values every replica shares (e.g. the download-URL signing key)
@@ -188,8 +210,8 @@ settings = Table(
 
 schema_info = Table("schema_info", metadata, Column("version", Integer, primary_key=True))
 SCHEMA_VERSION = 5  # 1: before checkpoint rows (stops up to 9); 2: training_runs.last_seq_id (never read);
-# 3: before stability_records; 4: before sessions.owner. Statements that bring a database of version v to v + 1 in
-# place (new tables need none: create_all adds them).
+# 3: before stability_records; 4: before sessions.owner, users and api_keys. Statements that bring a database of
+# version v to v + 1 in place (new tables need none: create_all adds them).
 _UPGRADES: dict[int, tuple[str, ...]] = {
     2: ("ALTER TABLE training_runs DROP COLUMN last_seq_id",),
     3: (),

@@ -1,12 +1,21 @@
-"""check_api_key on hand-built ASGI requests (no network), and the open health path through the app."""
+"""presented_key on hand-built ASGI requests (no network); the Authenticator over a real SQLite key store (enrolment,
+issued, configured, revoked and expired keys, hash-only storage); and the open health path through the app."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from pathlib import Path
+
 import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.requests import Request
 
-from app.api.auth import check_api_key
+from app.api.auth import Authenticator, presented_key
+from app.db.keys import KeyStore, enrolled_owner
+from app.db.schema import connect
 from app.errors import Unauthorized
+from tests.conftest import run_on_db
 
 LOOPBACK = "any_tml_key_on_loopback"
 
@@ -31,17 +40,7 @@ def make_request(
 
 @pytest.mark.parametrize("client", ["127.0.0.1", "127.8.9.10", "::1", "localhost"])
 def test_loopback_accepts_any_tml_key(client: str) -> None:
-    check_api_key(make_request(key="tml-x", client=client), LOOPBACK, frozenset())
-
-
-def test_each_key_is_its_own_user_named_without_the_key() -> None:
-    alice, bob = (check_api_key(make_request(key=k), LOOPBACK, frozenset()) for k in ("tml-alice", "tml-bob"))
-    assert alice == check_api_key(make_request(key="tml-alice", client="::1"), LOOPBACK, frozenset())
-    assert alice is not None and bob is not None and alice != bob
-    assert "alice" not in alice and alice.startswith("user-")
-    keys = frozenset({"secret-1", "secret-2"})
-    configured = {check_api_key(make_request(key=k, client="10.1.2.3"), "api_keys", keys) for k in sorted(keys)}
-    assert len(configured) == 2 and not any("secret" in str(user) for user in configured)
+    assert presented_key(make_request(key="tml-x", client=client), LOOPBACK) == "tml-x"
 
 
 @pytest.mark.parametrize(
@@ -58,31 +57,25 @@ def test_each_key_is_its_own_user_named_without_the_key() -> None:
 )
 def test_loopback_mode_rejects(key: str | None, client: str | None) -> None:
     with pytest.raises(Unauthorized) as info:
-        check_api_key(make_request(key=key, client=client), LOOPBACK, frozenset())
+        presented_key(make_request(key=key, client=client), LOOPBACK)
     assert info.value.status_code == 401
     assert info.value.to_body()["category"] == "user"
 
 
-def test_api_keys_mode_accepts_only_configured_keys() -> None:
-    keys = frozenset({"secret-1", "secret-2"})
-    check_api_key(make_request(key="secret-2", client="10.1.2.3"), "api_keys", keys)
-    for key in ("tml-x", "secret-", "secret-10", "", None):
+def test_api_keys_mode_needs_a_key() -> None:
+    assert presented_key(make_request(key="secret-2", client="10.1.2.3"), "api_keys") == "secret-2"
+    for key in ("", None):
         with pytest.raises(Unauthorized):
-            check_api_key(make_request(key=key, client="127.0.0.1"), "api_keys", keys)
-
-
-def test_api_keys_mode_with_no_keys_rejects_empty_key() -> None:
-    with pytest.raises(Unauthorized):
-        check_api_key(make_request(key=""), "api_keys", frozenset())
+            presented_key(make_request(key=key), "api_keys")
 
 
 @pytest.mark.parametrize("path", ["/api/v1/healthz", "/ready", "/docs", "/openapi.json"])
 def test_open_paths_need_no_key(path: str) -> None:
-    check_api_key(make_request(path, key=None, client="10.1.2.3"), "api_keys", frozenset({"k"}))
-    check_api_key(make_request(path, key=None, client="10.1.2.3"), LOOPBACK, frozenset())
+    assert presented_key(make_request(path, key=None, client="10.1.2.3"), "api_keys") is None
+    assert presented_key(make_request(path, key=None, client="10.1.2.3"), LOOPBACK) is None
 
 
-def test_healthz_open_through_the_app_and_other_routes_are_not() -> None:
+def test_healthz_open_through_the_app_and_other_routes_are_not(tmp_path: Path) -> None:
     from fastapi.testclient import TestClient
 
     from app.api.deps import Services
@@ -91,7 +84,9 @@ def test_healthz_open_through_the_app_and_other_routes_are_not() -> None:
 
     api = create_api()
     config = ServerConfig(base_models=[{"name": "tiny", "path": "models/tiny"}], auth={"mode": LOOPBACK})
-    # Only config, api_keys and the signing key are reached by the auth dependency and these routes.
+    run_on_db(tmp_path / "keys.sqlite", lambda db: asyncio.sleep(0))  # the tables; the app's engine opens lazily
+    keys = KeyStore(connect(f"sqlite+aiosqlite:///{tmp_path / 'keys.sqlite'}"))
+    # Only config, auth and the signing key are reached by the auth dependency and these routes.
     api.state.services = Services(
         config=config,
         futures=None,
@@ -108,7 +103,7 @@ def test_healthz_open_through_the_app_and_other_routes_are_not() -> None:
         custom_losses=None,
         samplers=None,
         model_limits={},
-        api_keys=frozenset(),
+        auth=Authenticator(LOOPBACK, frozenset(), keys, cache_s=0),
         url_signing_key="k",
     )
     remote = TestClient(api, client=("10.1.2.3", 40000))
@@ -125,19 +120,57 @@ def test_healthz_open_through_the_app_and_other_routes_are_not() -> None:
 
 def test_hub_routes_take_the_key_as_a_bearer_token() -> None:
     """Hugging Face clients send HF_TOKEN as `Authorization: Bearer`; on loopback the tokenizer files need none."""
-    check_api_key(make_request(path="/hub/tinker-serve/tiny/resolve/main/config.json"), LOOPBACK, frozenset())
+    assert presented_key(make_request(path="/hub/tinker-serve/tiny/resolve/main/config.json"), LOOPBACK) is None
     with pytest.raises(Unauthorized):
-        check_api_key(make_request(path="/hub/a/b/resolve/main/config.json", client="10.1.2.3"), LOOPBACK, frozenset())
-    keys = frozenset({"secret-1"})
+        presented_key(make_request(path="/hub/a/b/resolve/main/config.json", client="10.1.2.3"), LOOPBACK)
     request = make_request(path="/hub/a/b/resolve/main/config.json", client="10.1.2.3")
     request.scope["headers"].append((b"authorization", b"Bearer secret-1"))
-    check_api_key(request, "api_keys", keys)
-    for header in (b"Bearer secret-2", b"Basic secret-1", b"secret-1"):
+    assert presented_key(request, "api_keys") == "secret-1"
+    for header in (b"Basic secret-1", b"secret-1"):
         request = make_request(path="/hub/a/b/resolve/main/config.json", client="10.1.2.3")
         request.scope["headers"].append((b"authorization", header))
         with pytest.raises(Unauthorized):
-            check_api_key(request, "api_keys", keys)
+            presented_key(request, "api_keys")
     api_request = make_request(path="/api/v1/create_session", client="10.1.2.3")  # the Tinker API wants X-API-Key
     api_request.scope["headers"].append((b"authorization", b"Bearer secret-1"))
     with pytest.raises(Unauthorized):
-        check_api_key(api_request, "api_keys", keys)
+        presented_key(api_request, "api_keys")
+
+
+def test_each_key_is_a_user_and_refused_once_revoked_or_expired(tmp_path: Path) -> None:
+    async def body(db: AsyncEngine) -> None:
+        keys = KeyStore(db)
+        loopback = Authenticator(LOOPBACK, frozenset(), keys, cache_s=0)
+
+        async def owner(auth: Authenticator, key: str, client: str = "127.0.0.1") -> str:
+            record = await auth.authenticate(make_request(key=key, client=client))
+            assert record is not None
+            return record.owner
+
+        alice, bob = await owner(loopback, "tml-alice"), await owner(loopback, "tml-bob")  # enrolled on first use
+        assert alice == enrolled_owner("tml-alice") != bob and "alice" not in alice
+        assert await owner(loopback, "tml-alice") == alice
+        secret, issued = await keys.issue("carol", "laptop")
+        assert secret.startswith("tml-") and len(secret) > 40 and await owner(loopback, secret) == "carol"
+
+        configured = Authenticator("api_keys", frozenset({"ops-key"}), keys, cache_s=0)
+        assert await owner(configured, secret, client="10.1.2.3") == "carol"
+        assert await owner(configured, "ops-key", client="10.1.2.3") == enrolled_owner("ops-key")
+        for unknown in ("tml-alice", "ops-", "tml-never-seen"):  # enrolled on loopback is not enough here
+            with pytest.raises(Unauthorized):
+                await owner(configured, unknown, client="10.1.2.3")
+
+        await keys.revoke(issued.key_id)
+        with pytest.raises(Unauthorized, match="revoked or has expired"):
+            await owner(loopback, secret)
+        short, _ = await keys.issue("dave", "ci", expires_at=time.time() + 0.2)
+        assert await owner(loopback, short) == "dave"
+        await asyncio.sleep(0.3)
+        with pytest.raises(Unauthorized, match="revoked or has expired"):
+            await owner(loopback, short)
+        assert {(k.owner, k.origin) for k in await keys.keys_of()} >= {("carol", "issued"), (alice, "enrolled")}
+
+    path = tmp_path / "keys.sqlite"
+    run_on_db(path, body)
+    stored = b"".join(p.read_bytes() for p in tmp_path.glob("keys.sqlite*"))
+    assert b"tml-" not in stored and b"ops-key" not in stored  # hashes only

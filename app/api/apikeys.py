@@ -1,0 +1,40 @@
+"""The caller's own API key, as `tinker auth login` / `logout` ask: `GET /auth/apikey/me` describes it and
+`DELETE /auth/apikey/me` revokes it (and nothing else). Issuing and listing keys is the operator's job:
+`tinker-serve keys`."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from app.api.deps import ServicesDep
+from app.db.keys import KeyRecord
+
+router = APIRouter(prefix="/api/v1")
+ORGANIZATION = "tinker-serve"
+
+
+def _caller_key(request: Request) -> KeyRecord:
+    record: KeyRecord = request.state.key  # always set: these routes need a key (app.api.main.authenticate)
+    return record
+
+
+@router.get("/auth/apikey/me")
+async def describe_own_key(request: Request) -> dict:
+    """The SDK's SelfApiKeyResponse; the user's name stands where the hosted service has an email."""
+    record = _caller_key(request)
+    return {
+        "key_id": record.key_id,
+        "name": record.name,
+        "note": f"{record.origin} key ending in {record.hint}",
+        "details": {"org_details": {"name": ORGANIZATION}, "user_details": {"email": record.owner}},
+    }
+
+
+@router.delete("/auth/apikey/me")
+async def revoke_own_key(request: Request, services: ServicesDep) -> dict:
+    """Revoke the key this request presents: its next call, on any replica, is refused (within
+    auth.key_cache_seconds on the others)."""
+    record = _caller_key(request)
+    await services.auth.keys.revoke(record.key_id, owner=record.owner)
+    services.auth.forget(request.headers.get("x-api-key", ""))
+    return {}
