@@ -39,9 +39,30 @@ def run_on_db(where: Path | str, body: Callable[..., Awaitable[T]]) -> T:
 
     async def main() -> T:
         db = connect(sqlite_url(where) if isinstance(where, Path) else where)
-        await create_tables(db)
         try:
+            await create_tables(db)
             return await body(db)
+        finally:
+            await db.dispose()
+
+    return asyncio.run(main())
+
+
+def run_sql(url: str, *statements: str) -> list[tuple]:
+    """Run raw SQL `statements` in one transaction on the database at `url`; the rows of the last one."""
+    from sqlalchemy import text
+
+    from app.db.schema import connect
+
+    async def main() -> list[tuple]:
+        db = connect(url)
+        try:
+            async with db.begin() as conn:
+                rows: list[tuple] = []
+                for statement in statements:
+                    result = await conn.execute(text(statement))
+                    rows = [tuple(row) for row in result] if result.returns_rows else []
+                return rows
         finally:
             await db.dispose()
 

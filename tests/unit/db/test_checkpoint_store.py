@@ -4,10 +4,8 @@ expiry, publish, paging and delete; and the schema-version check of the database
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import TypeVar
 
 import pytest
@@ -16,12 +14,12 @@ from app.db.checkpoints import CheckpointRecord, CheckpointStore
 from app.db.schema import SCHEMA_VERSION, SchemaMismatch
 from app.errors import NotFound, UserError
 from app.storage.paths import checkpoint_path
-from tests.conftest import run_on_db
+from tests.conftest import run_on_db, run_sql
 
 T = TypeVar("T")
 
 
-def run_with_store(db: Path | str, body: Callable[[CheckpointStore], Awaitable[T]]) -> T:
+def run_with_store(db: str, body: Callable[[CheckpointStore], Awaitable[T]]) -> T:
     return run_on_db(db, lambda database: body(CheckpointStore(database)))
 
 
@@ -89,16 +87,14 @@ def test_publish_and_paging_newest_first(db_url: str) -> None:
     run_with_store(db_url, body)
 
 
-def test_a_database_of_another_schema_version_is_refused(tmp_path: Path) -> None:
-    old = tmp_path / "old.sqlite"
-    with sqlite3.connect(old) as conn:  # what stops up to 9 made: tables, no recorded version
-        conn.execute("CREATE TABLE futures (request_id TEXT PRIMARY KEY)")
+def test_a_database_of_another_schema_version_is_refused(new_db_url: Callable[[], str]) -> None:
+    old = new_db_url()
+    run_sql(old, "CREATE TABLE futures (request_id VARCHAR(64) PRIMARY KEY)")  # what stops up to 9 made: no version
     with pytest.raises(SchemaMismatch, match=f"schema version 1, and this tinker-serve needs {SCHEMA_VERSION}"):
         run_with_store(old, lambda store: asyncio.sleep(0))
-    fresh = tmp_path / "fresh.sqlite"
+    fresh = new_db_url()
     run_with_store(fresh, lambda store: asyncio.sleep(0))
     run_with_store(fresh, lambda store: asyncio.sleep(0))  # reopening a current database is fine
-    with sqlite3.connect(fresh) as conn:
-        conn.execute("UPDATE schema_info SET version = ?", (SCHEMA_VERSION + 1,))
+    run_sql(fresh, f"UPDATE schema_info SET version = {SCHEMA_VERSION + 1}")
     with pytest.raises(SchemaMismatch, match="start with a fresh state_dir"):
         run_with_store(fresh, lambda store: asyncio.sleep(0))
