@@ -137,3 +137,16 @@ def test_a_busy_poller_trims_only_every_so_often(db_url: str) -> None:
         assert [c.cursor for c in await log.read(ORIGINAL, 0)] == [TRIM_EVERY, TRIM_EVERY + 1]
 
     run_with_store(db_url, body)
+
+
+def test_samples_finishing_together_get_distinct_cursors(db_url: str) -> None:
+    """Many samples of one queue finishing at once (on Postgres their cursor inserts race and retry)."""
+
+    async def body(store: FutureStore) -> tuple[list[str], list[Completion]]:
+        ids = [(await store.create("sample", SESSION, seq))[0] for seq in range(1, 13)]
+        await asyncio.gather(*(store.complete(request_id, b"p", PROTO_CONTENT_TYPE) for request_id in ids))
+        return ids, await store.completions.read(ORIGINAL, 0)
+
+    ids, found = run_with_store(db_url, body)
+    assert [c.cursor for c in found] == list(range(1, 13))
+    assert sorted(c.request_id for c in found) == sorted(ids)

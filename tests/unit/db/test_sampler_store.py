@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from pathlib import Path
@@ -80,3 +81,12 @@ def test_join_numbers_clients_per_session(db_url: str) -> None:
         return [await store.join("s:sample:0"), await store.join("s:sample:0"), await store.join("s:sample:1")]
 
     assert run(db_url, body) == [1, 2, 1]  # the original client of each session is 0
+
+
+def test_concurrent_joins_get_distinct_numbers(db_url: str) -> None:
+    """Replicas joining one sampling session at once (on Postgres they race for the same number and retry)."""
+
+    async def body(store: SamplerStore) -> list[int]:
+        return list(await asyncio.gather(*(store.join("s:sample:0") for _ in range(12))))
+
+    assert sorted(run(db_url, body)) == list(range(1, 13))
