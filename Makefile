@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export RAY_TRAIN_V2_ENABLED := 1
 
-.PHONY: setup model serve lint test unit bench sdk-compat clean
+.PHONY: setup model serve lint test unit bench sdk-compat postgres clean
 
 setup: $(STAMP)
 
@@ -48,7 +48,17 @@ $(OLD_SDK_VENV)/.installed: requirements/sdk-0.25-lock.txt
 	$(OLD_SDK_VENV)/bin/pip install -q --no-deps -r requirements/sdk-0.25-lock.txt
 	touch $@
 
-test: lint model sdk-compat
+# The PostgreSQL server binaries the tests start a throwaway server from (tests/postgres.py finds them under
+# /usr/lib/postgresql/<major>/bin, not on PATH): Debian's `postgresql`, installed only when missing (CI runs as root).
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; \
+	  else \
+	    echo "PostgreSQL server binaries missing: run 'sudo apt-get install -y postgresql', then make test" >&2; exit 1; \
+	  fi; }
+
+test: lint model sdk-compat postgres
 	$(PY) -m pytest tests -v -p no:cacheprovider
 
 bench: setup

@@ -5,12 +5,17 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from tests.postgres import PostgresServer, PostgresUnavailable, postgres_server  # noqa: E402 (sets $PGPASSWORD)
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TINKER_TELEMETRY", "0")
@@ -23,16 +28,52 @@ TINY_MODEL = ROOT / "models" / "tiny"
 T = TypeVar("T")
 
 
-def run_on_db(path: Path, body: Callable[..., Awaitable[T]]) -> T:
-    """Run `body(db)` against a real SQLite file at `path` with every table created (the stores' unit tests)."""
+def sqlite_url(path: Path) -> str:
+    return "sqlite+aiosqlite:///" + str(path)
+
+
+def run_on_db(where: Path | str, body: Callable[..., Awaitable[T]]) -> T:
+    """Run `body(db)` against a real database with every table created (the stores' unit tests): a SQLite file at
+    `where` when it is a path, else the database at the URL `where` (e.g. the `db_url` fixture's Postgres)."""
     from app.db.schema import connect, create_tables
 
     async def main() -> T:
-        db = connect("sqlite+aiosqlite:///" + str(path))
-        await create_tables(db)
+        db = connect(sqlite_url(where) if isinstance(where, Path) else where)
         try:
+            await create_tables(db)
             return await body(db)
         finally:
             await db.dispose()
 
     return asyncio.run(main())
+
+
+def run_sql(url: str, *statements: str) -> list[tuple]:
+    """Run raw SQL `statements` in one transaction on the database at `url`; the rows of the last one."""
+    from sqlalchemy import text
+
+    from app.db.schema import connect
+
+    async def main() -> list[tuple]:
+        db = connect(url)
+        try:
+            async with db.begin() as conn:
+                rows: list[tuple] = []
+                for statement in statements:
+                    result = await conn.execute(text(statement))
+                    rows = [tuple(row) for row in result] if result.returns_rows else []
+                return rows
+        finally:
+            await db.dispose()
+
+    return asyncio.run(main())
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL server of this test session's own (tests/postgres.py); it fails, not skips, when none starts."""
+    try:
+        with postgres_server() as server:
+            yield server
+    except PostgresUnavailable as exc:
+        pytest.fail(f"PostgreSQL tests cannot run: {exc}", pytrace=False)

@@ -66,8 +66,10 @@ def server_config(state_dir: Path) -> dict:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The multi-node module, with a cluster of its own, runs before the shared Ray starts; modules that replace
-    the shared Serve app run last, in this order."""
-    first, last = ("test_multinode.py",), ("test_worker_failure.py", "test_object_storage.py")
+    the shared Serve app run last, in this order (the Postgres app last of all: the shared client's session is not
+    in its database, so nothing after it could use that client)."""
+    first = ("test_multinode.py",)
+    last = ("test_worker_failure.py", "test_object_storage.py", "test_postgres_app.py")
     items.sort(
         key=lambda item: (
             -1 if item.path.name in first else last.index(item.path.name) + 1 if item.path.name in last else 0

@@ -1,13 +1,11 @@
-"""CheckpointStore over a real SQLite file: commit (refused, or overwrite returning the replaced location),
+"""CheckpointStore on SQLite and PostgreSQL: commit (refused, or overwrite returning the replaced location),
 expiry, publish, paging and delete; and the schema-version check of the database."""
 
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import TypeVar
 
 import pytest
@@ -16,12 +14,12 @@ from app.db.checkpoints import CheckpointRecord, CheckpointStore
 from app.db.schema import SCHEMA_VERSION, SchemaMismatch
 from app.errors import NotFound, UserError
 from app.storage.paths import checkpoint_path
-from tests.conftest import run_on_db
+from tests.conftest import run_on_db, run_sql
 
 T = TypeVar("T")
 
 
-def run_with_store(db: Path, body: Callable[[CheckpointStore], Awaitable[T]]) -> T:
+def run_with_store(db: str, body: Callable[[CheckpointStore], Awaitable[T]]) -> T:
     return run_on_db(db, lambda database: body(CheckpointStore(database)))
 
 
@@ -32,7 +30,7 @@ def _record(
     return CheckpointRecord(path, path.new_location(), 10, created_at, expires_at, False, {"step": name})
 
 
-def test_commit_refuses_or_overwrites(tmp_path: Path) -> None:
+def test_commit_refuses_or_overwrites(db_url: str) -> None:
     async def body(store: CheckpointStore) -> None:
         first = _record("c1", 1.0)
         assert await store.commit(first, overwrite=False) is None
@@ -48,10 +46,10 @@ def test_commit_refuses_or_overwrites(tmp_path: Path) -> None:
         with pytest.raises(NotFound, match="does not exist"):
             await store.get(first.path)
 
-    run_with_store(tmp_path / "db.sqlite", body)
+    run_with_store(db_url, body)
 
 
-def test_expiry_hides_at_once_and_the_sweep_finds_it(tmp_path: Path) -> None:
+def test_expiry_hides_at_once_and_the_sweep_finds_it(db_url: str) -> None:
     async def body(store: CheckpointStore) -> None:
         now = time.time()
         expired = _record("old", 1.0, expires_at=now - 1)
@@ -69,10 +67,10 @@ def test_expiry_hides_at_once_and_the_sweep_finds_it(tmp_path: Path) -> None:
             await store.update(checkpoint_path("s:train:0", "weights", "nope"), public=1)
         assert info.value.field == "checkpoint_id"
 
-    run_with_store(tmp_path / "db.sqlite", body)
+    run_with_store(db_url, body)
 
 
-def test_publish_and_paging_newest_first(tmp_path: Path) -> None:
+def test_publish_and_paging_newest_first(db_url: str) -> None:
     async def body(store: CheckpointStore) -> None:
         for i in range(5):
             await store.commit(
@@ -86,19 +84,17 @@ def test_publish_and_paging_newest_first(tmp_path: Path) -> None:
         assert view["checkpoint_id"] == "sampler_weights/c3" and view["user_metadata"] == {"step": "c3"}
         assert "expires_at" not in view
 
-    run_with_store(tmp_path / "db.sqlite", body)
+    run_with_store(db_url, body)
 
 
-def test_a_database_of_another_schema_version_is_refused(tmp_path: Path) -> None:
-    old = tmp_path / "old.sqlite"
-    with sqlite3.connect(old) as conn:  # what stops up to 9 made: tables, no recorded version
-        conn.execute("CREATE TABLE futures (request_id TEXT PRIMARY KEY)")
+def test_a_database_of_another_schema_version_is_refused(new_db_url: Callable[[], str]) -> None:
+    old = new_db_url()
+    run_sql(old, "CREATE TABLE futures (request_id VARCHAR(64) PRIMARY KEY)")  # what stops up to 9 made: no version
     with pytest.raises(SchemaMismatch, match=f"schema version 1, and this tinker-serve needs {SCHEMA_VERSION}"):
         run_with_store(old, lambda store: asyncio.sleep(0))
-    fresh = tmp_path / "fresh.sqlite"
+    fresh = new_db_url()
     run_with_store(fresh, lambda store: asyncio.sleep(0))
     run_with_store(fresh, lambda store: asyncio.sleep(0))  # reopening a current database is fine
-    with sqlite3.connect(fresh) as conn:
-        conn.execute("UPDATE schema_info SET version = ?", (SCHEMA_VERSION + 1,))
+    run_sql(fresh, f"UPDATE schema_info SET version = {SCHEMA_VERSION + 1}")
     with pytest.raises(SchemaMismatch, match="start with a fresh state_dir"):
         run_with_store(fresh, lambda store: asyncio.sleep(0))

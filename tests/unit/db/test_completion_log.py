@@ -1,10 +1,9 @@
-"""Sampling sessions' completion queues (retrieve_futures) over a real SQLite file, fed by FutureStore."""
+"""Sampling sessions' completion queues (retrieve_futures) on SQLite and PostgreSQL, fed by FutureStore."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
 
 from app.db.completions import TRIM_EVERY, Completion, Target, target_of
 from app.db.futures import PROTO_CONTENT_TYPE, Failed, FutureStore
@@ -20,7 +19,7 @@ def test_targets_split_seq_ids_by_clone() -> None:
     assert target_of(SESSION, 2_000_000_003) == CLONE
 
 
-def test_finished_samples_join_their_queue_in_order(tmp_path: Path) -> None:
+def test_finished_samples_join_their_queue_in_order(db_url: str) -> None:
     async def body(store: FutureStore) -> None:
         first, _ = await store.create("sample", SESSION, 1)
         second, _ = await store.create("sample", SESSION, 2)
@@ -43,10 +42,10 @@ def test_finished_samples_join_their_queue_in_order(tmp_path: Path) -> None:
             {"state": "failed", "request_id": first},
         ]
 
-    run_with_store(tmp_path / "c.db", body)
+    run_with_store(db_url, body)
 
 
-def test_trim_keeps_the_last_seen_so_numbers_go_on(tmp_path: Path) -> None:
+def test_trim_keeps_the_last_seen_so_numbers_go_on(db_url: str) -> None:
     async def body(store: FutureStore) -> None:
         ids = [(await store.create("sample", SESSION, seq))[0] for seq in (1, 2, 3)]
         for request_id in ids[:2]:
@@ -56,10 +55,10 @@ def test_trim_keeps_the_last_seen_so_numbers_go_on(tmp_path: Path) -> None:
         await store.complete(ids[2], b"p", PROTO_CONTENT_TYPE)
         assert await store.completions.read(ORIGINAL, 2) == [Completion(3, ids[2], "finished", 1)]
 
-    run_with_store(tmp_path / "t.db", body)
+    run_with_store(db_url, body)
 
 
-def test_stale_and_cancelled_samples_are_reported_failed(tmp_path: Path) -> None:
+def test_stale_and_cancelled_samples_are_reported_failed(db_url: str) -> None:
     async def body(store: FutureStore) -> None:
         stale, _ = await store.create("sample", SESSION, 1)
         doomed, _ = await store.create("sample", SESSION, 2)
@@ -78,10 +77,10 @@ def test_stale_and_cancelled_samples_are_reported_failed(tmp_path: Path) -> None
             (stale, "failed"),
         ]
 
-    run_with_store(tmp_path / "s.db", body)
+    run_with_store(db_url, body)
 
 
-def test_wait_wakes_when_a_tracked_sample_finishes_here(tmp_path: Path) -> None:
+def test_wait_wakes_when_a_tracked_sample_finishes_here(db_url: str) -> None:
     async def body(store: FutureStore) -> tuple[list[Completion], float, list[Completion]]:
         request_id, _ = await store.create("sample", SESSION, 1)
 
@@ -96,17 +95,17 @@ def test_wait_wakes_when_a_tracked_sample_finishes_here(tmp_path: Path) -> None:
         await task
         return found, elapsed, await store.completions.wait(ORIGINAL, found[-1].cursor, timeout_s=0.3)
 
-    found, elapsed, nothing = run_with_store(tmp_path / "w.db", body, poll_interval_s=80.0)  # its first timer: 5 s
+    found, elapsed, nothing = run_with_store(db_url, body, poll_interval_s=80.0)  # its first timer: 5 s
     assert [c.cursor for c in found] == [1] and elapsed < 2.0
     assert nothing == []
 
 
-def test_wait_sees_another_replicas_completion_by_polling(tmp_path: Path) -> None:
-    db = tmp_path / "r.db"
+def test_wait_sees_another_replicas_completion_by_polling(db_url: str) -> None:
+    db = db_url
 
     async def body(first: FutureStore) -> tuple[list[Completion], float]:
         request_id, _ = await first.create("sample", SESSION, 1)
-        engine = connect("sqlite+aiosqlite:///" + str(db))
+        engine = connect(db)
         second = FutureStore(engine, poll_interval_s=0.2)  # another replica: none of its waiters are woken
 
         async def finish_later() -> None:
@@ -126,7 +125,7 @@ def test_wait_sees_another_replicas_completion_by_polling(tmp_path: Path) -> Non
     assert [c.cursor for c in found] == [1] and elapsed < 2.0
 
 
-def test_a_busy_poller_trims_only_every_so_often(tmp_path: Path) -> None:
+def test_a_busy_poller_trims_only_every_so_often(db_url: str) -> None:
     async def body(store: FutureStore) -> None:
         for seq in range(1, TRIM_EVERY + 2):
             request_id, _ = await store.create("sample", SESSION, seq)
@@ -137,4 +136,17 @@ def test_a_busy_poller_trims_only_every_so_often(tmp_path: Path) -> None:
         await log.trim(ORIGINAL, TRIM_EVERY, idle=False)
         assert [c.cursor for c in await log.read(ORIGINAL, 0)] == [TRIM_EVERY, TRIM_EVERY + 1]
 
-    run_with_store(tmp_path / "b.db", body)
+    run_with_store(db_url, body)
+
+
+def test_samples_finishing_together_get_distinct_cursors(db_url: str) -> None:
+    """Many samples of one queue finishing at once (on Postgres their cursor inserts race and retry)."""
+
+    async def body(store: FutureStore) -> tuple[list[str], list[Completion]]:
+        ids = [(await store.create("sample", SESSION, seq))[0] for seq in range(1, 13)]
+        await asyncio.gather(*(store.complete(request_id, b"p", PROTO_CONTENT_TYPE) for request_id in ids))
+        return ids, await store.completions.read(ORIGINAL, 0)
+
+    ids, found = run_with_store(db_url, body)
+    assert [c.cursor for c in found] == list(range(1, 13))
+    assert sorted(c.request_id for c in found) == sorted(ids)

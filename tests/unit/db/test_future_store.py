@@ -1,11 +1,10 @@
-"""FutureStore over a real SQLite file: states, idempotent create, long-poll wake-ups, durability."""
+"""FutureStore on SQLite and PostgreSQL: states, idempotent create, long-poll wake-ups, durability."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import TypeVar
 
 import pytest
@@ -24,9 +23,9 @@ from app.db.schema import connect, create_tables
 T = TypeVar("T")
 
 
-def run_with_store(db: Path, body: Callable[[FutureStore], Awaitable[T]], **kw: float) -> T:
+def run_with_store(db: str, body: Callable[[FutureStore], Awaitable[T]], **kw: float) -> T:
     async def main() -> T:
-        engine = connect("sqlite+aiosqlite:///" + str(db))
+        engine = connect(db)
         await create_tables(engine)
         try:
             return await body(FutureStore(engine, **kw))
@@ -37,11 +36,11 @@ def run_with_store(db: Path, body: Callable[[FutureStore], Awaitable[T]], **kw: 
 
 
 @pytest.fixture
-def db(tmp_path: Path) -> Path:
-    return tmp_path / "f.db"
+def db(db_url: str) -> str:
+    return db_url
 
 
-def test_create_is_pending(db: Path) -> None:
+def test_create_is_pending(db: str) -> None:
     async def body(store: FutureStore) -> None:
         rid, created = await store.create("forward_backward", "s:train:0", 1)
         assert created
@@ -51,7 +50,7 @@ def test_create_is_pending(db: Path) -> None:
     run_with_store(db, body)
 
 
-def test_same_model_seq_returns_same_id(db: Path) -> None:
+def test_same_model_seq_returns_same_id(db: str) -> None:
     async def body(store: FutureStore) -> None:
         rid, created = await store.create("forward_backward", "s:train:0", 7)
         again, created_again = await store.create("forward_backward", "s:train:0", 7)
@@ -65,7 +64,7 @@ def test_same_model_seq_returns_same_id(db: Path) -> None:
     run_with_store(db, body)
 
 
-def test_complete_and_fail(db: Path) -> None:
+def test_complete_and_fail(db: str) -> None:
     async def body(store: FutureStore) -> None:
         a, _ = await store.create("optim_step", "m", 1)
         b, _ = await store.create("optim_step", "m", 2)
@@ -78,7 +77,7 @@ def test_complete_and_fail(db: Path) -> None:
     run_with_store(db, body)
 
 
-def test_stale_samples_are_failed_and_nothing_else(db: Path) -> None:
+def test_stale_samples_are_failed_and_nothing_else(db: str) -> None:
     from app.sampling.expiry import fail_stale_samples
 
     async def body(store: FutureStore) -> None:
@@ -99,7 +98,7 @@ def test_stale_samples_are_failed_and_nothing_else(db: Path) -> None:
     run_with_store(db, body)
 
 
-def test_finished_future_is_not_changed_later(db: Path) -> None:
+def test_finished_future_is_not_changed_later(db: str) -> None:
     async def body(store: FutureStore) -> None:
         rid, _ = await store.create("optim_step", "m", 1)
         await store.complete(rid, b"{}", JSON_CONTENT_TYPE)
@@ -130,7 +129,7 @@ async def _complete_while_waiting(
     return outcome, time.monotonic() - start
 
 
-def test_wait_wakes_on_local_completion(db: Path) -> None:
+def test_wait_wakes_on_local_completion(db: str) -> None:
     async def body(store: FutureStore) -> tuple[object, float]:
         return await _complete_while_waiting(store, store, b"done", 0.05)
 
@@ -140,7 +139,7 @@ def test_wait_wakes_on_local_completion(db: Path) -> None:
     assert elapsed < 0.5
 
 
-def test_wait_times_out_pending(db: Path) -> None:
+def test_wait_times_out_pending(db: str) -> None:
     async def body(store: FutureStore) -> tuple[object, float]:
         rid, _ = await store.create("forward", "m", 1)
         start = time.monotonic()
@@ -152,7 +151,7 @@ def test_wait_times_out_pending(db: Path) -> None:
     assert 0.3 <= elapsed < 2.0
 
 
-def test_wait_unknown_returns_at_once(db: Path) -> None:
+def test_wait_unknown_returns_at_once(db: str) -> None:
     async def body(store: FutureStore) -> object:
         return await store.wait("missing", timeout_s=5.0)
 
@@ -161,9 +160,9 @@ def test_wait_unknown_returns_at_once(db: Path) -> None:
     assert time.monotonic() - start < 2.0
 
 
-def test_other_process_sees_completion_by_polling(db: Path) -> None:
+def test_other_process_sees_completion_by_polling(db: str) -> None:
     async def body(first: FutureStore) -> tuple[object, float]:
-        second_engine = connect("sqlite+aiosqlite:///" + str(db))
+        second_engine = connect(db)
         second = FutureStore(second_engine, poll_interval_s=0.2)  # "another replica", its own events
         try:
             return await _complete_while_waiting(first, second, b"remote", 0.1)
@@ -175,7 +174,7 @@ def test_other_process_sees_completion_by_polling(db: Path) -> None:
     assert elapsed < 1.0
 
 
-def test_results_survive_new_engine(db: Path) -> None:
+def test_results_survive_new_engine(db: str) -> None:
     async def write(store: FutureStore) -> tuple[str, str, str]:
         done, _ = await store.create("optim_step", "m", 1)
         bad, _ = await store.create("optim_step", "m", 2)
@@ -198,7 +197,7 @@ def test_results_survive_new_engine(db: Path) -> None:
     ]
 
 
-def test_every_local_waiter_wakes_at_once(db: Path) -> None:
+def test_every_local_waiter_wakes_at_once(db: str) -> None:
     """A waiter that gives up first must not take the wake-up away from one still waiting."""
 
     async def body(store: FutureStore) -> tuple[object, object, float]:
@@ -219,7 +218,7 @@ def test_every_local_waiter_wakes_at_once(db: Path) -> None:
     assert elapsed < 0.5
 
 
-def test_fail_pending_of_fails_only_pending_futures_of_those_models(db: Path) -> None:
+def test_fail_pending_of_fails_only_pending_futures_of_those_models(db: str) -> None:
     async def body(store: FutureStore) -> None:
         done, _ = await store.create("optim_step", "a", 1)
         await store.complete(done, b"{}", JSON_CONTENT_TYPE)

@@ -1,4 +1,4 @@
-"""MetadataStore over a real SQLite file: sessions and training runs."""
+"""MetadataStore on SQLite and PostgreSQL: sessions and training runs."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import TypeVar
 
 import pytest
@@ -19,9 +18,9 @@ from app.errors import NotFound, UserError
 T = TypeVar("T")
 
 
-def run_with_store(db: Path, body: Callable[[MetadataStore, object], Awaitable[T]]) -> T:
+def run_with_store(db: str, body: Callable[[MetadataStore, object], Awaitable[T]]) -> T:
     async def main() -> T:
-        engine = connect("sqlite+aiosqlite:///" + str(db))
+        engine = connect(db)
         await create_tables(engine)
         try:
             return await body(MetadataStore(engine), engine)
@@ -57,7 +56,7 @@ def test_model_id_format() -> None:
     assert model_id_for("s", 42) == "s:train:42"
 
 
-def test_session_lifecycle(tmp_path: Path) -> None:
+def test_session_lifecycle(db_url: str) -> None:
     async def body(store: MetadataStore, engine) -> None:
         before = time.time()
         sid = await store.create_session("0.9.0", ["a", "b"], {"user": "me"}, owner="user-alice")
@@ -82,20 +81,20 @@ def test_session_lifecycle(tmp_path: Path) -> None:
         await store.finish_session(sid, "expired")  # the first reason sticks
         assert (await _session_row(engine, sid)).finished_reason == "client_closed"
 
-    run_with_store(tmp_path / "m.db", body)
+    run_with_store(db_url, body)
 
 
-def test_owner_of_unknown_session(tmp_path: Path) -> None:
+def test_owner_of_unknown_session(db_url: str) -> None:
     async def body(store: MetadataStore, _engine) -> None:
         with pytest.raises(NotFound) as info:
             await store.owner_of("missing")
         assert info.value.field == "session_id"
         assert info.value.status_code == 404
 
-    run_with_store(tmp_path / "m.db", body)
+    run_with_store(db_url, body)
 
 
-def test_training_run_round_trip(tmp_path: Path) -> None:
+def test_training_run_round_trip(db_url: str) -> None:
     async def body(store: MetadataStore, _engine) -> TrainingRun:
         await store.add_training_run(_run("sess:train:0"))
         await store.add_training_run(_run("sess:train:1"))
@@ -103,10 +102,10 @@ def test_training_run_round_trip(tmp_path: Path) -> None:
         assert (await store.get_training_run("sess:train:1")).unloaded is True
         return await store.get_training_run("sess:train:0")
 
-    assert run_with_store(tmp_path / "m.db", body) == _run("sess:train:0")
+    assert run_with_store(db_url, body) == _run("sess:train:0")
 
 
-def test_routing_table(tmp_path: Path) -> None:
+def test_routing_table(db_url: str) -> None:
     async def body(store: MetadataStore, _engine) -> None:
         await store.add_training_run(_run("sess:train:0"))
         await store.add_training_run(_run("sess:train:1", role="critic"))
@@ -117,10 +116,10 @@ def test_routing_table(tmp_path: Path) -> None:
         assert await store.model_ids_on("tinker-serve/tiny:critic") == ["sess:train:1"]
         assert await store.model_ids_on("other") == []
 
-    run_with_store(tmp_path / "m.db", body)
+    run_with_store(db_url, body)
 
 
-def test_duplicate_model_id(tmp_path: Path) -> None:
+def test_duplicate_model_id(db_url: str) -> None:
     async def body(store: MetadataStore, _engine) -> None:
         await store.add_training_run(_run("sess:train:0"))
         with pytest.raises(UserError) as info:
@@ -128,20 +127,20 @@ def test_duplicate_model_id(tmp_path: Path) -> None:
         assert info.value.field == "model_seq_id"
         assert "sess:train:0" in info.value.message
 
-    run_with_store(tmp_path / "m.db", body)
+    run_with_store(db_url, body)
 
 
-def test_unknown_training_run(tmp_path: Path) -> None:
+def test_unknown_training_run(db_url: str) -> None:
     async def body(store: MetadataStore, _engine) -> None:
         with pytest.raises(NotFound) as info:
             await store.get_training_run("sess:train:9")
         assert info.value.field == "model_id"
 
-    run_with_store(tmp_path / "m.db", body)
+    run_with_store(db_url, body)
 
 
-def test_runs_survive_new_engine(tmp_path: Path) -> None:
-    db = tmp_path / "m.db"
+def test_runs_survive_new_engine(db_url: str) -> None:
+    db = db_url
 
     async def write(store: MetadataStore, _engine) -> None:
         await store.add_training_run(_run("sess:train:5"))
@@ -153,7 +152,7 @@ def test_runs_survive_new_engine(tmp_path: Path) -> None:
     assert run_with_store(db, read) == _run("sess:train:5")
 
 
-def test_training_runs_page_newest_first(tmp_path: Path) -> None:
+def test_training_runs_page_newest_first(db_url: str) -> None:
     async def body(store: MetadataStore, _engine) -> None:
         for i in range(5):
             await store.add_training_run(replace(_run(f"sess:train:{i}"), created_at=100.0 + i))
@@ -163,10 +162,10 @@ def test_training_runs_page_newest_first(tmp_path: Path) -> None:
         assert [r.model_id for r in rest] == ["sess:train:2", "sess:train:1", "sess:train:0"]
         assert (await store.list_training_runs(limit=3, offset=5))[0] == []
 
-    run_with_store(tmp_path / "m.db", body)
+    run_with_store(db_url, body)
 
 
-def test_silent_sessions_expire_and_stop_heartbeating(tmp_path: Path) -> None:
+def test_silent_sessions_expire_and_stop_heartbeating(db_url: str) -> None:
     async def body(store: MetadataStore, _engine) -> None:
         silent, alive, closed = [await store.create_session(None, [], {}) for _ in range(3)]
         await store.finish_session(closed, "success")
@@ -181,4 +180,4 @@ def test_silent_sessions_expire_and_stop_heartbeating(tmp_path: Path) -> None:
         await store.mark_unloaded("x:train:1")
         assert [r.model_id for r in await store.loaded_runs_of(silent)] == ["x:train:0"]
 
-    run_with_store(tmp_path / "m.db", body)
+    run_with_store(db_url, body)

@@ -1,11 +1,10 @@
-"""Every listing is scoped to the caller over a real SQLite file: sessions (page, search), training runs, checkpoints
+"""Every listing is scoped to the caller (on both backends): sessions (page, search), training runs, checkpoints
 (their own plus every published one), token usage and checkpoint storage. Sessions made before owners were recorded
 (owner null) are everyone's."""
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -19,7 +18,7 @@ from tests.conftest import run_on_db
 HOUR = 1_800_000 * HOUR_S
 
 
-def test_each_listing_shows_the_callers_own_and_legacy_objects(tmp_path: Path) -> None:
+def test_each_listing_shows_the_callers_own_and_legacy_objects(db_url: str) -> None:
     async def body(db: AsyncEngine) -> None:
         meta, views, store, usage = MetadataStore(db), SessionViews(db), CheckpointStore(db), UsageStore(db)
         alice = await meta.create_session("0.38", [], {}, owner="user-alice")
@@ -59,4 +58,4 @@ def test_each_listing_shows_the_callers_own_and_legacy_objects(tmp_path: Path) -
         storage = await usage.checkpoint_storage(owner="user-bob")
         assert {run.session_id for run in storage} == {bob, legacy}
 
-    run_on_db(tmp_path / "db.sqlite", body)
+    run_on_db(db_url, body)

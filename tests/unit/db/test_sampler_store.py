@@ -1,7 +1,8 @@
-"""SamplerStore and the expiry sweep over a real SQLite file and real local storage."""
+"""SamplerStore and the expiry sweep on SQLite and PostgreSQL and real local storage."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from pathlib import Path
@@ -27,7 +28,7 @@ def _session(sid: str, *, ephemeral: bool, last_used_at: float, location: str | 
     )
 
 
-def run(db: Path, body) -> object:
+def run(db: str, body) -> object:
     return run_on_db(db, lambda database: body(SamplerStore(database)))
 
 
@@ -35,7 +36,7 @@ def test_ids_follow_the_hosted_convention() -> None:
     assert sampling_session_id_for("abc", 3) == "abc:sample:3"
 
 
-def test_create_is_idempotent_and_get_round_trips(tmp_path: Path) -> None:
+def test_create_is_idempotent_and_get_round_trips(db_url: str) -> None:
     async def body(store: SamplerStore) -> None:
         first = _session("s:sample:0", ephemeral=False, last_used_at=10.0, location="m/sampler_weights/a/v1")
         assert await store.create(first) == first
@@ -45,10 +46,10 @@ def test_create_is_idempotent_and_get_round_trips(tmp_path: Path) -> None:
         with pytest.raises(NotFound, match="does not exist"):
             await store.get("missing")
 
-    run(tmp_path / "db.sqlite", body)
+    run(db_url, body)
 
 
-def test_sweep_removes_only_expired_ephemeral_sessions_and_their_files(tmp_path: Path) -> None:
+def test_sweep_removes_only_expired_ephemeral_sessions_and_their_files(db_url: str, tmp_path: Path) -> None:
     now = time.time()
     storage = ObjectStorage(str(tmp_path / "storage"))
     for name in ("old", "fresh", "named"):
@@ -69,14 +70,23 @@ def test_sweep_removes_only_expired_ephemeral_sessions_and_their_files(tmp_path:
                 kept.append((await store.get(sid)).sampling_session_id)
         return kept
 
-    assert run(tmp_path / "db.sqlite", body) == ["fresh", "named"]
+    assert run(db_url, body) == ["fresh", "named"]
     with pytest.raises(FileNotFoundError):
         storage.files("ephemeral/old")
     assert storage.files("ephemeral/fresh") and storage.files("ephemeral/named")
 
 
-def test_join_numbers_clients_per_session(tmp_path: Path) -> None:
+def test_join_numbers_clients_per_session(db_url: str) -> None:
     async def body(store: SamplerStore) -> list[int]:
         return [await store.join("s:sample:0"), await store.join("s:sample:0"), await store.join("s:sample:1")]
 
-    assert run(tmp_path / "j.db", body) == [1, 2, 1]  # the original client of each session is 0
+    assert run(db_url, body) == [1, 2, 1]  # the original client of each session is 0
+
+
+def test_concurrent_joins_get_distinct_numbers(db_url: str) -> None:
+    """Replicas joining one sampling session at once (on Postgres they race for the same number and retry)."""
+
+    async def body(store: SamplerStore) -> list[int]:
+        return list(await asyncio.gather(*(store.join("s:sample:0") for _ in range(12))))
+
+    assert sorted(run(db_url, body)) == list(range(1, 13))

@@ -4,14 +4,14 @@ an owner) becomes the current version on start, keeping its rows, and takes new 
 from __future__ import annotations
 
 import asyncio
-import sqlite3
-from pathlib import Path
+from collections.abc import Callable
 
+from sqlalchemy import inspect
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.metadata import MetadataStore, TrainingRun
 from app.db.schema import SCHEMA_VERSION
-from tests.conftest import run_on_db
+from tests.conftest import run_on_db, run_sql
 
 _V2_TRAINING_RUNS = """CREATE TABLE training_runs (
     model_id VARCHAR(200) PRIMARY KEY, session_id VARCHAR(64) NOT NULL, base_model VARCHAR(200) NOT NULL,
@@ -37,56 +37,59 @@ def _run(model_id: str) -> TrainingRun:
     )
 
 
-def _version_2_database(path: Path) -> None:
-    run_on_db(path, lambda db: asyncio.sleep(0))  # today's tables, then training_runs and the version as of 2
-    with sqlite3.connect(path) as conn:
-        conn.execute("DROP TABLE training_runs")
-        conn.execute(_V2_TRAINING_RUNS)
-        conn.execute("DROP TABLE sessions")
-        conn.execute(_V2_SESSIONS)
-        conn.execute("INSERT INTO sessions VALUES ('s', 1.0, 1.0, NULL, '0.25', '[]', '{}')")
-        conn.execute(
-            "INSERT INTO training_runs VALUES ('s:train:0', 's', 'b', 4, 'policy', 'b', '{}', '{}', 1.0, 7, 0)"
-        )
-        conn.execute("UPDATE schema_info SET version = 2")
+async def _columns(db: AsyncEngine, table: str) -> list[str]:
+    async with db.connect() as conn:
+        return await conn.run_sync(lambda sync: [c["name"] for c in inspect(sync).get_columns(table)])
 
 
-def test_version_2_upgrades_in_place_to_the_current_version(tmp_path: Path) -> None:
+def _version_2_database(url: str) -> None:
+    run_on_db(url, lambda db: asyncio.sleep(0))  # today's tables, then training_runs and the version as of 2
+    run_sql(
+        url,
+        "DROP TABLE training_runs",
+        _V2_TRAINING_RUNS,
+        "DROP TABLE sessions",
+        _V2_SESSIONS,
+        "INSERT INTO sessions VALUES ('s', 1.0, 1.0, NULL, '0.25', '[]', '{}')",
+        "INSERT INTO training_runs VALUES ('s:train:0', 's', 'b', 4, 'policy', 'b', '{}', '{}', 1.0, 7, 0)",
+        "UPDATE schema_info SET version = 2",
+    )
+
+
+def test_version_2_upgrades_in_place_to_the_current_version(db_url: str) -> None:
     assert SCHEMA_VERSION == 5
-    path = tmp_path / "v2.sqlite"
-    _version_2_database(path)
+    _version_2_database(db_url)
 
-    async def body(db: AsyncEngine) -> None:
+    async def body(db: AsyncEngine) -> list[str]:
         store = MetadataStore(db)
         await store.add_training_run(_run("s:train:1"))  # fails while last_seq_id (NOT NULL) is still there
         assert (await store.get_training_run("s:train:0")).base_model == "b"
         assert await store.owner_of("s") is None  # made before owners: everyone's (app.db.owners)
         assert await store.owner_of(await store.create_session("0.38", [], {}, owner="user-a")) == "user-a"
+        return await _columns(db, "training_runs")
 
-    run_on_db(path, body)
-    run_on_db(path, lambda db: asyncio.sleep(0))  # reopening an upgraded database is fine
-    with sqlite3.connect(path) as conn:
-        columns = [row[1] for row in conn.execute("PRAGMA table_info(training_runs)")]
-        assert "last_seq_id" not in columns and "unloaded" in columns
-        assert conn.execute("SELECT version FROM schema_info").fetchall() == [(5,)]
-        assert conn.execute("SELECT count(*) FROM stability_records").fetchone() == (0,)
-        assert conn.execute("SELECT count(*) FROM training_runs").fetchone() == (2,)
+    columns = run_on_db(db_url, body)
+    run_on_db(db_url, lambda db: asyncio.sleep(0))  # reopening an upgraded database is fine
+    assert "last_seq_id" not in columns and "unloaded" in columns
+    assert run_sql(db_url, "SELECT version FROM schema_info") == [(5,)]
+    assert run_sql(db_url, "SELECT count(*) FROM stability_records") == [(0,)]
+    assert run_sql(db_url, "SELECT count(*) FROM training_runs") == [(2,)]
 
 
-def test_replicas_creating_the_tables_together_all_start(tmp_path: Path) -> None:
+def test_replicas_creating_the_tables_together_all_start(new_db_url: Callable[[], str]) -> None:
     """Ingress, trainer and sampler replicas open a fresh database at once: one creates each table, and the
     others ("table ... already exists") look again instead of failing their replica."""
     from app.db.schema import connect, create_tables
 
-    async def together(path: Path) -> None:
-        dbs = [connect(f"sqlite+aiosqlite:///{path}") for _ in range(4)]
+    async def together(url: str) -> None:
+        dbs = [connect(url) for _ in range(4)]
         try:
             await asyncio.gather(*(create_tables(db) for db in dbs))
         finally:
             for db in dbs:
                 await db.dispose()
 
-    for i in range(8):
-        asyncio.run(together(tmp_path / f"fresh-{i}.sqlite"))
-        with sqlite3.connect(tmp_path / f"fresh-{i}.sqlite") as conn:
-            assert conn.execute("SELECT version FROM schema_info").fetchall() == [(SCHEMA_VERSION,)]
+    for _ in range(8):
+        url = new_db_url()
+        asyncio.run(together(url))
+        assert run_sql(url, "SELECT version FROM schema_info") == [(SCHEMA_VERSION,)]

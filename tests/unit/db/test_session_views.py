@@ -1,11 +1,10 @@
-"""SessionViews over a real SQLite file: pages, one session with its runs and samplers, search (names, metadata,
+"""SessionViews on SQLite and PostgreSQL: pages, one session with its runs and samplers, search (names, metadata,
 projects, statuses, cursor paging) and moving a session into a project."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
 
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -34,7 +33,7 @@ def _run(model_id: str, session_id: str) -> TrainingRun:
     return TrainingRun(model_id, session_id, "tiny", 8, "policy", "tiny", lora, {}, time.time(), False)
 
 
-def test_pages_get_and_members(tmp_path: Path) -> None:
+def test_pages_get_and_members(db_url: str) -> None:
     async def body(db: AsyncEngine) -> None:
         meta, views = MetadataStore(db), SessionViews(db)
         ids = await _sessions(meta, 3)
@@ -53,10 +52,10 @@ def test_pages_get_and_members(tmp_path: Path) -> None:
         await CheckpointStore(db).commit(CheckpointRecord(path, "loc", 1234, time.time()), overwrite=False)
         assert await views.checkpoint_totals([ids[0], ids[1]]) == {ids[0]: (1, 1234)}
 
-    run_on_db(tmp_path / "db.sqlite", body)
+    run_on_db(db_url, body)
 
 
-def test_search_filters_and_pages(tmp_path: Path) -> None:
+def test_search_filters_and_pages(db_url: str) -> None:
     async def body(db: AsyncEngine) -> None:
         meta, views = MetadataStore(db), SessionViews(db)
         ids = await _sessions(meta, 7)
@@ -93,10 +92,10 @@ def test_search_filters_and_pages(tmp_path: Path) -> None:
         with pytest.raises(NotFound):
             await views.set_project("nope", "p")
 
-    run_on_db(tmp_path / "db.sqlite", body)
+    run_on_db(db_url, body)
 
 
-def test_a_cursor_survives_microsecond_rounding(tmp_path: Path) -> None:
+def test_a_cursor_survives_microsecond_rounding(db_url: str) -> None:
     """Cursors travel as RFC 3339 datetimes (microseconds); stored times have more digits."""
 
     async def body(db: AsyncEngine) -> None:
@@ -108,10 +107,10 @@ def test_a_cursor_survives_microsecond_rounding(tmp_path: Path) -> None:
         rest, _ = await views.search(SessionQuery(before=(rounded, page[0].session_id)), 5)
         assert [s.session_id for s in rest] == [ids[1], ids[0]]
 
-    run_on_db(tmp_path / "db.sqlite", body)
+    run_on_db(db_url, body)
 
 
-def test_name_words_match_literally(tmp_path: Path) -> None:
+def test_name_words_match_literally(db_url: str) -> None:
     async def body(db: AsyncEngine) -> None:
         meta, views = MetadataStore(db), SessionViews(db)
         percent = await meta.create_session("0.38", [], {}, display_name="100% done")
@@ -121,7 +120,7 @@ def test_name_words_match_literally(tmp_path: Path) -> None:
         assert [s.session_id for s in (await views.search(SessionQuery(display_name="0%"), 10))[0]] == [percent]
         assert [s.session_id for s in (await views.search(SessionQuery(display_name="a_"), 10))[0]] == [under]
 
-    run_on_db(tmp_path / "db.sqlite", body)
+    run_on_db(db_url, body)
 
 
 def test_session_info_defaults() -> None:

@@ -1,11 +1,10 @@
-"""StabilityStore over a real SQLite file: records round-trip exactly, belong to their session, stay alive while
+"""StabilityStore on SQLite and PostgreSQL: records round-trip exactly, belong to their session, stay alive while
 read, and expire once unused."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
 
 import numpy as np
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -30,7 +29,7 @@ def test_sequence_ids_name_each_sequence_of_a_sample() -> None:
     assert sequence_ids("req", 3) == ["req:0", "req:1", "req:2"]
 
 
-def test_records_round_trip_per_session(tmp_path: Path) -> None:
+def test_records_round_trip_per_session(db_url: str) -> None:
     mine, theirs = _record("r:0"), _record("r:1", session_id="s2", n=5)
 
     async def body(db: AsyncEngine) -> None:
@@ -46,10 +45,10 @@ def test_records_round_trip_per_session(tmp_path: Path) -> None:
         assert record.size_bytes == 3 * 4 + 3 * 8
         assert (await store.count("s1"), await store.count("s2"), await store.count("s3")) == (1, 1, 0)
 
-    run_on_db(tmp_path / "db.sqlite", body)
+    run_on_db(db_url, body)
 
 
-def test_unused_records_expire_and_reading_keeps_them(tmp_path: Path) -> None:
+def test_unused_records_expire_and_reading_keeps_them(db_url: str) -> None:
     async def body(db: AsyncEngine) -> None:
         store = StabilityStore(db)
         await store.add([_record("a:0"), _record("b:0")])
@@ -61,4 +60,4 @@ def test_unused_records_expire_and_reading_keeps_them(tmp_path: Path) -> None:
         assert await store.expire(time.time() + 1) == 1
         assert await store.count("s1") == 0
 
-    run_on_db(tmp_path / "db.sqlite", body)
+    run_on_db(db_url, body)

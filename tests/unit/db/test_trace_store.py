@@ -1,10 +1,9 @@
-"""TraceStore over a real SQLite file: every future is filed under its session with its timings, and trimming
+"""TraceStore on SQLite and PostgreSQL: every future is filed under its session with its timings, and trimming
 keeps each session's newest requests. Also the idempotency log of copy_weights."""
 
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -14,7 +13,7 @@ from app.db.traces import TraceStore
 from tests.conftest import run_on_db
 
 
-def test_futures_are_filed_under_their_session_and_trimmed(tmp_path: Path) -> None:
+def test_futures_are_filed_under_their_session_and_trimmed(db_url: str) -> None:
     async def body(db: AsyncEngine) -> None:
         futures, traces = FutureStore(db), TraceStore(db)
         first, _ = await futures.create("forward_backward", "s1:train:0", 1)
@@ -42,10 +41,10 @@ def test_futures_are_filed_under_their_session_and_trimmed(tmp_path: Path) -> No
         assert len(await traces.events("s2", 10)) == 1
         assert await traces.trim(keep=2) == 0
 
-    run_on_db(tmp_path / "db.sqlite", body)
+    run_on_db(db_url, body)
 
 
-def test_copy_log_answers_the_first_copy(tmp_path: Path) -> None:
+def test_copy_log_answers_the_first_copy(db_url: str) -> None:
     async def body(db: AsyncEngine) -> None:
         log = CopyLog(db)
         assert await log.find("k") is None
@@ -53,4 +52,4 @@ def test_copy_log_answers_the_first_copy(tmp_path: Path) -> None:
         await log.remember("k", "tinker://b:train:0/weights/c")  # a concurrent retry: the first answer stands
         assert await log.find("k") == "tinker://a:train:0/weights/c"
 
-    run_on_db(tmp_path / "db.sqlite", body)
+    run_on_db(db_url, body)

@@ -1,10 +1,9 @@
-"""UsageStore over a real SQLite file: token counts add up per hour, session, base model and kind; checkpoint
+"""UsageStore on SQLite and PostgreSQL: token counts add up per hour, session, base model and kind; checkpoint
 storage sums each run's live checkpoints."""
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -19,7 +18,7 @@ from tests.conftest import run_on_db
 HOUR = 1_800_000 * HOUR_S  # an hour boundary
 
 
-def test_counts_add_up_per_hour_and_kind(tmp_path: Path) -> None:
+def test_counts_add_up_per_hour_and_kind(db_url: str) -> None:
     async def body(db: AsyncEngine) -> None:
         usage = UsageStore(db)
         await usage.add("s1", "tiny", {"training": 10}, at=HOUR + 5)
@@ -39,10 +38,10 @@ def test_counts_add_up_per_hour_and_kind(tmp_path: Path) -> None:
         with pytest.raises(ValueError):
             await usage.add("s1", "tiny", {"storage": 1})
 
-    run_on_db(tmp_path / "db.sqlite", body)
+    run_on_db(db_url, body)
 
 
-def test_checkpoint_storage_per_run(tmp_path: Path) -> None:
+def test_checkpoint_storage_per_run(db_url: str) -> None:
     async def body(db: AsyncEngine) -> None:
         meta, store, usage = MetadataStore(db), CheckpointStore(db), UsageStore(db)
         s1 = await meta.create_session("0.38", [], {}, project_id="p1")
@@ -65,15 +64,15 @@ def test_checkpoint_storage_per_run(tmp_path: Path) -> None:
         await SessionViews(db).set_project(s2, "p1")
         assert [r.size_bytes for r in await usage.checkpoint_storage("p1")] == [1000, 150]
 
-    run_on_db(tmp_path / "db.sqlite", body)
+    run_on_db(db_url, body)
 
 
-def test_record_never_fails_the_request(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_record_never_fails_the_request(db_url: str, caplog: pytest.LogCaptureFixture) -> None:
     async def body(db: AsyncEngine) -> None:
         usage = UsageStore(db)
         await usage.record("s1", "tiny", {"training": 3})
         await usage.record("s1", "tiny", {"bogus": 3})  # logged, not raised
         assert [r.token_count for r in await usage.hours(0, 2 * time.time())] == [3]
 
-    run_on_db(tmp_path / "db.sqlite", body)
+    run_on_db(db_url, body)
     assert "counting {'bogus': 3} tokens of session s1 failed" in caplog.text
