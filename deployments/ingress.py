@@ -9,7 +9,7 @@ from typing import Any
 
 from ray.serve.handle import DeploymentHandle
 
-from app.api.auth import Authenticator
+from app.api.auth import Authenticator, check_mode_fits_bind
 from app.api.deps import Services
 from app.api.main import create_api
 from app.api.retention import remove_expired_checkpoints
@@ -39,6 +39,18 @@ from deployments.logs import route_app_logs
 logger = logging.getLogger("tinker_serve.ingress")
 
 
+def _proxy_host() -> str | None:
+    """Where Serve's HTTP proxy binds, from the controller's HTTP options (None when they cannot be read)."""
+    from ray.serve.context import _get_global_client  # no public API tells a replica its proxy's address
+
+    try:
+        client = _get_global_client(raise_if_no_controller_running=False)
+        return None if client is None else str(client.http_config.host)
+    except Exception:  # a Serve version without these internals: the per-request loopback check still holds
+        logger.warning("could not read Serve's HTTP host; the open-mode bind check is skipped", exc_info=True)
+        return None
+
+
 class Ingress:
     @classmethod
     def deployment_options(cls, config: ServerConfig) -> dict[str, Any]:
@@ -59,6 +71,7 @@ class Ingress:
         route_app_logs()
         started = time.monotonic()
         cfg = ServerConfig.model_validate(config)
+        check_mode_fits_bind(cfg.auth.mode, await asyncio.to_thread(_proxy_host))  # it asks the controller: blocks
         db = connect(cfg.db_url)
         await create_tables(db)
         logger.info("ingress: database %s ready in %.1f s", redacted(cfg.db_url), time.monotonic() - started)

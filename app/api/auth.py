@@ -29,6 +29,16 @@ def _is_loopback(host: str | None) -> bool:
         return host == "localhost"
 
 
+def check_mode_fits_bind(mode: str, host: str | None) -> None:
+    """Refuse the open laptop mode on a server that listens beyond loopback (behind a proxy on the same host, every
+    client would look local and any `tml-` key would do). `host`: where Serve's HTTP proxy binds (None: unknown)."""
+    if mode == LOOPBACK_MODE and host is not None and not _is_loopback(host):
+        raise ValueError(
+            f"auth.mode {LOOPBACK_MODE} accepts any tml- key, but Serve's HTTP proxy binds to {host!r}: bind it to "
+            "127.0.0.1 (http_options.host), or set auth.mode: api_keys and issue keys with `tinker-serve keys create`"
+        )
+
+
 def presented_key(request: Request, mode: str) -> str | None:
     """The API key the request presents; None on routes that need none (health, signed links, and on loopback
     the base models' tokenizers). Unauthorized when the mode cannot accept it."""

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.requests import Request
 
-from app.api.auth import Authenticator, presented_key
+from app.api.auth import Authenticator, check_mode_fits_bind, presented_key
 from app.db.keys import KeyStore, enrolled_owner
 from app.db.schema import connect
 from app.errors import Unauthorized
@@ -174,3 +174,12 @@ def test_each_key_is_a_user_and_refused_once_revoked_or_expired(tmp_path: Path) 
     run_on_db(path, body)
     stored = b"".join(p.read_bytes() for p in tmp_path.glob("keys.sqlite*"))
     assert b"tml-" not in stored and b"ops-key" not in stored  # hashes only
+
+
+def test_the_open_mode_refuses_a_proxy_beyond_loopback() -> None:
+    for host in ("127.0.0.1", "::1", "localhost", None):  # None: Serve's options could not be read
+        check_mode_fits_bind(LOOPBACK, host)
+    check_mode_fits_bind("api_keys", "0.0.0.0")
+    for host in ("0.0.0.0", "10.1.2.3", "::"):
+        with pytest.raises(ValueError, match=r"set auth\.mode: api_keys"):
+            check_mode_fits_bind(LOOPBACK, host)
