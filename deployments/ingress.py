@@ -12,6 +12,7 @@ from ray.serve.handle import DeploymentHandle
 from app.api.auth import Authenticator, check_mode_fits_bind
 from app.api.deps import Services
 from app.api.main import create_api
+from app.api.rates import RateLimiter
 from app.api.retention import remove_expired_checkpoints
 from app.api.sessions import expire_silent_sessions
 from app.config import ServerConfig, redacted
@@ -21,6 +22,7 @@ from app.db.custom_losses import CustomLossStore
 from app.db.futures import FutureStore
 from app.db.keys import KeyStore
 from app.db.metadata import MetadataStore
+from app.db.quotas import QuotaStore
 from app.db.samplers import SamplerStore
 from app.db.schema import connect, create_tables
 from app.db.session_views import SessionViews
@@ -98,6 +100,9 @@ class Ingress:
             samplers=ServeSamplerClient(samplers, futures),
             model_limits={name: ModelLimits(**limits) for name, limits in model_limits.items()},
             auth=Authenticator(cfg.auth.mode, cfg.auth.load_keys(), KeyStore(db), cfg.auth.key_cache_seconds),
+            quotas=QuotaStore(db),
+            request_rate=RateLimiter(limits.requests_per_minute_per_key),
+            sample_rate=RateLimiter(limits.sample_tokens_per_minute_per_user),
             url_signing_key=await shared_secret(db, "url_signing_key"),
         )
         sampler_ttl = limits.ephemeral_sampler_ttl_seconds

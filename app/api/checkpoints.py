@@ -12,6 +12,7 @@ from fastapi import APIRouter
 
 from app.api.deps import Services, ServicesDep, UserDep
 from app.api.models import optimizer_of, register_model
+from app.api.quotas import check_checkpoint_bytes
 from app.api.training import sequenced
 from app.config import LimitsConfig
 from app.db.checkpoints import CheckpointRecord, already_exists
@@ -57,6 +58,7 @@ def _user_metadata(limits: LimitsConfig, metadata: dict | None) -> dict[str, str
 
 async def _new_checkpoint(
     services: Services,
+    user: str,
     model_id: str,
     kind: str,
     name: str,
@@ -64,8 +66,9 @@ async def _new_checkpoint(
     user_metadata: dict | None = None,
     overwrite: bool = False,
 ) -> CheckpointRecord:
-    """The record of a save about to be written: name, TTL and metadata checked, and an existing checkpoint
-    of that name refused unless `overwrite` (the trainer checks again when it commits)."""
+    """The record of a save about to be written by `user`: their checkpoint bytes, name, TTL and metadata checked,
+    and an existing checkpoint of that name refused unless `overwrite` (the trainer checks again when it commits)."""
+    await check_checkpoint_bytes(services, user)
     path = checkpoint_path(model_id, kind, name)
     record = CheckpointRecord(
         path,
@@ -85,7 +88,7 @@ async def _new_checkpoint(
 async def save_weights(body: wire.SaveWeightsRequest, services: ServicesDep, user: UserDep) -> dict:
     async def build(request_id: str, _: TrainingRun) -> SequencedOp:
         record = await _new_checkpoint(
-            services, body.model_id, "weights", body.path, body.ttl_seconds, body.user_metadata, body.overwrite
+            services, user, body.model_id, "weights", body.path, body.ttl_seconds, body.user_metadata, body.overwrite
         )
         return SaveCheckpoint(request_id, record, body.overwrite)
 
@@ -109,7 +112,7 @@ async def save_weights_for_sampler(
         _refuse_critic(run)
         if body.path is not None:
             record = await _new_checkpoint(
-                services, body.model_id, "sampler_weights", body.path, body.ttl_seconds, body.user_metadata
+                services, user, body.model_id, "sampler_weights", body.path, body.ttl_seconds, body.user_metadata
             )
             return SaveCheckpoint(request_id, record)
         if body.sampling_session_seq_id is None:
@@ -143,7 +146,7 @@ async def save_weights_external(body: wire.SaveWeightsExternalRequest, services:
                 "age encryption of exports is not supported by this server; leave age_encryption_recipients out",
                 field="age_encryption_recipients",
             )
-        record = await _new_checkpoint(services, body.model_id, "external_weights", body.path, body.ttl_seconds)
+        record = await _new_checkpoint(services, user, body.model_id, "external_weights", body.path, body.ttl_seconds)
         return SaveCheckpoint(request_id, record)
 
     return await sequenced(services, user, "save_weights_external", body.model_id, body.seq_id, build)

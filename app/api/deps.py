@@ -10,12 +10,14 @@ from fastapi import Depends, Request
 
 from app.api.auth import Authenticator
 from app.api.backends import SamplerClient, TrainerClient
+from app.api.rates import RateLimiter
 from app.config import BaseModelConfig, ServerConfig
 from app.db.checkpoints import CheckpointRecord, CheckpointStore
 from app.db.copies import CopyLog
 from app.db.custom_losses import CustomLossStore
 from app.db.futures import FutureStore, future_not_found
 from app.db.metadata import MetadataStore, TrainingRun, model_not_found, session_not_found
+from app.db.quotas import QuotaStore
 from app.db.samplers import SamplerStore, SamplingSession, sampler_not_found
 from app.db.session_views import SessionViews
 from app.db.stability import StabilityStore
@@ -45,6 +47,9 @@ class Services:
     samplers: SamplerClient
     model_limits: dict[str, ModelLimits]  # by base model name
     auth: Authenticator  # API key -> user
+    quotas: QuotaStore  # what each user holds (app.api.quotas)
+    request_rate: RateLimiter  # requests a minute, per key
+    sample_rate: RateLimiter  # sampled tokens a minute, per user
     url_signing_key: str  # signs download URLs; shared by every ingress replica (see app.db.settings)
     _runs: dict[str, TrainingRun] = field(default_factory=dict)
     _sampling_sessions: dict[str, SamplingSession] = field(default_factory=dict)

@@ -23,6 +23,7 @@ from app.api import (
     usage,
 )
 from app.api.errors import register_exception_handlers
+from app.api.quotas import check_request_rate
 from app.errors import Unavailable
 
 
@@ -30,7 +31,10 @@ async def authenticate(request: Request) -> None:
     """Every route's first dependency (cheaper than an HTTP middleware on each request): the caller's key record
     goes to `request.state.key` and its user to `request.state.user` (app.api.deps.UserDep); both None on routes
     that need no key."""
-    record = await request.app.state.services.auth.authenticate(request)
+    services = request.app.state.services
+    record = await services.auth.authenticate(request)
+    if record is not None:
+        check_request_rate(services, record.key_id)
     request.state.key = record
     request.state.user = record.owner if record is not None else None
 

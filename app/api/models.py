@@ -10,6 +10,7 @@ from dataclasses import asdict
 from fastapi import APIRouter
 
 from app.api.deps import Services, ServicesDep, UserDep
+from app.api.quotas import check_live_models
 from app.api.sessions import unload
 from app.config import ROLES, BaseModelConfig
 from app.db.metadata import TrainingRun, model_id_for
@@ -107,6 +108,7 @@ async def register_model(
     A retry finds the first request's future."""
     await services.session(session_id, user)
     model_id = model_id_for(session_id, model_seq_id)
+    await check_live_models(services, user, model_id)
     request_id, created = await services.futures.create(kind, model_id, 0)
     if created:
         adapter = spec()

@@ -8,6 +8,7 @@ from dataclasses import replace
 from fastapi import APIRouter
 
 from app.api.deps import Services, ServicesDep, UserDep
+from app.api.quotas import check_sample_tokens
 from app.db.samplers import SamplingSession, sampling_session_id_for
 from app.db.stability import sequence_ids
 from app.errors import LimitExceeded, Overloaded, UserError
@@ -101,6 +102,7 @@ async def asample(body: SampleRequest, services: ServicesDep, user: UserDep) -> 
             f"this sampler's base model {session.base_model!r} is no longer served here", field="sampling_session_id"
         )
     args = replace(sample_args(body, services.config.limits, model), usage_session=session.session_id)
+    check_sample_tokens(services, user, args.num_samples * args.max_tokens)
     if body.record_stability_info:
         await _check_record_room(services, session.session_id, args.num_samples)
         args = replace(args, record_for_session=session.session_id)

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from app.api.deps import Services, ServicesDep, UserDep
 from app.api.errors import validation_message
+from app.api.quotas import check_pending_requests
 from app.db.metadata import TrainingRun
 from app.errors import TinkerServeError, UserError
 from app.messages import (
@@ -49,6 +50,7 @@ async def sequenced(
 ) -> dict:
     """Create (or find, for a retry) the future of (model_id, seq_id) of `user`'s model and queue its operation."""
     run = await services.training_run(model_id, user)
+    await check_pending_requests(services, user, model_id, seq_id)
     request_id, created = await services.futures.create(kind, model_id, seq_id)
     if not created:
         log_request("retried", op=kind, model_id=model_id, seq_id=seq_id, tinker_request_id=request_id)

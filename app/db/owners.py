@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from sqlalchemy import ColumnElement, Select, or_, select
 
-from app.db.schema import sessions
+from app.db.schema import sessions, training_runs
 
 
 def visible_to(user: str) -> ColumnElement[bool]:
@@ -18,3 +18,10 @@ def visible_to(user: str) -> ColumnElement[bool]:
 def session_ids_of(user: str) -> Select:
     """A subquery of the ids of the sessions `user` may see."""
     return select(sessions.c.session_id).where(visible_to(user))
+
+
+def owned_runs(user: str) -> Select:
+    """A subquery of the model ids of the runs in `user`'s own sessions (what their quotas count)."""
+    return select(training_runs.c.model_id).where(
+        training_runs.c.session_id.in_(select(sessions.c.session_id).where(sessions.c.owner == user))
+    )

@@ -69,7 +69,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     the shared Serve app run last, in this order (the Postgres app last of all: the shared client's session is not
     in its database, so nothing after it could use that client)."""
     first = ("test_multinode.py",)
-    last = ("test_worker_failure.py", "test_object_storage.py", "test_postgres_app.py")
+    last = ("test_worker_failure.py", "test_object_storage.py", "test_quotas.py", "test_postgres_app.py")
     items.sort(
         key=lambda item: (
             -1 if item.path.name in first else last.index(item.path.name) + 1 if item.path.name in last else 0

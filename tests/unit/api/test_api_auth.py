@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.requests import Request
 
 from app.api.auth import Authenticator, check_mode_fits_bind, presented_key
+from app.api.rates import RateLimiter
 from app.db.keys import KeyStore, enrolled_owner
 from app.db.schema import connect
 from app.errors import Unauthorized
@@ -104,6 +105,9 @@ def test_healthz_open_through_the_app_and_other_routes_are_not(tmp_path: Path) -
         samplers=None,
         model_limits={},
         auth=Authenticator(LOOPBACK, frozenset(), keys, cache_s=0),
+        quotas=None,
+        request_rate=RateLimiter(60),
+        sample_rate=RateLimiter(60),
         url_signing_key="k",
     )
     remote = TestClient(api, client=("10.1.2.3", 40000))
@@ -113,6 +117,12 @@ def test_healthz_open_through_the_app_and_other_routes_are_not(tmp_path: Path) -
     local = TestClient(api, client=("127.0.0.1", 40000))
     ok = local.post("/api/v1/client/config", json={}, headers={"X-API-Key": "tml-abc"})
     assert ok.status_code == 200 and ok.json()["fwdbwd_max_chunk_len"] == 1024
+    for _ in range(59):  # limits.requests_per_minute_per_key, here 60: the 61st call in a minute waits
+        local.post("/api/v1/client/config", json={}, headers={"X-API-Key": "tml-abc"})
+    limited = local.post("/api/v1/client/config", json={}, headers={"X-API-Key": "tml-abc"})
+    assert limited.status_code == 429 and limited.headers["retry-after"] == "1"
+    other_key = local.post("/api/v1/client/config", json={}, headers={"X-API-Key": "tml-def"})
+    assert other_key.status_code == 200  # per key
     # Download links need no key but a valid signature: a forged one is refused before anything is read.
     forged = remote.get("/api/v1/downloads/m:train:0/e1/adapter_config.json?expires=9999999999&signature=00")
     assert forged.status_code == 403 and forged.json()["field"] == "signature"

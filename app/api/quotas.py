@@ -1,0 +1,74 @@
+"""Per-user quotas and per-key rates (limits.*_per_user, limits.requests_per_minute_per_key). Sizes (live models,
+checkpoint bytes) answer a user error naming the limit; rates and queues (pending training operations, sampled
+tokens a minute, requests a minute) answer 429 with Retry-After, which the SDK waits out and retries. Nothing already
+accepted is dropped: a refusal comes before a request's future exists."""
+
+from __future__ import annotations
+
+import math
+
+from app.api.deps import Services
+from app.errors import LimitExceeded, Overloaded
+
+
+def _retry_after(seconds: float) -> int:
+    return max(1, math.ceil(seconds))
+
+
+def check_request_rate(services: Services, key_id: int) -> None:
+    per_minute = services.config.limits.requests_per_minute_per_key
+    wait = services.request_rate.take(str(key_id), 1)
+    if wait:
+        raise Overloaded(
+            f"this API key sent more than limits.requests_per_minute_per_key={per_minute}; retry in {wait:.1f} s",
+            retry_after_s=_retry_after(wait),
+        )
+
+
+def check_sample_tokens(services: Services, user: str, tokens: int) -> None:
+    per_minute = services.config.limits.sample_tokens_per_minute_per_user
+    wait = services.sample_rate.take(user, tokens)
+    if wait:
+        raise Overloaded(
+            f"this sample asks for {tokens} tokens (num_samples x max_tokens) beyond your "
+            f"limits.sample_tokens_per_minute_per_user={per_minute}; retry in {wait:.1f} s",
+            retry_after_s=_retry_after(wait),
+            details={"queue_state": "paused_rate_limit"},
+        )
+
+
+async def check_pending_requests(services: Services, user: str, model_id: str, seq_id: int) -> None:
+    """Past the limit, only an operation that comes before all of its model's pending ones is admitted: they wait
+    for it (the SDK sends a forward_backward's chunks out of order), so refusing it would stall them."""
+    limit = services.config.limits.max_pending_requests_per_user
+    if await services.quotas.pending_requests(user) >= limit:
+        first = await services.quotas.first_pending_seq(model_id)
+        if first is not None and seq_id < first:
+            return
+        raise Overloaded(
+            f"you have {limit} training operations pending (limits.max_pending_requests_per_user); retry when some "
+            "finish",
+            retry_after_s=2,
+            details={"queue_state": "paused_rate_limit"},
+        )
+
+
+async def check_live_models(services: Services, user: str, model_id: str) -> None:
+    limit = services.config.limits.max_live_models_per_user
+    if await services.quotas.live_models(user, besides=model_id) >= limit:
+        raise LimitExceeded(
+            f"you have {limit} live models (limits.max_live_models_per_user): unload one (unload_model, or close "
+            "its ServiceClient) first",
+            field="model_seq_id",
+        )
+
+
+async def check_checkpoint_bytes(services: Services, user: str) -> None:
+    limit = services.config.limits.max_checkpoint_bytes_per_user
+    used = await services.quotas.checkpoint_bytes(user)
+    if used >= limit:
+        raise LimitExceeded(
+            f"your live checkpoints hold {used} bytes, limits.max_checkpoint_bytes_per_user={limit}: delete some "
+            "(RestClient.delete_checkpoint) or let them expire first",
+            field="path",
+        )

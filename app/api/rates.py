@@ -1,0 +1,29 @@
+"""Token-bucket rate limits by key (app.api.quotas uses them for requests per key and sampled tokens per user)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RateLimiter:
+    """Token buckets by key: `per_minute` units a minute, up to a minute's worth at once. A request larger than
+    that passes when its bucket is full, and the bucket owes the rest. Per process (each ingress replica)."""
+
+    per_minute: float
+    _buckets: dict[str, tuple[float, float]] = field(default_factory=dict)  # key -> (level, when)
+
+    def take(self, key: str, amount: float, now: float | None = None) -> float:
+        """Take `amount` for `key`: 0.0 when granted, else the seconds until it would be."""
+        now = time.monotonic() if now is None else now
+        rate = self.per_minute / 60.0
+        level, at = self._buckets.get(key, (self.per_minute, now))
+        level = min(self.per_minute, level + (now - at) * rate)
+        if amount <= level or level >= self.per_minute:
+            if len(self._buckets) > 100_000:
+                self._buckets.clear()
+            self._buckets[key] = (level - amount, now)
+            return 0.0
+        self._buckets[key] = (level, now)
+        return (min(amount, self.per_minute) - level) / rate

@@ -1,0 +1,48 @@
+"""What a user holds, for their quotas: live models, live checkpoint bytes, training operations still pending. Only
+the user's own sessions count (not those made before owners were recorded)."""
+
+from __future__ import annotations
+
+import time
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.db.owners import owned_runs
+from app.db.schema import checkpoints, futures, training_runs
+
+
+class QuotaStore:
+    def __init__(self, db: AsyncEngine) -> None:
+        self._db = db
+
+    async def live_models(self, user: str, besides: str | None = None) -> int:
+        """The user's models not unloaded (not counting `besides`, a model being created again by a retry)."""
+        query = select(func.count()).where(
+            training_runs.c.model_id.in_(owned_runs(user)), training_runs.c.unloaded == 0
+        )
+        if besides is not None:
+            query = query.where(training_runs.c.model_id != besides)
+        async with self._db.connect() as conn:
+            return int((await conn.execute(query)).scalar_one())
+
+    async def checkpoint_bytes(self, user: str) -> int:
+        live = (checkpoints.c.expires_at.is_(None)) | (checkpoints.c.expires_at > time.time())
+        query = select(func.coalesce(func.sum(checkpoints.c.size_bytes), 0)).where(
+            checkpoints.c.model_id.in_(owned_runs(user)), live
+        )
+        async with self._db.connect() as conn:
+            return int((await conn.execute(query)).scalar_one())
+
+    async def first_pending_seq(self, model_id: str) -> int | None:
+        """The lowest seq_id among the model's pending operations (None: none pending)."""
+        query = select(func.min(futures.c.seq_id)).where(futures.c.model_id == model_id, futures.c.state == "pending")
+        async with self._db.connect() as conn:
+            first = (await conn.execute(query)).scalar_one()
+        return None if first is None else int(first)
+
+    async def pending_requests(self, user: str) -> int:
+        """The user's training operations whose futures are still pending."""
+        query = select(func.count()).where(futures.c.model_id.in_(owned_runs(user)), futures.c.state == "pending")
+        async with self._db.connect() as conn:
+            return int((await conn.execute(query)).scalar_one())
