@@ -25,6 +25,7 @@ import yaml
 from pydantic import ValidationError
 
 from app.config import ServerConfig
+from app.db.audit import CONSOLE, AuditLog
 from app.db.keys import KeyRecord, KeyStore
 from app.db.schema import connect, create_tables
 from app.errors import TinkerServeError
@@ -39,12 +40,21 @@ def server_config(path: Path) -> ServerConfig:
     return ServerConfig.model_validate(doc["applications"][0].get("args") or {})
 
 
-def _on_store(config: ServerConfig, body: Callable[[KeyStore], Awaitable[T]]) -> T:
+def _on_store(config: ServerConfig, body: Callable[[KeyStore], Awaitable[T]], audit: str | None = None) -> T:
+    """Run `body` on the server's key store; `audit`: the event to record (as the console's) about the key it
+    returns or, with `issue`, the (secret, key) pair's key."""
+
     async def main() -> T:
         db = connect(config.db_url)
         try:
             await create_tables(db)
-            return await body(KeyStore(db))
+            done = await body(KeyStore(db))
+            if audit is not None:
+                key = done[1] if isinstance(done, tuple) else done
+                assert isinstance(key, KeyRecord)
+                details = {"key_id": key.key_id, "name": key.name, "by": CONSOLE}
+                await AuditLog(db).record(audit, CONSOLE, details, subject_owner=key.owner)
+            return done
         finally:
             await db.dispose()
 
@@ -95,14 +105,16 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name:<24} created {_when(created)}  live keys {live}")
         elif args.action == "create":
             expires = None if args.expires_in_days is None else time.time() + args.expires_in_days * DAY_S
-            secret, record = _on_store(config, lambda store: store.issue(args.user, args.name, expires))
+            secret, record = _on_store(
+                config, lambda store: store.issue(args.user, args.name, expires), audit="apikey_created"
+            )
             print(_row(record), file=sys.stderr)
             print(secret)  # alone on stdout, once: the only place the key is ever shown
         elif args.action == "list":
             for key in _on_store(config, lambda store: store.keys_of(args.user)):
                 print(_row(key))
         else:
-            print(_row(_on_store(config, lambda store: store.revoke(args.key_id))))
+            print(_row(_on_store(config, lambda store: store.revoke(args.key_id), audit="apikey_revoked")))
     except TinkerServeError as exc:
         print(f"tinker-serve: {exc.message}", file=sys.stderr)
         return 2

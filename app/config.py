@@ -151,6 +151,7 @@ class AuthConfig(_Strict):
     api_keys_file: str | None = None
     # how long a replica trusts what it read of a key; a revoked key stops working on every replica within this
     key_cache_seconds: float = Field(2.0, ge=0)
+    admin_users: list[str] = Field(default_factory=list)  # users (tinker-serve keys create --user) who read all audit
 
     def load_keys(self) -> frozenset[str]:
         keys = {k.strip() for k in os.environ.get(API_KEYS_ENV, "").split(",") if k.strip()}

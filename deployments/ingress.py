@@ -16,6 +16,7 @@ from app.api.rates import RateLimiter
 from app.api.retention import remove_expired_checkpoints
 from app.api.sessions import expire_silent_sessions
 from app.config import ServerConfig, redacted
+from app.db.audit import AuditLog
 from app.db.checkpoints import CheckpointStore
 from app.db.copies import CopyLog
 from app.db.custom_losses import CustomLossStore
@@ -99,7 +100,10 @@ class Ingress:
             custom_losses=CustomLossStore(db),
             samplers=ServeSamplerClient(samplers, futures),
             model_limits={name: ModelLimits(**limits) for name, limits in model_limits.items()},
-            auth=Authenticator(cfg.auth.mode, cfg.auth.load_keys(), KeyStore(db), cfg.auth.key_cache_seconds),
+            auth=Authenticator(
+                cfg.auth.mode, cfg.auth.load_keys(), KeyStore(db), cfg.auth.key_cache_seconds, AuditLog(db)
+            ),
+            audit=AuditLog(db),
             quotas=QuotaStore(db),
             request_rate=RateLimiter(limits.requests_per_minute_per_key),
             sample_rate=RateLimiter(limits.sample_tokens_per_minute_per_user),

@@ -37,4 +37,5 @@ async def revoke_own_key(request: Request, services: ServicesDep) -> dict:
     record = _caller_key(request)
     await services.auth.keys.revoke(record.key_id, owner=record.owner)
     services.auth.forget(request.headers.get("x-api-key", ""))
+    await services.audit.record("apikey_revoked", record.owner, {"key_id": record.key_id, "by": "its holder"})
     return {}

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
+from app.db.audit import AuditLog
 from app.db.keys import KEY_PREFIX, KeyRecord, KeyStore, key_hash
 from app.errors import Unauthorized
 
@@ -67,6 +68,7 @@ class Authenticator:
     configured: frozenset[str]  # keys the operator configured (environment or secret file)
     keys: KeyStore
     cache_s: float  # how long a key's record is trusted before it is read again
+    audit: AuditLog  # records a key's use, as often as its last_used_at is written
     _cache: dict[str, tuple[KeyRecord, float]] = field(default_factory=dict)  # key hash -> (record, read at)
     _touched: dict[int, float] = field(default_factory=dict)
 
@@ -82,6 +84,7 @@ class Authenticator:
         if now - self._touched.get(record.key_id, 0.0) > _TOUCH_EVERY_S:
             self._touched[record.key_id] = now
             await self.keys.touch(record.key_id, now)
+            await self.audit.record("apikey_used", record.owner, {"key_id": record.key_id, "origin": record.origin})
         return record
 
     def forget(self, key: str) -> None:

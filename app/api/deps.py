@@ -12,6 +12,7 @@ from app.api.auth import Authenticator
 from app.api.backends import SamplerClient, TrainerClient
 from app.api.rates import RateLimiter
 from app.config import BaseModelConfig, ServerConfig
+from app.db.audit import AuditLog
 from app.db.checkpoints import CheckpointRecord, CheckpointStore
 from app.db.copies import CopyLog
 from app.db.custom_losses import CustomLossStore
@@ -27,6 +28,15 @@ from app.errors import NotFound, UserError
 from app.storage.objects import ObjectStorage
 from app.storage.paths import KINDS, parse_tinker_path
 from app.training.validation import ModelLimits
+
+# what reading another user's published checkpoint was for, by the request field that named it
+_PURPOSES = {
+    "model_path": "sample",
+    "path": "load",
+    "source_path": "copy",
+    "tinker_path": "weights_info",
+    "checkpoint_id": "download",
+}
 
 
 @dataclass
@@ -47,6 +57,7 @@ class Services:
     samplers: SamplerClient
     model_limits: dict[str, ModelLimits]  # by base model name
     auth: Authenticator  # API key -> user
+    audit: AuditLog  # who did what (app.api.audit)
     quotas: QuotaStore  # what each user holds (app.api.quotas)
     request_rate: RateLimiter  # requests a minute, per key
     sample_rate: RateLimiter  # sampled tokens a minute, per user
@@ -129,11 +140,20 @@ class Services:
             raise no_run from None
         owned = await self.owns(user, run.session_id)
         record = await self.checkpoints.find(path)
-        if record is not None and (owned or record.public):
+        if record is not None and owned:
+            return record, run
+        if record is not None and record.public:
+            await self.audit_read(user, record, run, purpose=_PURPOSES.get(field, field))
             return record, run
         if not owned:
             raise no_run
         return await self.checkpoints.get(path, field=field), run  # its own message: never saved, deleted, expired
+
+    async def audit_read(self, user: str, record: CheckpointRecord, run: TrainingRun, purpose: str) -> None:
+        """Record `user` reading another user's published checkpoint (their owner reads it in their audit log)."""
+        owner = self._owners.get(run.session_id)
+        details = {"tinker_path": record.path.uri, "model_id": run.model_id, "purpose": purpose}
+        await self.audit.record("checkpoint_read", user, details, subject_owner=owner)
 
     async def sampling_session(self, sampling_session_id: str, user: str) -> SamplingSession:
         """A live sampling session of `user`'s; using an ephemeral one keeps it from expiring. Another user's

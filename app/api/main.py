@@ -6,6 +6,7 @@ from fastapi import Depends, FastAPI, Request
 
 from app.api import (
     apikeys,
+    audit,
     checkpoints,
     copies,
     custom_losses,
@@ -47,6 +48,7 @@ def create_api() -> FastAPI:
     for router in (
         service.router,
         apikeys.router,
+        audit.router,
         models.router,
         training.router,
         custom_losses.router,

@@ -17,7 +17,6 @@ from app.api.checkpoints import checkpoint_expiry
 from app.api.deps import Services, ServicesDep, UserDep
 from app.api.downloads import signed_urls
 from app.api.retention import remove_checkpoint
-from app.db.checkpoints import CheckpointRecord
 from app.db.metadata import TrainingRun
 from app.errors import NotFound, ServerError, UserError
 from app.protocol.wire import CheckpointTtlRequest, WeightsInfoRequest
@@ -38,19 +37,6 @@ async def _path(services: Services, run_id: str, checkpoint_id: str, user: str) 
     run = await _run(services, run_id, user)
     kind, _, name = checkpoint_id.partition("/")
     return checkpoint_path(run.model_id, kind, name, field="checkpoint_id")
-
-
-async def _readable(services: Services, run_id: str, checkpoint_id: str, user: str) -> CheckpointRecord:
-    """A checkpoint of a run of `user`'s, or a published one of anyone's; another user's unpublished one answers
-    as a missing run does."""
-    try:
-        return await services.checkpoints.get(await _path(services, run_id, checkpoint_id, user), field="checkpoint_id")
-    except NotFound as missing:
-        kind, _, name = checkpoint_id.partition("/")
-        record = await services.checkpoints.find(checkpoint_path(run_id, kind, name, field="checkpoint_id"))
-        if record is None or not record.public:
-            raise missing from None
-        return record
 
 
 def _run_view(run: TrainingRun, owner: str) -> dict:
@@ -104,13 +90,17 @@ async def user_checkpoints(
 @router.post("/training_runs/{run_id}/checkpoints/{checkpoint_id:path}/publish")
 async def publish(run_id: str, checkpoint_id: str, services: ServicesDep, user: UserDep) -> dict:
     """Mark public (publishing twice is harmless: the SDK retries a 409 for minutes)."""
-    await services.checkpoints.update(await _path(services, run_id, checkpoint_id, user), public=1)
+    path = await _path(services, run_id, checkpoint_id, user)
+    await services.checkpoints.update(path, public=1)
+    await services.audit.record("checkpoint_published", user, {"tinker_path": path.uri, "model_id": run_id})
     return {"public": True}
 
 
 @router.delete("/training_runs/{run_id}/checkpoints/{checkpoint_id:path}/publish")
 async def unpublish(run_id: str, checkpoint_id: str, services: ServicesDep, user: UserDep) -> dict:
-    await services.checkpoints.update(await _path(services, run_id, checkpoint_id, user), public=0)
+    path = await _path(services, run_id, checkpoint_id, user)
+    await services.checkpoints.update(path, public=0)
+    await services.audit.record("checkpoint_unpublished", user, {"tinker_path": path.uri, "model_id": run_id})
     return {"public": False}
 
 
@@ -120,7 +110,10 @@ async def set_ttl(
 ) -> dict:
     """Expire `ttl_seconds` from now; null keeps the checkpoint until deleted."""
     expires_at = checkpoint_expiry(services.config.limits, body.ttl_seconds)
-    await services.checkpoints.update(await _path(services, run_id, checkpoint_id, user), expires_at=expires_at)
+    path = await _path(services, run_id, checkpoint_id, user)
+    await services.checkpoints.update(path, expires_at=expires_at)
+    details = {"tinker_path": path.uri, "model_id": run_id, "ttl_seconds": body.ttl_seconds}
+    await services.audit.record("checkpoint_ttl_set", user, details)
     return {"expires_at": expires_at}
 
 
@@ -128,7 +121,7 @@ async def set_ttl(
 async def external_weights_urls(
     run_id: str, checkpoint_id: str, request: Request, services: ServicesDep, user: UserDep
 ) -> dict:
-    record = await _readable(services, run_id, checkpoint_id, user)
+    record, _ = await services.saved_by(f"tinker://{run_id}/{checkpoint_id}", user, field="checkpoint_id")
     if record.path.kind != "external_weights":
         raise UserError(
             f"{checkpoint_id!r} is not an export; download URLs exist for external_weights "
@@ -150,6 +143,7 @@ async def delete_run_checkpoint(run_id: str, checkpoint_id: str, services: Servi
     path = await _path(services, run_id, checkpoint_id, user)
     if not await remove_checkpoint(services, path):
         raise NotFound(f"checkpoint {checkpoint_id!r} of {run_id!r} does not exist", field="checkpoint_id")
+    await services.audit.record("checkpoint_deleted", user, {"tinker_path": path.uri, "model_id": run_id})
     return {"deleted": path.uri}
 
 

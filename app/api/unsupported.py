@@ -13,7 +13,7 @@ from app.errors import UserError
 
 router = APIRouter(prefix="/api/v1")
 
-_NOT_YET = "this server has API keys (`tinker-serve keys`) but no JWT exchange or audit log yet"
+_NOT_YET = "this server has API keys (`tinker-serve keys`) but no JWT exchange yet"
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,6 @@ class Unsupported:
 
 UNSUPPORTED = (
     Unsupported("POST", "/auth/token", f"JWT exchange: {_NOT_YET}; send the API key itself (client/config never asks)"),
-    Unsupported("GET", "/audit", f"the audit log: {_NOT_YET}; the request log (README 'Logs') records every call"),
 )
 
 

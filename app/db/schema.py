@@ -201,6 +201,17 @@ api_keys = Table(
     Column("revoked_at", Float),
 )
 
+audit_events = Table(
+    "audit_events",
+    metadata,  # append-only: rows are inserted (app.db.audit), never changed or removed
+    Column("event_id", Integer, primary_key=True, autoincrement=True),
+    Column("at", Float, nullable=False, index=True),
+    Column("event", String(64), nullable=False),  # <resource>_<action>, e.g. checkpoint_published
+    Column("actor", String(64), nullable=False, index=True),  # the user who did it, or "console"
+    Column("subject_owner", String(64), index=True),  # whose object it concerns, when not the actor's
+    Column("details", JSON, nullable=False),
+)
+
 settings = Table(
     "settings",
     metadata,  # server-wide values every replica shares (e.g. the download-URL signing key)
@@ -210,8 +221,8 @@ settings = Table(
 
 schema_info = Table("schema_info", metadata, Column("version", Integer, primary_key=True))
 SCHEMA_VERSION = 5  # 1: before checkpoint rows (stops up to 9); 2: training_runs.last_seq_id (never read);
-# 3: before stability_records; 4: before sessions.owner, users and api_keys. Statements that bring a database of
-# version v to v + 1 in place (new tables need none: create_all adds them).
+# 3: before stability_records; 4: before sessions.owner, users, api_keys and audit_events. Statements that bring
+# a database of version v to v + 1 in place (new tables need none: create_all adds them).
 _UPGRADES: dict[int, tuple[str, ...]] = {
     2: ("ALTER TABLE training_runs DROP COLUMN last_seq_id",),
     3: (),

@@ -39,7 +39,7 @@ def _free_port() -> int:
 def server_config(state_dir: Path) -> dict:
     return {
         "state_dir": str(state_dir),
-        "auth": {"mode": "any_tml_key_on_loopback"},
+        "auth": {"mode": "any_tml_key_on_loopback", "admin_users": ["ops-admin"]},  # admins read all audit events
         "base_models": [
             {
                 "name": BASE_MODEL,

@@ -72,6 +72,22 @@ def test_issued_key_lifecycle(base_url: str, state_dir: Path, console) -> None:
     stored = b"".join(path.read_bytes() for path in state_dir.glob("tinker_serve.db*"))
     assert secret.encode() not in stored and expiring.encode() not in stored
 
+    # The audit log: the console's issuing and revoking, and the key's use, are Alice's to read; an admin reads them
+    # too, and another user does not.
+    def events(key: str) -> list[tuple[str, str]]:
+        entries = tinker.AdminClient(base_url=base_url, api_key=key).get_audit_log().result().entries
+        return [(e.event, str(e.event_details.get("key_id"))) for e in entries]
+
+    alice_now = console("keys", "create", "--user", "alice-keys", "--name", "auditor")
+    mine = events(alice_now)
+    assert {
+        ("apikey_created", str(me.key_id)),
+        ("apikey_revoked", str(me.key_id)),
+        ("apikey_used", str(me.key_id)),
+    } <= set(mine)
+    assert set(mine) <= set(events(console("keys", "create", "--user", "ops-admin")))
+    assert not {("apikey_created", str(me.key_id))} & set(events("tml-someone-else"))
+
 
 def test_logout_revokes_the_key_it_presents(base_url: str, console) -> None:
     kept, dropped = (console("keys", "create", "--user", "bob-keys", "--name", n) for n in ("kept", "dropped"))

@@ -254,3 +254,32 @@ def test_published_checkpoints_are_readable_by_everyone(base_url: str, alice: tu
             service.create_sampling_client(model_path=hers.checkpoints["sampler_weights/private"]).result()
     finally:
         service.close("success").result()
+
+
+def test_the_audit_log_shows_each_user_their_own_and_reads_of_theirs(
+    base_url: str, alice: tuple[httpx.Client, Objects]
+) -> None:
+    """After the tests above: Alice's log holds her publishing and Bob's reads of what she published (with what
+    for); Bob's holds his reads but none of her own events."""
+    _, hers = alice
+
+    def log(key: str) -> list[tinker.types.AuditLogEntry]:
+        return tinker.AdminClient(base_url=base_url, api_key=key).get_audit_log(event_type="all").result().entries
+
+    alices = log(ALICE)
+    published = {e.tinker_path for e in alices if e.event == "checkpoint_published"}
+    assert published == {path for key, path in hers.checkpoints.items() if key.endswith("published")}
+    reads = [e for e in alices if e.event == "checkpoint_read"]
+    assert {e.purpose for e in reads} == {"weights_info", "download", "copy", "load", "sample"}
+    assert {e.event_details["owner"] for e in reads} == {
+        e.event_details["actor"] for e in alices if e.event == "checkpoint_published"
+    }
+    bobs = log(BOB)
+    assert {e.event for e in bobs} >= {"checkpoint_read", "apikey_used"}
+    assert not [
+        e
+        for e in bobs
+        if e.event == "checkpoint_published" or e.event_details.get("actor") == reads[0].event_details["owner"]
+    ]
+    checkpoints_only = tinker.AdminClient(base_url=base_url, api_key=ALICE).get_audit_log(event_type="checkpoints")
+    assert {e.event.split("_")[0] for e in checkpoints_only.result().entries} == {"checkpoint"}

@@ -13,6 +13,7 @@ from starlette.requests import Request
 
 from app.api.auth import Authenticator, check_mode_fits_bind, presented_key
 from app.api.rates import RateLimiter
+from app.db.audit import AuditLog
 from app.db.keys import KeyStore, enrolled_owner
 from app.db.schema import connect
 from app.errors import Unauthorized
@@ -86,7 +87,8 @@ def test_healthz_open_through_the_app_and_other_routes_are_not(tmp_path: Path) -
     api = create_api()
     config = ServerConfig(base_models=[{"name": "tiny", "path": "models/tiny"}], auth={"mode": LOOPBACK})
     run_on_db(tmp_path / "keys.sqlite", lambda db: asyncio.sleep(0))  # the tables; the app's engine opens lazily
-    keys = KeyStore(connect(f"sqlite+aiosqlite:///{tmp_path / 'keys.sqlite'}"))
+    db = connect(f"sqlite+aiosqlite:///{tmp_path / 'keys.sqlite'}")
+    keys, audit = KeyStore(db), AuditLog(db)
     # Only config, auth and the signing key are reached by the auth dependency and these routes.
     api.state.services = Services(
         config=config,
@@ -104,7 +106,8 @@ def test_healthz_open_through_the_app_and_other_routes_are_not(tmp_path: Path) -
         custom_losses=None,
         samplers=None,
         model_limits={},
-        auth=Authenticator(LOOPBACK, frozenset(), keys, cache_s=0),
+        auth=Authenticator(LOOPBACK, frozenset(), keys, cache_s=0, audit=audit),
+        audit=audit,
         quotas=None,
         request_rate=RateLimiter(60),
         sample_rate=RateLimiter(60),
@@ -150,7 +153,8 @@ def test_hub_routes_take_the_key_as_a_bearer_token() -> None:
 def test_each_key_is_a_user_and_refused_once_revoked_or_expired(tmp_path: Path) -> None:
     async def body(db: AsyncEngine) -> None:
         keys = KeyStore(db)
-        loopback = Authenticator(LOOPBACK, frozenset(), keys, cache_s=0)
+        audit = AuditLog(db)
+        loopback = Authenticator(LOOPBACK, frozenset(), keys, cache_s=0, audit=audit)
 
         async def owner(auth: Authenticator, key: str, client: str = "127.0.0.1") -> str:
             record = await auth.authenticate(make_request(key=key, client=client))
@@ -163,7 +167,7 @@ def test_each_key_is_a_user_and_refused_once_revoked_or_expired(tmp_path: Path) 
         secret, issued = await keys.issue("carol", "laptop")
         assert secret.startswith("tml-") and len(secret) > 40 and await owner(loopback, secret) == "carol"
 
-        configured = Authenticator("api_keys", frozenset({"ops-key"}), keys, cache_s=0)
+        configured = Authenticator("api_keys", frozenset({"ops-key"}), keys, cache_s=0, audit=audit)
         assert await owner(configured, secret, client="10.1.2.3") == "carol"
         assert await owner(configured, "ops-key", client="10.1.2.3") == enrolled_owner("ops-key")
         for unknown in ("tml-alice", "ops-", "tml-never-seen"):  # enrolled on loopback is not enough here
