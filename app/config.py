@@ -152,6 +152,9 @@ class AuthConfig(_Strict):
     # how long a replica trusts what it read of a key; a revoked key stops working on every replica within this
     key_cache_seconds: float = Field(2.0, ge=0)
     admin_users: list[str] = Field(default_factory=list)  # users (tinker-serve keys create --user) who read all audit
+    # client/config tells SDKs to exchange their key for short-lived JWTs (POST /auth/token) and send those instead
+    jwt_enabled: bool = False
+    jwt_ttl_seconds: int = Field(900, ge=60)
 
     def load_keys(self) -> frozenset[str]:
         keys = {k.strip() for k in os.environ.get(API_KEYS_ENV, "").split(",") if k.strip()}

@@ -58,6 +58,13 @@ class Unauthorized(UserError):
     status_code = 401
 
 
+class InvalidToken(Unauthorized):
+    """A JWT that is forged, malformed or expired: the SDK exchanges its key for a new one and replays the call."""
+
+    def headers(self) -> dict[str, str]:
+        return {"www-authenticate": 'Bearer error="invalid_token"'}
+
+
 class Forbidden(UserError):
     status_code = 403
 

@@ -15,6 +15,7 @@ from app.api.main import create_api
 from app.api.rates import RateLimiter
 from app.api.retention import remove_expired_checkpoints
 from app.api.sessions import expire_silent_sessions
+from app.api.tokens import TokenSigner
 from app.config import ServerConfig, redacted
 from app.db.audit import AuditLog
 from app.db.checkpoints import CheckpointStore
@@ -101,7 +102,12 @@ class Ingress:
             samplers=ServeSamplerClient(samplers, futures),
             model_limits={name: ModelLimits(**limits) for name, limits in model_limits.items()},
             auth=Authenticator(
-                cfg.auth.mode, cfg.auth.load_keys(), KeyStore(db), cfg.auth.key_cache_seconds, AuditLog(db)
+                cfg.auth.mode,
+                cfg.auth.load_keys(),
+                KeyStore(db),
+                cfg.auth.key_cache_seconds,
+                AuditLog(db),
+                TokenSigner.from_environment(await shared_secret(db, "jwt_signing_key")),
             ),
             audit=AuditLog(db),
             quotas=QuotaStore(db),

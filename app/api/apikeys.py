@@ -1,6 +1,6 @@
 """The caller's own API key, as `tinker auth login` / `logout` ask: `GET /auth/apikey/me` describes it and
-`DELETE /auth/apikey/me` revokes it (and nothing else). Issuing and listing keys is the operator's job:
-`tinker-serve keys`."""
+`DELETE /auth/apikey/me` revokes it (and nothing else); and `POST /auth/token` exchanges it for a short-lived JWT
+(app.api.tokens). Issuing and listing keys is the operator's job: `tinker-serve keys`."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request
 
 from app.api.deps import ServicesDep
 from app.db.keys import KeyRecord
+from app.errors import UserError
 
 router = APIRouter(prefix="/api/v1")
 ORGANIZATION = "tinker-serve"
@@ -39,3 +40,13 @@ async def revoke_own_key(request: Request, services: ServicesDep) -> dict:
     services.auth.forget(request.headers.get("x-api-key", ""))
     await services.audit.record("apikey_revoked", record.owner, {"key_id": record.key_id, "by": "its holder"})
     return {}
+
+
+@router.post("/auth/token")
+async def exchange_for_token(request: Request, services: ServicesDep) -> dict:
+    """A JWT standing for the caller's key, valid auth.jwt_ttl_seconds (the SDK refreshes it at half its life)."""
+    auth = services.config.auth
+    if not auth.jwt_enabled:
+        raise UserError("JWT exchange is off on this server (auth.jwt_enabled): send the API key itself")
+    record = _caller_key(request)
+    return {"jwt": services.auth.tokens.mint(record.owner, record.key_id, auth.jwt_ttl_seconds)}

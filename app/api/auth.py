@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
+from app.api.tokens import TokenSigner, looks_like_jwt
 from app.db.audit import AuditLog
 from app.db.keys import KEY_PREFIX, KeyRecord, KeyStore, key_hash
 from app.errors import Unauthorized
@@ -52,7 +53,7 @@ def presented_key(request: Request, mode: str) -> str | None:
         key = token if scheme.lower() == "bearer" else ""
     if mode == LOOPBACK_MODE:
         loopback = _is_loopback(request.client.host if request.client else None)
-        if loopback and key.startswith(KEY_PREFIX):
+        if loopback and (key.startswith(KEY_PREFIX) or looks_like_jwt(key)):
             return key
         if hub and loopback and not key:
             return None
@@ -69,6 +70,7 @@ class Authenticator:
     keys: KeyStore
     cache_s: float  # how long a key's record is trusted before it is read again
     audit: AuditLog  # records a key's use, as often as its last_used_at is written
+    tokens: TokenSigner  # JWTs that stand for a key (app.api.tokens)
     _cache: dict[str, tuple[KeyRecord, float]] = field(default_factory=dict)  # key hash -> (record, read at)
     _touched: dict[int, float] = field(default_factory=dict)
 
@@ -78,7 +80,7 @@ class Authenticator:
         if key is None:
             return None
         now = time.time()
-        record = await self._record(key, now)
+        record = await self._token_record(key, now) if looks_like_jwt(key) else await self._record(key, now)
         if not record.usable(now):
             raise Unauthorized("this API key was revoked or has expired: ask your server's operator for a new one")
         if now - self._touched.get(record.key_id, 0.0) > _TOUCH_EVERY_S:
@@ -90,6 +92,19 @@ class Authenticator:
     def forget(self, key: str) -> None:
         """Drop a key's cached record (after revoking it here)."""
         self._cache.pop(key_hash(key), None)
+
+    async def _token_record(self, token: str, now: float) -> KeyRecord:
+        """The record of the key a valid JWT stands for."""
+        user, key_id = self.tokens.verify(token)
+        cache_key = f"key_id:{key_id}"
+        cached = self._cache.get(cache_key)
+        if cached is not None and now - cached[1] < self.cache_s:
+            return cached[0]
+        record = await self.keys.by_id(key_id)
+        if record is None or record.owner != user:
+            raise Unauthorized("this token's key does not exist: exchange a current API key (POST /auth/token)")
+        self._cache[cache_key] = (record, now)
+        return record
 
     async def _record(self, key: str, now: float) -> KeyRecord:
         digest = key_hash(key)

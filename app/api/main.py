@@ -20,7 +20,6 @@ from app.api import (
     session_views,
     traces,
     training,
-    unsupported,
     usage,
 )
 from app.api.errors import register_exception_handlers
@@ -62,7 +61,6 @@ def create_api() -> FastAPI:
         usage.router,
         downloads.router,
         hub.router,
-        unsupported.router,
     ):
         api.include_router(router)
     register_exception_handlers(api)

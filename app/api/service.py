@@ -21,6 +21,7 @@ async def client_config(services: ServicesDep) -> dict:
         "sample_use_retrieve_futures": services.config.features.sample_use_retrieve_futures,
         "sample_join_sampling_session": True,
         "custom_loss_server_side": True,  # forward_backward_custom runs here (app.api.custom_losses)
+        "pjwt_auth_enabled": services.config.auth.jwt_enabled,  # exchange the key for JWTs (app.api.tokens)
     }
 
 

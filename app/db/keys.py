@@ -103,6 +103,11 @@ class KeyStore:
             row = (await conn.execute(select(api_keys).where(api_keys.c.key_hash == key_hash(secret)))).first()
         return None if row is None else _record(row)
 
+    async def by_id(self, key_id: int) -> KeyRecord | None:
+        async with self._db.connect() as conn:
+            row = (await conn.execute(select(api_keys).where(api_keys.c.key_id == key_id))).first()
+        return None if row is None else _record(row)
+
     async def enroll(self, secret: str, origin: str) -> KeyRecord:
         """The record of a key accepted without being issued (a `tml-` key on loopback, or one configured by the
         operator), made on its first use as a user of its own."""

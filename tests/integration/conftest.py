@@ -39,7 +39,8 @@ def _free_port() -> int:
 def server_config(state_dir: Path) -> dict:
     return {
         "state_dir": str(state_dir),
-        "auth": {"mode": "any_tml_key_on_loopback", "admin_users": ["ops-admin"]},  # admins read all audit events
+        # admins read all audit events; SDK clients trade their keys for JWTs (app.api.tokens)
+        "auth": {"mode": "any_tml_key_on_loopback", "admin_users": ["ops-admin"], "jwt_enabled": True},
         "base_models": [
             {
                 "name": BASE_MODEL,

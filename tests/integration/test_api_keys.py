@@ -95,3 +95,21 @@ def test_logout_revokes_the_key_it_presents(base_url: str, console) -> None:
         TinkerAuthApi(http, base_url=base_url).delete_self_api_key(dropped)  # what `tinker auth logout` does
     assert _status(base_url, dropped) == 401  # at once on the replica that revoked it
     assert _status(base_url, kept) == 200  # and nothing else
+
+
+def test_the_sdk_trades_its_key_for_short_lived_tokens(base_url: str, console) -> None:
+    """The test server turns auth.jwt_enabled on: client/config tells the SDK, which then sends JWTs from
+    /auth/token instead of its key; a forged token gets the challenge the SDK answers by exchanging again."""
+    secret = console("keys", "create", "--user", "carol-tokens")
+    service = tinker.ServiceClient(base_url=base_url, api_key=secret)
+    try:
+        training = service.create_lora_training_client(base_model=BASE_MODEL, rank=4).result()
+        assert training.get_info().model_id == training.model_id
+        assert type(service._get_session_holder()._default_auth).__name__ == "JwtAuthProvider"  # the SDK chose JWTs
+    finally:
+        service.close("success").result()
+    token = httpx.post(f"{base_url}/api/v1/auth/token", json={}, headers={"X-API-Key": secret}).json()["jwt"]
+    assert _status(base_url, token) == 200
+    header, payload, _ = token.split(".")
+    forged = httpx.post(f"{base_url}/api/v1/create_session", json={}, headers={"X-API-Key": f"{header}.{payload}.x"})
+    assert forged.status_code == 401 and 'error="invalid_token"' in forged.headers["www-authenticate"]

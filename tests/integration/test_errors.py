@@ -112,11 +112,3 @@ def test_http_level_errors_and_idempotent_resubmit(base_url, service_client):
         first = http.post("/api/v1/forward_backward", content=body, headers=headers).json()
         again = http.post("/api/v1/forward_backward", content=body, headers=headers).json()
         assert first["request_id"] == again["request_id"]
-
-
-def test_sdk_calls_this_server_does_not_offer_fail_at_once_with_the_reason(base_url, service_client):
-    """The SDK retries every 5xx for minutes: unsupported calls answer a user error (a 400 it does not retry)."""
-    started = time.monotonic()
-    response = httpx.post(f"{base_url}/api/v1/auth/token", json={}, headers={"X-API-Key": "tml-integration-tests"})
-    assert response.status_code == 400 and "JWT exchange" in response.json()["error"]
-    assert time.monotonic() - started < PROMPT_S

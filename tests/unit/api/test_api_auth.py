@@ -13,6 +13,7 @@ from starlette.requests import Request
 
 from app.api.auth import Authenticator, check_mode_fits_bind, presented_key
 from app.api.rates import RateLimiter
+from app.api.tokens import TokenSigner
 from app.db.audit import AuditLog
 from app.db.keys import KeyStore, enrolled_owner
 from app.db.schema import connect
@@ -20,6 +21,7 @@ from app.errors import Unauthorized
 from tests.conftest import run_on_db
 
 LOOPBACK = "any_tml_key_on_loopback"
+SIGNER = TokenSigner("s" * 32)
 
 
 def make_request(
@@ -106,7 +108,7 @@ def test_healthz_open_through_the_app_and_other_routes_are_not(tmp_path: Path) -
         custom_losses=None,
         samplers=None,
         model_limits={},
-        auth=Authenticator(LOOPBACK, frozenset(), keys, cache_s=0, audit=audit),
+        auth=Authenticator(LOOPBACK, frozenset(), keys, cache_s=0, audit=audit, tokens=SIGNER),
         audit=audit,
         quotas=None,
         request_rate=RateLimiter(60),
@@ -154,7 +156,7 @@ def test_each_key_is_a_user_and_refused_once_revoked_or_expired(tmp_path: Path) 
     async def body(db: AsyncEngine) -> None:
         keys = KeyStore(db)
         audit = AuditLog(db)
-        loopback = Authenticator(LOOPBACK, frozenset(), keys, cache_s=0, audit=audit)
+        loopback = Authenticator(LOOPBACK, frozenset(), keys, cache_s=0, audit=audit, tokens=SIGNER)
 
         async def owner(auth: Authenticator, key: str, client: str = "127.0.0.1") -> str:
             record = await auth.authenticate(make_request(key=key, client=client))
@@ -167,16 +169,21 @@ def test_each_key_is_a_user_and_refused_once_revoked_or_expired(tmp_path: Path) 
         secret, issued = await keys.issue("carol", "laptop")
         assert secret.startswith("tml-") and len(secret) > 40 and await owner(loopback, secret) == "carol"
 
-        configured = Authenticator("api_keys", frozenset({"ops-key"}), keys, cache_s=0, audit=audit)
+        configured = Authenticator("api_keys", frozenset({"ops-key"}), keys, cache_s=0, audit=audit, tokens=SIGNER)
         assert await owner(configured, secret, client="10.1.2.3") == "carol"
         assert await owner(configured, "ops-key", client="10.1.2.3") == enrolled_owner("ops-key")
         for unknown in ("tml-alice", "ops-", "tml-never-seen"):  # enrolled on loopback is not enough here
             with pytest.raises(Unauthorized):
                 await owner(configured, unknown, client="10.1.2.3")
 
+        token = SIGNER.mint("carol", issued.key_id, ttl_s=60)  # a JWT stands for its key, from any address
+        assert await owner(loopback, token) == await owner(configured, token, client="10.1.2.3") == "carol"
+        with pytest.raises(Unauthorized, match="does not exist"):
+            await owner(configured, SIGNER.mint("mallory", issued.key_id, ttl_s=60), client="10.1.2.3")
         await keys.revoke(issued.key_id)
-        with pytest.raises(Unauthorized, match="revoked or has expired"):
-            await owner(loopback, secret)
+        for revoked in (secret, token):
+            with pytest.raises(Unauthorized, match="revoked or has expired"):
+                await owner(loopback, revoked)
         short, _ = await keys.issue("dave", "ci", expires_at=time.time() + 0.2)
         assert await owner(loopback, short) == "dave"
         await asyncio.sleep(0.3)

@@ -1,5 +1,5 @@
 """Every path the installed tinker SDK can call has a route here: read from the SDK's own code, so a newer SDK
-with a new endpoint fails this test until the server answers it (or lists it in app.api.unsupported)."""
+with a new endpoint fails this test until the server answers it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import tinker
 from starlette.routing import Match
 
 from app.api.main import create_api
-from app.api.unsupported import UNSUPPORTED
 
 SDK_ROOT = Path(tinker.__file__).parent
 # `client.post("/api/v1/x"`, `self._get(f"/api/v1/{id}"`, and the CLI's `_request("GET", "/api/v1/x"`.
@@ -56,9 +55,3 @@ def test_the_sdk_is_read_whole() -> None:
 def test_every_sdk_call_has_a_route() -> None:
     missing = sorted(f"{method} {path}" for method, path in sdk_calls() if route_of(method, path) is None)
     assert not missing, f"SDK calls without a route: {missing}"
-
-
-def test_unsupported_routes_are_ones_the_sdk_calls() -> None:
-    calls = sdk_calls()
-    stale = [u for u in UNSUPPORTED if (u.method, "/api/v1" + u.path) not in calls]
-    assert not stale, f"listed as unsupported but no longer called by the SDK: {stale}"
