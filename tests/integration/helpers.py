@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import sqlite3
+import time
 from pathlib import Path
 
+import httpx
 import numpy as np
 import tinker
 import torch
@@ -117,3 +119,18 @@ def stored_directory(state_dir: Path, uri: str) -> Path:
             (path.model_id, path.kind, path.name),
         ).fetchone()
     return state_dir / "checkpoints" / location
+
+
+def raw_client(base_url: str, key: str) -> httpx.Client:
+    """Plain HTTP to the server as the user of `key`."""
+    return httpx.Client(base_url=base_url, timeout=60, headers={"X-API-Key": key})
+
+
+def future_result(http: httpx.Client, request_id: str, timeout_s: float = 120) -> dict:
+    """Long-poll retrieve_future until the future finishes: its JSON result or error."""
+    deadline = time.monotonic() + timeout_s
+    while (body := http.post("/api/v1/retrieve_future", json={"request_id": request_id}).json()).get(
+        "type"
+    ) == "try_again":
+        assert time.monotonic() < deadline, body
+    return body

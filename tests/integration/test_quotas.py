@@ -4,7 +4,6 @@ lost; other users are not held back."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import httpx
@@ -12,6 +11,7 @@ import pytest
 import tinker
 
 from tests.integration.conftest import BASE_MODEL, replace_app, server_config
+from tests.integration.helpers import future_result, raw_client
 
 LIMITS = {
     "max_live_models_per_user": 2,
@@ -28,40 +28,27 @@ def quota_app(base_url: str, state_dir: Path) -> str:
     return base_url
 
 
-def _client(base_url: str, key: str) -> httpx.Client:
-    return httpx.Client(base_url=base_url, timeout=60, headers={"X-API-Key": key})
-
-
-def _result(http: httpx.Client, request_id: str) -> dict:
-    deadline = time.monotonic() + 120
-    while (body := http.post("/api/v1/retrieve_future", json={"request_id": request_id}).json()).get(
-        "type"
-    ) == "try_again":
-        assert time.monotonic() < deadline, body
-    return body
-
-
 def _model(http: httpx.Client, session: str, seq: int) -> httpx.Response:
     body = {"session_id": session, "model_seq_id": seq, "base_model": BASE_MODEL, "lora_config": {"rank": 4}}
     return http.post("/api/v1/create_model", json=body)
 
 
 def test_live_models_and_checkpoint_bytes(quota_app: str) -> None:
-    with _client(quota_app, "tml-quota-sizes") as http:
+    with raw_client(quota_app, "tml-quota-sizes") as http:
         session = http.post("/api/v1/create_session", json={}).json()["session_id"]
-        models = [_result(http, _model(http, session, i).json()["request_id"])["model_id"] for i in range(2)]
+        models = [future_result(http, _model(http, session, i).json()["request_id"])["model_id"] for i in range(2)]
         third = _model(http, session, 2)
         assert third.status_code == 400 and "limits.max_live_models_per_user" in third.json()["error"]
         assert third.json()["field"] == "model_seq_id"
-        with _client(quota_app, "tml-quota-other") as other:  # another user is not held back
+        with raw_client(quota_app, "tml-quota-other") as other:  # another user is not held back
             other_session = other.post("/api/v1/create_session", json={}).json()["session_id"]
             assert _model(other, other_session, 0).status_code == 200
-        _result(http, http.post("/api/v1/unload_model", json={"model_id": models[0]}).json()["request_id"])
+        future_result(http, http.post("/api/v1/unload_model", json={"model_id": models[0]}).json()["request_id"])
         assert _model(http, session, 2).status_code == 200  # room again
 
         def save(seq: int, name: str) -> dict:
             saved = http.post("/api/v1/save_weights", json={"model_id": models[1], "seq_id": seq, "path": name})
-            return _result(http, saved.json()["request_id"])
+            return future_result(http, saved.json()["request_id"])
 
         first = save(1, "first")["path"]
         refused = save(2, "second")
@@ -73,9 +60,9 @@ def test_live_models_and_checkpoint_bytes(quota_app: str) -> None:
 
 
 def test_pending_operations_and_sampled_tokens(quota_app: str) -> None:
-    with _client(quota_app, "tml-quota-rates") as http:
+    with raw_client(quota_app, "tml-quota-rates") as http:
         session = http.post("/api/v1/create_session", json={}).json()["session_id"]
-        model = _result(http, _model(http, session, 0).json()["request_id"])["model_id"]
+        model = future_result(http, _model(http, session, 0).json()["request_id"])["model_id"]
         adam = {"learning_rate": 1e-3}
 
         def step(seq: int) -> httpx.Response:
@@ -86,7 +73,7 @@ def test_pending_operations_and_sampled_tokens(quota_app: str) -> None:
         assert fourth.status_code == 429 and int(fourth.headers["retry-after"]) >= 1
         first = step(1)  # what the pending ones wait for is admitted past the limit
         assert first.status_code == 200
-        assert all("error" not in _result(http, r) for r in [first.json()["request_id"], *queued])  # none lost
+        assert all("error" not in future_result(http, r) for r in [first.json()["request_id"], *queued])  # none lost
         assert step(5).status_code == 200  # room again
 
         sampler = http.post(
@@ -109,7 +96,7 @@ def test_the_sdk_waits_out_a_full_queue(quota_app: str) -> None:
     """Through the SDK, the 429s of a full queue are waited out: every step of a pipelined run completes."""
     service = tinker.ServiceClient(base_url=quota_app, api_key="tml-quota-sdk")
     try:
-        training = service.create_lora_training_client(base_model=BASE_MODEL, rank=4).result()
+        training = service.create_lora_trainingraw_client(base_model=BASE_MODEL, rank=4).result()
         steps = [training.optim_step(tinker.AdamParams(learning_rate=1e-3)) for _ in range(8)]
         assert len([s.result() for s in steps]) == 8
     finally:

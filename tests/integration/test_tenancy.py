@@ -16,6 +16,7 @@ import tinker
 from tinker import types
 
 from tests.integration.conftest import BASE_MODEL
+from tests.integration.helpers import future_result, raw_client
 
 ALICE, BOB = "tml-alice-tenancy", "tml-bob-tenancy"
 PROMPT = {"chunks": [{"type": "encoded_text", "tokens": [20, 21, 22, 23]}]}
@@ -43,19 +44,6 @@ class Objects:
         return dict(sorted(named.items(), key=lambda item: -len(item[1])))
 
 
-def _client(base_url: str, key: str) -> httpx.Client:
-    return httpx.Client(base_url=base_url, timeout=60, headers={"X-API-Key": key})
-
-
-def _result(http: httpx.Client, request_id: str) -> dict:
-    deadline = time.monotonic() + 120
-    while (body := http.post("/api/v1/retrieve_future", json={"request_id": request_id}).json()).get(
-        "type"
-    ) == "try_again":
-        assert time.monotonic() < deadline, body
-    return body
-
-
 def _alices_objects(http: httpx.Client) -> Objects:
     """A session, a trained model, a checkpoint of every kind private and published, a sampler and a sample."""
     session = http.post("/api/v1/create_session", json={}).json()["session_id"]
@@ -63,12 +51,12 @@ def _alices_objects(http: httpx.Client) -> Objects:
         "/api/v1/create_model",
         json={"session_id": session, "model_seq_id": 0, "base_model": BASE_MODEL, "lora_config": {"rank": 4}},
     ).json()
-    model = _result(http, created["request_id"])["model_id"]
+    model = future_result(http, created["request_id"])["model_id"]
     checkpoints, seq = {}, 1
     for kind, route in KINDS.items():
         for visibility in ("private", "published"):
             saved = http.post(f"/api/v1/{route}", json={"model_id": model, "seq_id": seq, "path": visibility}).json()
-            path = _result(http, saved["request_id"])["path"]
+            path = future_result(http, saved["request_id"])["path"]
             checkpoints[f"{kind}/{visibility}"] = path
             if visibility == "published":
                 published = http.post(f"/api/v1/training_runs/{model}/checkpoints/{kind}/published/publish")
@@ -92,7 +80,7 @@ def _alices_objects(http: httpx.Client) -> Objects:
             "sampling_params": {"max_tokens": 2},
         },
     ).json()["request_id"]
-    _result(http, future)
+    future_result(http, future)
     return Objects(session, model, sampler, future, checkpoints)
 
 
@@ -182,14 +170,14 @@ def _masked(response: httpx.Response, objects: Objects) -> tuple[int, str]:
 
 @pytest.fixture(scope="module")
 def alice(base_url: str) -> Iterator[tuple[httpx.Client, Objects]]:
-    with _client(base_url, ALICE) as http:
+    with raw_client(base_url, ALICE) as http:
         yield http, _alices_objects(http)
 
 
 def test_another_users_objects_answer_as_missing_ones(base_url: str, alice: tuple[httpx.Client, Objects]) -> None:
     alice_http, hers = alice
     ghosts = _ghosts(hers)
-    with _client(base_url, BOB) as bob:
+    with raw_client(base_url, BOB) as bob:
         mine = bob.post("/api/v1/create_session", json={}).json()["session_id"]
         probes = list(zip(_probes(hers, mine), _probes(ghosts, mine), strict=True))
         for (method, route, body), (_, ghost_route, ghost_body) in probes:
@@ -213,7 +201,7 @@ def test_another_users_objects_answer_as_missing_ones(base_url: str, alice: tupl
 
 def test_published_checkpoints_are_readable_by_everyone(base_url: str, alice: tuple[httpx.Client, Objects]) -> None:
     _, hers = alice
-    with _client(base_url, BOB) as bob:
+    with raw_client(base_url, BOB) as bob:
         mine = bob.post("/api/v1/create_session", json={}).json()["session_id"]
         info = bob.post("/api/v1/weights_info", json={"tinker_path": hers.checkpoints["weights/published"]})
         assert (info.status_code, info.json()["lora_rank"]) == (200, 4)
@@ -226,7 +214,7 @@ def test_published_checkpoints_are_readable_by_everyone(base_url: str, alice: tu
             "/api/v1/load_weights",
             json={"session_id": mine, "model_seq_id": 0, "path": hers.checkpoints["weights/published"]},
         ).json()
-        assert _result(bob, loaded["request_id"])["model_id"] == f"{mine}:train:0"
+        assert future_result(bob, loaded["request_id"])["model_id"] == f"{mine}:train:0"
 
         listed = bob.get("/api/v1/checkpoints").json()["checkpoints"]
         hers_listed = {c["tinker_path"] for c in listed if hers.model in c["tinker_path"]}
@@ -248,10 +236,10 @@ def test_published_checkpoints_are_readable_by_everyone(base_url: str, alice: tu
     service = tinker.ServiceClient(base_url=base_url, api_key=BOB)
     try:
         params = types.SamplingParams(max_tokens=2, temperature=0.0, seed=0)
-        published = service.create_sampling_client(model_path=hers.checkpoints["sampler_weights/published"]).result()
+        published = service.create_samplingraw_client(model_path=hers.checkpoints["sampler_weights/published"]).result()
         assert len(published.sample(types.ModelInput.from_ints([20, 21]), 1, params).result().sequences[0].tokens) > 0
         with pytest.raises(tinker.NotFoundError):
-            service.create_sampling_client(model_path=hers.checkpoints["sampler_weights/private"]).result()
+            service.create_samplingraw_client(model_path=hers.checkpoints["sampler_weights/private"]).result()
     finally:
         service.close("success").result()
 
