@@ -19,6 +19,11 @@ class ServerMetrics:
         self.requests = metrics.Counter(
             "tinker_serve_requests", "HTTP requests answered, by route and status code", tag_keys=("route", "status")
         )
+        self.user_requests = metrics.Counter(
+            "tinker_serve_user_requests",
+            "HTTP requests answered, by user id (never by key) and status code",
+            tag_keys=("user", "status"),
+        )
         self.queue_depth = metrics.Gauge(
             "tinker_serve_queue_depth",
             "Training operations waiting for their turn, per model",
@@ -48,7 +53,8 @@ def server_metrics() -> ServerMetrics:
 
 class RequestMetrics:
     """ASGI middleware counting answered requests by route template (never the raw path: ids would explode
-    the label set) and status code."""
+    the label set) and status code, and by user (app.api.main.authenticate sets it; requests that need no key, or
+    whose key was refused, count as `none`)."""
 
     def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
         self.app = app
@@ -70,3 +76,5 @@ class RequestMetrics:
         finally:
             route = getattr(scope.get("route"), "path", "unmatched")
             server_metrics().requests.inc(tags={"route": route, "status": str(status)})
+            user = scope.get("state", {}).get("user") or "none"
+            server_metrics().user_requests.inc(tags={"user": user, "status": str(status)})

@@ -11,8 +11,12 @@ import time
 import httpx
 from tinker import types
 
+from app.db.keys import enrolled_owner
 from tests.integration.conftest import METRICS_PORT
 from tests.integration.helpers import new_client, sft_datums, train_steps
+
+API_KEY = "tml-integration-tests"  # the shared service_client's key
+USER = enrolled_owner(API_KEY)
 
 
 def _samples(text: str, name: str, **labels: str) -> list[float]:
@@ -46,6 +50,7 @@ def test_custom_metrics_reach_rays_metrics_endpoint(service_client) -> None:
         "queue depth of the model": lambda t: bool(_samples(t, "ray_tinker_serve_queue_depth", model_id=tc.model_id)),
         "adapter loads": lambda t: sum(_samples(t, "ray_tinker_serve_adapter_loads")) >= 1,
         "Serve's replica metrics": lambda t: bool(_samples(t, "ray_serve_deployment_replica_healthy")),
+        "requests by user": lambda t: sum(_samples(t, "ray_tinker_serve_user_requests", user=USER, status="200")) >= 4,
     }
     deadline, missing = time.monotonic() + 90, list(expectations)  # Ray exports every few seconds
     text = ""
@@ -55,5 +60,6 @@ def test_custom_metrics_reach_rays_metrics_endpoint(service_client) -> None:
         missing = [name for name, holds in expectations.items() if not holds(text)]
         time.sleep(2)
     assert not missing, f"not on the metrics endpoint (or implausible): {missing}"
+    assert API_KEY not in text  # users are named by a hash, never by their key
     latencies = _samples(text, "ray_tinker_serve_training_op_seconds_sum", op="forward_backward")
     assert latencies and 0 < sum(latencies) < 600
