@@ -26,12 +26,11 @@ from pydantic import ValidationError
 
 from app.config import ServerConfig
 from app.db.audit import CONSOLE, AuditLog
-from app.db.keys import KeyRecord, KeyStore
+from app.db.keys import KeyRecord, KeyStore, expiry_after_days
 from app.db.schema import connect, create_tables
 from app.errors import TinkerServeError
 
 T = TypeVar("T")
-DAY_S = 86_400
 
 
 def server_config(path: Path) -> ServerConfig:
@@ -104,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             for name, created, live in _on_store(config, lambda store: store.users()):
                 print(f"{name:<24} created {_when(created)}  live keys {live}")
         elif args.action == "create":
-            expires = None if args.expires_in_days is None else time.time() + args.expires_in_days * DAY_S
+            expires = expiry_after_days(args.expires_in_days)
             secret, record = _on_store(
                 config, lambda store: store.issue(args.user, args.name, expires), audit="apikey_created"
             )

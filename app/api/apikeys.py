@@ -37,7 +37,7 @@ async def revoke_own_key(request: Request, services: ServicesDep) -> dict:
     auth.key_cache_seconds on the others)."""
     record = _caller_key(request)
     await services.auth.keys.revoke(record.key_id, owner=record.owner)
-    services.auth.forget(request.headers.get("x-api-key", ""))
+    services.auth.forget(record.key_id)
     await services.audit.record("apikey_revoked", record.owner, {"key_id": record.key_id, "by": "its holder"})
     return {}
 

@@ -89,9 +89,10 @@ class Authenticator:
             await self.audit.record("apikey_used", record.owner, {"key_id": record.key_id, "origin": record.origin})
         return record
 
-    def forget(self, key: str) -> None:
-        """Drop a key's cached record (after revoking it here)."""
-        self._cache.pop(key_hash(key), None)
+    def forget(self, key_id: int) -> None:
+        """Drop what this replica cached of a key (after revoking it here): its next use is refused at once."""
+        for cached in [c for c, (record, _) in self._cache.items() if record.key_id == key_id]:
+            self._cache.pop(cached, None)
 
     async def _token_record(self, token: str, now: float) -> KeyRecord:
         """The record of the key a valid JWT stands for."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import Depends, FastAPI, Request
 
 from app.api import (
+    admin,
     apikeys,
     audit,
     checkpoints,
@@ -47,6 +48,7 @@ def create_api() -> FastAPI:
     for router in (
         service.router,
         apikeys.router,
+        admin.router,
         audit.router,
         models.router,
         training.router,

@@ -20,6 +20,12 @@ from app.errors import NotFound, UserError
 KEY_PREFIX = "tml-"
 USER_NAME = re.compile(r"^[a-z][a-z0-9_.@-]{0,63}$")
 ENROLLED_PREFIX = "user-"  # the owner id of keys enrolled on first use; no named user may start with it
+DAY_S = 86_400
+
+
+def expiry_after_days(days: float | None) -> float | None:
+    """When a key issued now for `days` expires (None: never)."""
+    return None if days is None else time.time() + days * DAY_S
 
 
 def key_hash(secret: str) -> str:

@@ -113,3 +113,20 @@ def test_the_sdk_trades_its_key_for_short_lived_tokens(base_url: str, console) -
     header, payload, _ = token.split(".")
     forged = httpx.post(f"{base_url}/api/v1/create_session", json={}, headers={"X-API-Key": f"{header}.{payload}.x"})
     assert forged.status_code == 401 and 'error="invalid_token"' in forged.headers["www-authenticate"]
+
+
+def test_admins_manage_keys_over_rest(base_url: str, console) -> None:
+    """Users named in auth.admin_users (the test server's: ops-admin) do over REST what the console does."""
+    admin = {"X-API-Key": console("keys", "create", "--user", "ops-admin", "--name", "rest")}
+    with httpx.Client(base_url=f"{base_url}/api/v1/admin", timeout=30, headers=admin) as http:
+        made = http.post("/keys", json={"user": "dave-rest", "name": "ci", "expires_in_days": 1}).json()
+        assert (made["user"], made["name"], made["hint"]) == ("dave-rest", "ci", made["key"][-4:])
+        assert _status(base_url, made["key"]) == 200
+        listed = http.get("/keys", params={"owner": "dave-rest"}).json()["keys"]
+        assert [k["key_id"] for k in listed] == [made["key_id"]] and "key" not in listed[0]
+        assert "dave-rest" in {u["name"] for u in http.get("/users").json()["users"]}
+        assert http.delete(f"/keys/{made['key_id']}").json()["revoked_at"] is not None
+        assert http.delete("/keys/999999").status_code == 404
+    assert _status(base_url, made["key"]) == 401  # at once on the replica that revoked it
+    refused = httpx.get(f"{base_url}/api/v1/admin/keys", headers={"X-API-Key": made["key"].replace("tml-", "tml-x")})
+    assert refused.status_code == 403 and "auth.admin_users" in refused.json()["error"]
