@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from fastapi import Request
 
 from app.api.tokens import TokenSigner, looks_like_jwt
+from app.caches import remember
 from app.db.audit import AuditLog
 from app.db.keys import KEY_PREFIX, KeyRecord, KeyStore, key_hash
 from app.errors import Unauthorized
@@ -104,7 +105,7 @@ class Authenticator:
         record = await self.keys.by_id(key_id)
         if record is None or record.owner != user:
             raise Unauthorized("this token's key does not exist: exchange a current API key (POST /auth/token)")
-        self._cache[cache_key] = (record, now)
+        remember(self._cache, cache_key, (record, now))
         return record
 
     async def _record(self, key: str, now: float) -> KeyRecord:
@@ -123,7 +124,5 @@ class Authenticator:
                     "unknown API key: set TINKER_API_KEY (HF_TOKEN for the /hub routes) to a key issued by "
                     "`tinker-serve keys create` or listed in the server's configuration"
                 )
-        if len(self._cache) > 100_000:
-            self._cache.clear()
-        self._cache[digest] = (record, now)
+        remember(self._cache, digest, (record, now))
         return record

@@ -11,6 +11,7 @@ from fastapi import Depends, Request
 from app.api.auth import Authenticator
 from app.api.backends import SamplerClient, TrainerClient
 from app.api.rates import RateLimiter
+from app.caches import remember
 from app.config import BaseModelConfig, ServerConfig
 from app.db.audit import AuditLog
 from app.db.checkpoints import CheckpointRecord, CheckpointStore
@@ -83,9 +84,7 @@ class Services:
                 owner = await self.metadata.owner_of(session_id)
             except NotFound:
                 return False
-            if len(self._owners) > 100_000:
-                self._owners.clear()
-            self._owners[session_id] = owner
+            remember(self._owners, session_id, owner)
         owner = self._owners[session_id]
         return owner is None or owner == user
 
@@ -101,9 +100,7 @@ class Services:
             session_id = await self.futures.session_of(request_id)
             if session_id is None:
                 raise future_not_found(request_id)
-            if len(self._future_sessions) > 100_000:
-                self._future_sessions.clear()
-            self._future_sessions[request_id] = session_id
+            remember(self._future_sessions, request_id, session_id)
         if not await self.owns(user, session_id):
             raise future_not_found(request_id)
 
@@ -111,10 +108,7 @@ class Services:
         """The run behind a model id, whoever owns it (cached; runs never change base model or session)."""
         run = self._runs.get(model_id)
         if run is None:
-            run = await self.metadata.get_training_run(model_id)
-            if len(self._runs) > 100_000:
-                self._runs.clear()
-            self._runs[model_id] = run
+            run = remember(self._runs, model_id, await self.metadata.get_training_run(model_id))
         return run
 
     async def training_run(self, model_id: str, user: str) -> TrainingRun:
@@ -175,10 +169,7 @@ class Services:
                     )
                 await self.sampler_store.touch(sampling_session_id, now)
                 session = replace(session, last_used_at=now)
-        if len(self._sampling_sessions) > 10_000:  # RL makes one per step: keep the cache bounded
-            self._sampling_sessions.clear()
-        self._sampling_sessions[sampling_session_id] = session
-        return session
+        return remember(self._sampling_sessions, sampling_session_id, session, limit=10_000)  # RL makes one a step
 
 
 def get_services(request: Request) -> Services:

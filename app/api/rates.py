@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from app.caches import remember
+
 
 @dataclass
 class RateLimiter:
@@ -21,9 +23,7 @@ class RateLimiter:
         level, at = self._buckets.get(key, (self.per_minute, now))
         level = min(self.per_minute, level + (now - at) * rate)
         if amount <= level or level >= self.per_minute:
-            if len(self._buckets) > 100_000:
-                self._buckets.clear()
-            self._buckets[key] = (level - amount, now)
+            remember(self._buckets, key, (level - amount, now))
             return 0.0
-        self._buckets[key] = (level, now)
+        remember(self._buckets, key, (level, now))
         return (min(amount, self.per_minute) - level) / rate

@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import Table, delete, func, insert, literal, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from app.caches import remember
 from app.db.schema import sample_completions
 from app.db.wakeups import Wakeups
 
@@ -115,9 +116,7 @@ class CompletionLog:
         poll."""
         if seen - self._trimmed.get(target, 0) < (1 if idle else TRIM_EVERY):
             return
-        if len(self._trimmed) > 10_000:  # one per sampling session and clone polled here: keep it bounded
-            self._trimmed.clear()
-        self._trimmed[target] = seen
+        remember(self._trimmed, target, seen, limit=10_000)  # one per sampling session and clone polled here
         table = sample_completions
         async with self._db.begin() as conn:
             await conn.execute(

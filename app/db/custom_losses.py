@@ -9,6 +9,7 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.caches import remember
 from app.db.schema import custom_losses
 from app.errors import NotFound
 from app.training.custom_loss import CustomLossProgram
@@ -50,9 +51,8 @@ class CustomLossStore:
             async with self._db.connect() as conn:
                 row = (await conn.execute(select(custom_losses).where(custom_losses.c.loss_id == loss_id))).first()
             if row is not None:
-                if len(self._cache) > 10_000:
-                    self._cache.clear()
-                cached = self._cache[loss_id] = (row.session_id, CustomLossProgram.from_json(loss_id, row.program))
+                program = CustomLossProgram.from_json(loss_id, row.program)
+                cached = remember(self._cache, loss_id, (row.session_id, program), limit=10_000)
         if cached is None or cached[0] != session_id:
             raise NotFound(
                 f"no custom loss {loss_id!r} in this session; create it with ServiceClient.create_custom_loss",
