@@ -1,0 +1,78 @@
+"""Fair share on a shared trainer, through the real SDK: two API keys (two users) train on the same base model; one
+queues 20 steps at once, and the other's single forward_backward does not wait behind all of them."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+
+import tinker
+from tinker import types
+
+from tests.integration.conftest import BASE_MODEL
+from tests.integration.helpers import SENTENCES
+
+STEPS = 20
+ADAM = types.AdamParams(learning_rate=1e-3)
+
+
+def _datums(tokenizer, count: int = 4, length: int = 160) -> list[types.Datum]:
+    """`count` datums of `length` tokens (sentences repeated): steps long enough that HTTP overhead is small."""
+    ids = [t for text in SENTENCES for t in tokenizer.encode(text)]
+    ids = (ids * (length // len(ids) + 2))[: length + 1]
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints(ids[:-1]),
+        loss_fn_inputs={"target_tokens": ids[1:], "weights": [1.0] * length},
+    )
+    return [datum] * count
+
+
+def test_a_single_step_is_not_starved_by_another_users_flood(base_url: str) -> None:
+    alice_sc = tinker.ServiceClient(base_url=base_url, api_key="tml-fair-share-alice")
+    bob_sc = tinker.ServiceClient(base_url=base_url, api_key="tml-fair-share-bob")
+    try:
+        alice = alice_sc.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=31).result()
+        bob = bob_sc.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=32).result()
+        data = _datums(alice.get_tokenizer())
+        bob.forward_backward(data, "cross_entropy").result()  # warm: Bob's timed step is like any other
+
+        step_times = []  # Alice's step, each awaited before the next
+        for _ in range(3):
+            started = time.perf_counter()
+            alice.forward_backward(data, "cross_entropy").result()
+            alice.optim_step(ADAM).result()
+            step_times.append(time.perf_counter() - started)
+        step = statistics.median(step_times)
+
+        flood = [(alice.forward_backward(data, "cross_entropy"), alice.optim_step(ADAM)) for _ in range(STEPS)]
+        done: list[float] = []  # when each of Alice's steps finished
+
+        def wait_for_flood() -> None:
+            for fb, opt in flood:
+                fb.result(), opt.result()
+                done.append(time.perf_counter())
+
+        waiter = threading.Thread(target=wait_for_flood)
+        waiter.start()
+        flood[0][0].result()  # Alice's flood is running; the rest of it is queued
+        submitted = time.perf_counter()
+        bob.forward_backward(data, "cross_entropy").result()
+        finished = time.perf_counter()
+        waiter.join(timeout=600)
+        assert len(done) == STEPS
+
+        wait = finished - submitted
+        before_bob = sum(t < finished for t in done)
+        flood_step = (done[-1] - done[0]) / (STEPS - 1)
+        print(
+            f"\nBob's forward_backward under Alice's {STEPS}-step flood: {wait:.3f} s; Alice's step: {step:.3f} s "
+            f"awaited, {flood_step:.3f} s pipelined; {wait / step:.2f} awaited steps; "
+            f"Alice's steps done before Bob's: {before_bob}"
+        )
+        assert sum(t < submitted for t in done) < STEPS // 2  # most of the flood was still queued when Bob came
+        assert wait < 5 * step
+        assert before_bob < 10  # Bob finished before Alice's 10th step
+    finally:
+        alice_sc.close("success").result()
+        bob_sc.close("success").result()
