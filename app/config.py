@@ -110,7 +110,8 @@ class WorkerGroupConfig(_Strict):
     # runs of operations sent to the workers and not yet answered: 2 hides the command round trip; the rest wait in
     # the Trainer, where the next run is chosen fairly across users (large: every run is sent as it becomes ready)
     max_dispatched_runs: int = Field(2, ge=1)
-    # an operation's cost in the fair share is its tokens for a forward / forward_backward, this for any other
+    # an operation's cost in the fair share is its tokens for a forward / forward_backward, this for any other; each
+    # grant of credit carries this much extra, so an optim_step leaves with the forward_backward before it
     fixed_op_cost_tokens: int = Field(64, ge=0)
 
     @model_validator(mode="after")

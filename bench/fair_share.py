@@ -86,8 +86,8 @@ def main() -> None:
     parser.add_argument("--depths", default="2,100000", help="max_dispatched_runs values to compare")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--datums", type=int, default=4)
-    parser.add_argument("--length", type=int, default=160)
+    parser.add_argument("--datums", type=int, default=16)  # steps much longer than the SDK's ~40 ms per submit,
+    parser.add_argument("--length", type=int, default=256)  # so A's flood really queues at the trainer
     parser.add_argument("--depth", type=int, help=argparse.SUPPRESS)  # child mode: one server at this depth
     args = parser.parse_args()
     if args.depth is not None:

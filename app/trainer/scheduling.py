@@ -47,18 +47,19 @@ class SeqScheduler(Generic[Op]):
         gap_timeout_s: float = 330.0,
         max_dispatched_runs: int | None = None,
         cost: Cost | None = None,
+        extra_credit: int = 0,
     ) -> None:
         """`gap_timeout_s`: how long operations wait for a missing earlier seq_id before it is skipped
         (a submit rejected before its seq_id could be read never arrives; the SDK retries a submit for
         up to 300 s, so the default waits longer than that). `max_dispatched_runs`: runs at the worker group at
         once (None: every run is sent as soon as it is ready, in arrival order). `cost`: each op's cost in the fair
-        share (default 0: a ready run leaves whole, up to `max_batch`)."""
+        share (default 0: a ready run leaves whole, up to `max_batch`); `extra_credit`: see app.trainer.fair_share."""
         self._dispatch = dispatch
         self._max_batch = max_batch
         self._gap_timeout_s = gap_timeout_s
         self._max_dispatched = max_dispatched_runs
         self._cost: Cost = cost or (lambda _: 0)
-        self._fair = FairShare()
+        self._fair = FairShare(extra_credit)
         self._dispatched = 0  # runs sent whose awaitable is not done
         self._queues: dict[str, _ModelQueue[Op]] = {}
         self._in_flight: set[asyncio.Task] = set()  # strong references: the loop keeps only weak ones

@@ -62,6 +62,7 @@ class TrainerService:
             gap_timeout_s=limits.seq_gap_timeout_seconds,
             max_dispatched_runs=shape.max_dispatched_runs,
             cost=self._cost,
+            extra_credit=shape.fixed_op_cost_tokens,  # an optim_step leaves with its forward_backward
         )
         self._models: set[str] = set()
         self._running: set[str] = set()  # request ids sent to the workers whose outcome is not written yet

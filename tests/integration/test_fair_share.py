@@ -17,8 +17,9 @@ STEPS = 20
 ADAM = types.AdamParams(learning_rate=1e-3)
 
 
-def _datums(tokenizer, count: int = 4, length: int = 160) -> list[types.Datum]:
-    """`count` datums of `length` tokens (sentences repeated): steps long enough that HTTP overhead is small."""
+def _datums(tokenizer, count: int = 4, length: int = 255) -> list[types.Datum]:
+    """`count` datums of `length` tokens (sentences repeated), one request's worth: steps as long as the test
+    server allows, so Alice's steps outlast the SDK's submits (~40 ms each) and her flood queues at the trainer."""
     ids = [t for text in SENTENCES for t in tokenizer.encode(text)]
     ids = (ids * (length // len(ids) + 2))[: length + 1]
     datum = types.Datum(

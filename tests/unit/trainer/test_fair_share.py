@@ -90,6 +90,33 @@ def test_a_single_op_waits_for_at_most_the_runs_in_flight_behind_a_flood() -> No
     asyncio.run(main())
 
 
+def test_extra_credit_sends_whole_steps_and_the_single_op_still_goes_next() -> None:
+    """With extra credit the size of an optim_step (the Trainer's setting), each of A's runs is a whole step
+    (forward_backward + optim_step), and B's op is still the first run after the two in flight."""
+
+    async def main() -> None:
+        workers = Workers()
+        sched = SeqScheduler(workers, max_dispatched_runs=2, cost=_cost, extra_credit=8)
+        sched.open("a")
+        sched.open("b")
+        flood = [
+            asyncio.create_task(sched.submit("a", seq, ("a", seq, 100 if seq % 2 else 8), "alice"))
+            for seq in range(1, 41)
+        ]
+        await _settle()
+        single = asyncio.create_task(sched.submit("b", 1, ("b", 1, 100), "bob"))
+        await _settle()
+        while workers.in_flight:
+            await workers.finish_one()
+        assert workers.runs[2] == [("b", 1, 100)]
+        alice_runs = [run for run in workers.runs if run[0][0] == "a"]
+        # the first two left alone, as soon as they arrived (slots were free); then whole steps
+        assert [[seq for _, seq, _ in run] for run in alice_runs] == [[1], [2]] + [[s, s + 1] for s in range(3, 41, 2)]
+        await asyncio.gather(*flood, single)
+
+    asyncio.run(main())
+
+
 def test_users_share_by_tokens_whatever_their_op_sizes() -> None:
     """Two flooders, one with 10-token ops and one with 30-token ops: each gets the same tokens of worker time
     (within one op), so the small-op user runs three ops for each of the other's."""
