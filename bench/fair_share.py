@@ -1,6 +1,6 @@
 """Fair-share benchmark: how long user B's single forward_backward waits while user A has 20 steps queued on the
-same trainer, with fair share (the default depth, `max_dispatched_runs` 2) and without (a depth so large that
-every run is sent as soon as it is ready: the scheduling before fair share).
+same trainer (B submits once all of A's flood is queued), with fair share (the default depth, `max_dispatched_runs`
+2) and without (a depth so large that every run is sent as soon as it is ready: the scheduling before fair share).
 
     python bench/fair_share.py [--preset tiny] [--depths 2,100000] [--repeats 3] [--steps 20]
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -27,7 +28,15 @@ def _wait_all(futures: list[tuple]) -> None:
         fb.result(), opt.result()
 
 
-def measure(url: str, name: str, steps: int, repeats: int, datums: int, length: int) -> dict[str, list[float]]:
+def last_queued_seq(state_dir: Path, model_id: str) -> int:
+    """The model's highest seq_id the ingress has accepted (its future exists; the trainer gets it at once)."""
+    with sqlite3.connect(state_dir / "tinker_serve.db") as db:
+        return db.execute("SELECT coalesce(max(seq_id), 0) FROM futures WHERE model_id = ?", (model_id,)).fetchone()[0]
+
+
+def measure(
+    url: str, state_dir: Path, name: str, steps: int, repeats: int, datums: int, length: int
+) -> dict[str, list[float]]:
     """Per repeat: B's wait under A's flood, A's awaited step time and A's step time in the flood (the whole flood,
     B's step included, over its steps), both users on `name`'s trainer."""
     import tinker
@@ -52,11 +61,13 @@ def measure(url: str, name: str, steps: int, repeats: int, datums: int, length: 
         alice.forward_backward(data, "cross_entropy").result()
         alice.optim_step(adam).result()
         step_times.append(time.perf_counter() - started)
+        last_before = last_queued_seq(state_dir, alice.model_id)
         flood_started = time.perf_counter()
         flood = [(alice.forward_backward(data, "cross_entropy"), alice.optim_step(adam)) for _ in range(steps)]
         waiter = threading.Thread(target=_wait_all, args=(flood,))
         waiter.start()
-        flood[0][0].result()
+        while last_queued_seq(state_dir, alice.model_id) < last_before + 2 * steps:  # the whole flood is queued
+            time.sleep(0.01)
         submitted = time.perf_counter()
         bob.forward_backward(data, "cross_entropy").result()
         waits.append(time.perf_counter() - submitted)
@@ -75,8 +86,8 @@ def child(args: argparse.Namespace) -> None:
     path = build_embedded_model(args.preset, ROOT / "models" / args.preset)
     name = f"tinker-serve/{args.preset}"
     trainer = {"num_workers": 2, "cpus_per_worker": 1, "max_dispatched_runs": args.depth}
-    url, _ = start_server([{"name": name, "path": str(path), "trainer": trainer}])
-    result = measure(url, name, args.steps, args.repeats, args.datums, args.length)
+    url, state_dir = start_server([{"name": name, "path": str(path), "trainer": trainer}])
+    result = measure(url, state_dir, name, args.steps, args.repeats, args.datums, args.length)
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -86,8 +97,8 @@ def main() -> None:
     parser.add_argument("--depths", default="2,100000", help="max_dispatched_runs values to compare")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--datums", type=int, default=16)  # steps much longer than the SDK's ~40 ms per submit,
-    parser.add_argument("--length", type=int, default=256)  # so A's flood really queues at the trainer
+    parser.add_argument("--datums", type=int, default=16)
+    parser.add_argument("--length", type=int, default=256)
     parser.add_argument("--depth", type=int, help=argparse.SUPPRESS)  # child mode: one server at this depth
     args = parser.parse_args()
     if args.depth is not None:

@@ -3,9 +3,11 @@ queues 20 steps at once, and the other's single forward_backward does not wait b
 
 from __future__ import annotations
 
+import sqlite3
 import statistics
 import threading
 import time
+from pathlib import Path
 
 import tinker
 from tinker import types
@@ -29,7 +31,20 @@ def _datums(tokenizer, count: int = 4, length: int = 255) -> list[types.Datum]:
     return [datum] * count
 
 
-def test_a_single_step_is_not_starved_by_another_users_flood(base_url: str) -> None:
+def last_queued_seq(state_dir: Path, model_id: str) -> int:
+    """The model's highest seq_id the ingress has accepted (its future exists; the trainer gets it at once)."""
+    with sqlite3.connect(state_dir / "tinker_serve.db") as db:
+        return db.execute("SELECT coalesce(max(seq_id), 0) FROM futures WHERE model_id = ?", (model_id,)).fetchone()[0]
+
+
+def wait_until_queued(state_dir: Path, model_id: str, seq_id: int, budget_s: float = 120) -> None:
+    deadline = time.monotonic() + budget_s
+    while last_queued_seq(state_dir, model_id) < seq_id:
+        assert time.monotonic() < deadline, f"seq_id {seq_id} of {model_id} was never queued"
+        time.sleep(0.01)
+
+
+def test_a_single_step_is_not_starved_by_another_users_flood(base_url: str, state_dir: Path) -> None:
     alice_sc = tinker.ServiceClient(base_url=base_url, api_key="tml-fair-share-alice")
     bob_sc = tinker.ServiceClient(base_url=base_url, api_key="tml-fair-share-bob")
     try:
@@ -46,6 +61,7 @@ def test_a_single_step_is_not_starved_by_another_users_flood(base_url: str) -> N
             step_times.append(time.perf_counter() - started)
         step = statistics.median(step_times)
 
+        last_before = last_queued_seq(state_dir, alice.model_id)
         flood = [(alice.forward_backward(data, "cross_entropy"), alice.optim_step(ADAM)) for _ in range(STEPS)]
         done: list[float] = []  # when each of Alice's steps finished
 
@@ -56,7 +72,7 @@ def test_a_single_step_is_not_starved_by_another_users_flood(base_url: str) -> N
 
         waiter = threading.Thread(target=wait_for_flood)
         waiter.start()
-        flood[0][0].result()  # Alice's flood is running; the rest of it is queued
+        wait_until_queued(state_dir, alice.model_id, last_before + 2 * STEPS)  # all of Alice's flood is queued
         submitted = time.perf_counter()
         bob.forward_backward(data, "cross_entropy").result()
         finished = time.perf_counter()
@@ -71,7 +87,7 @@ def test_a_single_step_is_not_starved_by_another_users_flood(base_url: str) -> N
             f"awaited, {flood_step:.3f} s pipelined; {wait / step:.2f} awaited steps; "
             f"Alice's steps done before Bob's: {before_bob}"
         )
-        assert sum(t < submitted for t in done) < STEPS // 2  # most of the flood was still queued when Bob came
+        assert sum(t < submitted for t in done) < STEPS // 2  # most of the flood was still waiting when Bob came
         assert wait < 5 * step
         assert before_bob < 10  # Bob finished before Alice's 10th step
     finally:
