@@ -32,7 +32,7 @@ class FairShare:
         self._credit = {user: self._credit.get(user, 0) for user in self._round}
         model_of = {user: self._next_model(user, ready[user]) for user in self._round}
         shortfall = {user: cost(model_of[user]) - self._credit[user] for user in self._round}
-        grant = max(0, min(shortfall.values())) + self._extra
+        grant = max(0, min(shortfall.values()) + self._extra)  # nothing while someone has that much to spare
         for user in self._round:
             self._credit[user] += grant
         user = next(user for user in self._round if shortfall[user] <= grant)
