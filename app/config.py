@@ -105,13 +105,20 @@ ROLES = ("policy", "critic")  # a policy scores tokens with the LM head; a criti
 
 
 class WorkerGroupConfig(_Strict):
-    """The shape of one trainer's Ray Train worker group (data parallel: datums split across workers)."""
+    """The shape of one trainer's Ray Train worker group (data parallel: datums split across workers), and how its
+    Trainer feeds it (fair share across users: app.trainer.fair_share)."""
 
     num_workers: int = Field(2, ge=1)
     cpus_per_worker: float = Field(1.0, gt=0)
     use_gpu: bool = False
     torch_threads_per_worker: int = Field(1, ge=1)
     resources: dict[str, float] = Field(default_factory=dict)  # custom Ray resources per worker (node placement)
+    # runs of operations sent to the workers and not yet answered: 2 hides the command round trip; the rest wait in
+    # the Trainer, where the next run is chosen fairly across users (large: every run is sent as it becomes ready)
+    max_dispatched_runs: int = Field(2, ge=1)
+    # an operation's cost in the fair share is its tokens for a forward / forward_backward, this for any other; each
+    # grant of credit carries this much extra, so an optim_step leaves with the forward_backward before it
+    fixed_op_cost_tokens: int = Field(64, ge=0)
 
     @model_validator(mode="after")
     def _check(self) -> WorkerGroupConfig:

@@ -76,8 +76,9 @@ class ServeTrainerClient(TrainerClient):
     def create_model(self, trainer: str, model_id: str, create: CreateModel) -> None:
         self._calls.track(trainer, create.request_id, self._calls.handle(trainer).create_model.remote(model_id, create))
 
-    def submit(self, trainer: str, model_id: str, seq_id: int, op: SequencedOp) -> None:
-        self._calls.track(trainer, op.request_id, self._calls.handle(trainer).submit.remote(model_id, seq_id, op))
+    def submit(self, trainer: str, model_id: str, seq_id: int, op: SequencedOp, user: str) -> None:
+        handle = self._calls.handle(trainer)
+        self._calls.track(trainer, op.request_id, handle.submit.remote(model_id, seq_id, op, user))
 
     def unload_model(self, trainer: str, request_id: str, model_id: str) -> None:
         self._calls.track(trainer, request_id, self._calls.handle(trainer).unload_model.remote(request_id, model_id))

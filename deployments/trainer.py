@@ -70,6 +70,7 @@ class Trainer:
             MetadataStore(db),
             CheckpointStore(db),
             ObjectStorage(cfg.checkpoint_uri),
+            shape,
         )
         await self._service.start()
         logger.info("trainer %s ready in %.1f s", trainer, time.monotonic() - started)
@@ -77,8 +78,8 @@ class Trainer:
     async def create_model(self, model_id: str, create: CreateModel) -> None:
         await self._service.create_model(model_id, create)
 
-    async def submit(self, model_id: str, seq_id: int, op: SequencedOp) -> None:
-        await self._service.submit(model_id, seq_id, op)
+    async def submit(self, model_id: str, seq_id: int, op: SequencedOp, user: str = "") -> None:
+        await self._service.submit(model_id, seq_id, op, user)
 
     async def unload_model(self, request_id: str, model_id: str) -> None:
         await self._service.unload_model(request_id, model_id)

@@ -17,7 +17,8 @@ class TrainerClient(ABC):
     def create_model(self, trainer: str, model_id: str, create: CreateModel) -> None: ...
 
     @abstractmethod
-    def submit(self, trainer: str, model_id: str, seq_id: int, op: SequencedOp) -> None: ...
+    def submit(self, trainer: str, model_id: str, seq_id: int, op: SequencedOp, user: str) -> None:
+        """Queue `user`'s operation `op`: the trainer runs each model's in seq_id order, fairly across users."""
 
     @abstractmethod
     def unload_model(self, trainer: str, request_id: str, model_id: str) -> None: ...

@@ -72,7 +72,7 @@ async def sequenced(
             outcome=outcome_of(error),
         )
         try:
-            services.trainers.submit(run.trainer, model_id, seq_id, op)
+            services.trainers.submit(run.trainer, model_id, seq_id, op, user)
         except TinkerServeError as exc:  # no trainer to send it to: the future must not stay pending
             await services.futures.fail_if_pending(request_id, exc.to_body())
             raise

@@ -1,10 +1,12 @@
-"""Per-model ordering: operations are dispatched strictly in seq_id order; the seq_ids that are ready
-together leave together in one batch.
+"""Per-model ordering, fair across users: each model's operations are dispatched strictly in seq_id order, in
+runs of consecutive ready seq_ids; which model's run goes next is chosen fairly across users (app.trainer.fair_share).
 
 A submit never waits for earlier seq_ids to arrive (the SDK sends the chunks of one forward_backward
-concurrently and out of order); it only waits for its own result. Dispatch is pipelined: a run is sent
-as soon as it is ready, without waiting for earlier runs to finish, because the worker group executes
-messages in the order they were sent (this hides the command round trip behind the previous command).
+concurrently and out of order); it only waits for its own result. Dispatch is pipelined: up to
+`max_dispatched_runs` runs are at the worker group at once, without waiting for earlier runs to finish, because
+the worker group executes messages in the order they were sent (this hides the command round trip behind the
+previous command). Keeping that depth small is what makes the order fair: the rest wait here, where a user who
+arrives later can still go ahead of a flooder's queue.
 """
 
 from __future__ import annotations
@@ -16,31 +18,49 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from app.errors import UserError
+from app.trainer.fair_share import FairShare
 
 Op = TypeVar("Op")
 logger = logging.getLogger("tinker_serve.scheduling")
 
 # dispatch(model_id, ops) must send `ops` before it returns, and give back an awaitable of one result
-# (or exception) per op.
+# (or exception) per op; the run holds its dispatch slot until that awaitable is done.
 Dispatch = Callable[[str, list[Op]], Awaitable[list[Any]]]
+Cost = Callable[[Op], int]  # an operation's cost in the fair share (tokens)
 
 
 @dataclass
 class _ModelQueue(Generic[Op]):
     next_seq: int
+    user: str = ""  # whose model it is (the last submit says)
     waiting: dict[int, tuple[Op, asyncio.Future]] = field(default_factory=dict)
     cancelled: dict[int, Op] = field(default_factory=dict)  # seq_id -> what runs instead, once it arrives
     gap_watch: tuple[int, asyncio.TimerHandle] | None = None  # (the missing seq_id, its timer)
 
 
 class SeqScheduler(Generic[Op]):
-    def __init__(self, dispatch: Dispatch, *, max_batch: int = 64, gap_timeout_s: float = 330.0) -> None:
+    def __init__(
+        self,
+        dispatch: Dispatch,
+        *,
+        max_batch: int = 64,
+        gap_timeout_s: float = 330.0,
+        max_dispatched_runs: int | None = None,
+        cost: Cost | None = None,
+        extra_credit: int = 0,
+    ) -> None:
         """`gap_timeout_s`: how long operations wait for a missing earlier seq_id before it is skipped
         (a submit rejected before its seq_id could be read never arrives; the SDK retries a submit for
-        up to 300 s, so the default waits longer than that)."""
+        up to 300 s, so the default waits longer than that). `max_dispatched_runs`: runs at the worker group at
+        once (None: every run is sent as soon as it is ready, in arrival order). `cost`: each op's cost in the fair
+        share (default 0: a ready run leaves whole, up to `max_batch`); `extra_credit`: see app.trainer.fair_share."""
         self._dispatch = dispatch
         self._max_batch = max_batch
         self._gap_timeout_s = gap_timeout_s
+        self._max_dispatched = max_dispatched_runs
+        self._cost: Cost = cost or (lambda _: 0)
+        self._fair = FairShare(extra_credit)
+        self._dispatched = 0  # runs sent whose awaitable is not done
         self._queues: dict[str, _ModelQueue[Op]] = {}
         self._in_flight: set[asyncio.Task] = set()  # strong references: the loop keeps only weak ones
 
@@ -50,6 +70,8 @@ class SeqScheduler(Generic[Op]):
     def close(self, model_id: str, reason: Exception) -> None:
         """Forget a model; its operations still waiting for their turn fail with `reason`."""
         queue = self._queues.pop(model_id, None)
+        if queue is not None:
+            self._fair.forget(queue.user, model_id)
         if queue is not None and queue.gap_watch is not None:
             queue.gap_watch[1].cancel()
         for _, fut in queue.waiting.values() if queue else []:
@@ -73,7 +95,8 @@ class SeqScheduler(Generic[Op]):
         queue = self._queues.get(model_id)
         return len(queue.waiting) if queue else 0
 
-    async def submit(self, model_id: str, seq_id: int, op: Op) -> Any:
+    async def submit(self, model_id: str, seq_id: int, op: Op, user: str = "") -> Any:
+        """Queue `user`'s `op`; returns its result (or raises its exception) once its run is done."""
         queue = self._queues.get(model_id)
         if queue is None:
             raise UserError(
@@ -87,33 +110,68 @@ class SeqScheduler(Generic[Op]):
                 "later operations had waited limits.seq_gap_timeout_seconds for it",
                 field="seq_id",
             )
+        if queue.user != user:
+            self._fair.forget(queue.user, model_id)
+            queue.user = user
         fut = asyncio.get_running_loop().create_future()
         queue.waiting[seq_id] = (queue.cancelled.pop(seq_id, op), fut)
-        self._dispatch_ready(model_id, queue)
+        self._watch_gap(model_id, queue)
+        self._pump()
         return await fut
 
-    def _dispatch_ready(self, model_id: str, queue: _ModelQueue[Op]) -> None:
-        while queue.next_seq in queue.waiting:
-            run: list[tuple[Op, asyncio.Future]] = []
-            while queue.next_seq in queue.waiting and len(run) < self._max_batch:
-                run.append(queue.waiting.pop(queue.next_seq))
-                queue.next_seq += 1
-            try:
-                pending = self._dispatch(model_id, [op for op, _ in run])
-            except Exception as exc:  # noqa: BLE001 - every op of the run learns why
-                self._resolve(run, [exc] * len(run))
-                continue
-            task = asyncio.ensure_future(self._settle(pending, run))
-            self._in_flight.add(task)
-            task.add_done_callback(self._in_flight.discard)
-        self._watch_gap(model_id, queue)
+    def _pump(self) -> None:
+        """Send ready runs while a dispatch slot is free, the next one chosen fairly across users."""
+        while self._max_dispatched is None or self._dispatched < self._max_dispatched:
+            ready: dict[str, list[str]] = {}
+            for model_id, queue in self._queues.items():
+                if queue.next_seq in queue.waiting:
+                    ready.setdefault(queue.user, []).append(model_id)
+            if not ready:
+                return
+            user, model_id, credit = self._fair.pick(ready, self._head_cost)
+            queue = self._queues[model_id]
+            run, spent = self._take_run(queue, credit)
+            self._fair.charge(user, model_id, spent)
+            self._watch_gap(model_id, queue)
+            self._send(model_id, run)
+
+    def _head_cost(self, model_id: str) -> int:
+        queue = self._queues[model_id]
+        return self._cost(queue.waiting[queue.next_seq][0])
+
+    def _take_run(self, queue: _ModelQueue[Op], credit: int) -> tuple[list[tuple[Op, asyncio.Future]], int]:
+        """The model's next consecutive ready ops, at least one, as many as `credit` and `max_batch` allow; and
+        their cost."""
+        run: list[tuple[Op, asyncio.Future]] = []
+        spent = 0
+        while queue.next_seq in queue.waiting and len(run) < self._max_batch:
+            cost = self._cost(queue.waiting[queue.next_seq][0])
+            if run and spent + cost > credit:
+                break
+            run.append(queue.waiting.pop(queue.next_seq))
+            queue.next_seq += 1
+            spent += cost
+        return run, spent
+
+    def _send(self, model_id: str, run: list[tuple[Op, asyncio.Future]]) -> None:
+        try:
+            pending = self._dispatch(model_id, [op for op, _ in run])
+        except Exception as exc:  # noqa: BLE001 - every op of the run learns why
+            self._resolve(run, [exc] * len(run))
+            return
+        self._dispatched += 1
+        task = asyncio.ensure_future(self._settle(pending, run))
+        self._in_flight.add(task)
+        task.add_done_callback(self._in_flight.discard)
 
     def _watch_gap(self, model_id: str, queue: _ModelQueue[Op]) -> None:
-        """Operations wait behind a missing seq_id: one timer per missing seq_id skips it if it never fills."""
-        if queue.gap_watch is not None and (not queue.waiting or queue.gap_watch[0] != queue.next_seq):
+        """Operations wait behind a missing seq_id: one timer per missing seq_id skips it if it never fills.
+        (Ready operations waiting for a dispatch slot wait behind nothing missing.)"""
+        missing = bool(queue.waiting) and queue.next_seq not in queue.waiting
+        if queue.gap_watch is not None and (not missing or queue.gap_watch[0] != queue.next_seq):
             queue.gap_watch[1].cancel()
             queue.gap_watch = None
-        if queue.waiting and queue.gap_watch is None:
+        if missing and queue.gap_watch is None:
             expected = queue.next_seq
             timer = asyncio.get_running_loop().call_later(
                 self._gap_timeout_s, self._skip_gap, model_id, queue, expected
@@ -135,7 +193,8 @@ class SeqScheduler(Generic[Op]):
         )
         queue.next_seq = first
         queue.cancelled = {seq: op for seq, op in queue.cancelled.items() if seq > first}
-        self._dispatch_ready(model_id, queue)
+        self._watch_gap(model_id, queue)
+        self._pump()
 
     async def _settle(self, pending: Awaitable[list[Any]], run: list[tuple[Op, asyncio.Future]]) -> None:
         try:
@@ -144,7 +203,10 @@ class SeqScheduler(Generic[Op]):
                 raise RuntimeError(f"dispatch returned {len(results)} results for {len(run)} operations")
         except Exception as exc:  # noqa: BLE001 - every op of the run learns why
             results = [exc] * len(run)
+        finally:
+            self._dispatched -= 1
         self._resolve(run, results)
+        self._pump()
 
     @staticmethod
     def _resolve(run: list[tuple[Op, asyncio.Future]], results: list[Any]) -> None:

@@ -6,13 +6,14 @@ writes each future's outcome to the store, so results survive an ingress restart
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import replace
 from typing import Any, cast
 
-from app.config import LimitsConfig
+from app.config import LimitsConfig, WorkerGroupConfig
 from app.db.checkpoints import CheckpointStore
 from app.db.futures import FutureStore
 from app.db.metadata import MetadataStore
@@ -45,19 +46,28 @@ class TrainerService:
         metadata: MetadataStore,
         checkpoints: CheckpointStore,
         storage: ObjectStorage,
+        shape: WorkerGroupConfig | None = None,
     ) -> None:
+        """`shape`: the worker group's config, whose dispatch depth and op cost the fair share uses."""
+        shape = shape or WorkerGroupConfig()
         self.name = name
         self._metadata = metadata
         self._committer = CheckpointCommitter(checkpoints, storage)
         self._limits = limits
         self._group = group
         self._futures = futures
+        self._fixed_op_cost = shape.fixed_op_cost_tokens
         self._scheduler: SeqScheduler[Queued] = SeqScheduler(
-            self._dispatch, gap_timeout_s=limits.seq_gap_timeout_seconds
+            self._dispatch,
+            gap_timeout_s=limits.seq_gap_timeout_seconds,
+            max_dispatched_runs=shape.max_dispatched_runs,
+            cost=self._cost,
+            extra_credit=shape.fixed_op_cost_tokens,  # an optim_step leaves with its forward_backward
         )
         self._models: set[str] = set()
         self._running: set[str] = set()  # request ids sent to the workers whose outcome is not written yet
         self._cancelled: set[str] = set()  # of those, the cancelled ones: their outcome is discarded
+        self._writes: set[asyncio.Task] = set()  # runs' outcomes being written (strong references)
 
     async def start(self) -> None:
         """Start the workers; futures left pending by a previous incarnation of this trainer can never finish:
@@ -120,10 +130,11 @@ class TrainerService:
         reply = Reply.json({"model_id": model_id, "type": "unload_model"})
         await self._futures.complete(request_id, reply.payload, reply.content_type)
 
-    async def submit(self, model_id: str, seq_id: int, op: SequencedOp) -> None:
-        """Queue `op`; returns once its future is written (success or failure)."""
+    async def submit(self, model_id: str, seq_id: int, op: SequencedOp, user: str = "") -> None:
+        """Queue `user`'s `op`; returns once its future is written (success or failure)."""
         try:
-            await self._scheduler.submit(model_id, seq_id, (seq_id, op))
+            written = await self._scheduler.submit(model_id, seq_id, (seq_id, op), user)
+            await written
         except TinkerServeError as exc:
             await self._futures.fail_if_pending(op.request_id, exc.to_body())
 
@@ -143,8 +154,18 @@ class TrainerService:
             outcome="dropped" if dropped else "running",
         )
 
-    def _dispatch(self, model_id: str, run: list[Queued]) -> Awaitable[list[None]]:
-        """Send the run to the workers now (order matters); the returned awaitable writes its futures."""
+    def _cost(self, queued: Queued) -> int:
+        """An op's cost in the fair share: a forward(_backward)'s tokens; a fixed cost for others; nothing to skip."""
+        op = queued[1]
+        if isinstance(op, Skip):
+            return 0
+        if isinstance(op, ForwardBackward):
+            return int(cast(PackedBatch, op.args.batch).offsets[-1])
+        return self._fixed_op_cost
+
+    def _dispatch(self, model_id: str, run: list[Queued]) -> Awaitable[list[Awaitable[None]]]:
+        """Send the run to the workers now (order matters); the returned awaitable is done when the workers answer
+        (which frees the run's dispatch slot), with, for each op, the writing of the run's futures to await."""
         work = [(seq_id, op) for seq_id, op in run if not isinstance(op, Skip)]
         commands = [replace(operation(op).command(model_id, op), request_id=op.request_id) for _, op in work]
         pending = self._group.send(commands) if work else None
@@ -152,11 +173,11 @@ class TrainerService:
         server_metrics().queue_depth.set(
             self._scheduler.waiting(model_id), tags={"trainer": self.name, "model_id": model_id}
         )
-        return self._write_outcomes(model_id, len(run), work, pending)
+        return self._replies(model_id, len(run), work, pending)
 
-    async def _write_outcomes(
+    async def _replies(
         self, model_id: str, run_length: int, work: Sequence[Queued], pending: Awaitable[list[list]] | None
-    ) -> list[None]:
+    ) -> list[Awaitable[None]]:
         started = time.monotonic()
         try:
             replies = await pending if pending is not None else []
@@ -168,6 +189,12 @@ class TrainerService:
                 self._lose_all_models(exc)
             raise
         seconds = time.monotonic() - started
+        task = asyncio.create_task(self._write_outcomes(model_id, work, replies, seconds))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+        return [task] * run_length
+
+    async def _write_outcomes(self, model_id: str, work: Sequence[Queued], replies: list[list], seconds: float) -> None:
         self._record([op for _, op in work], seconds)
         for i, (seq_id, op) in enumerate(work):
             self._running.discard(op.request_id)
@@ -189,7 +216,6 @@ class TrainerService:
                 run_seconds=round(seconds, 4),
                 run_ops=len(work),
             )
-        return [None] * run_length
 
     async def _write_outcome(self, model_id: str, op: SequencedOp, per_rank: list[Any]) -> dict[str, Any] | None:
         """Complete the op's future with its reply, or fail it with the first rank's error (returned)."""

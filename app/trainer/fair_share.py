@@ -1,0 +1,61 @@
+"""Which model's ready operations go to the worker group next: deficit round robin across users, by tokens.
+
+Every user with ready work is in the round. Credit is granted to all of them equally, in the smallest amount that
+lets one of them afford its next operation plus `extra_credit` (classic DRR's quantum, with rounds in which nobody
+could run skipped at once), and the first user in the round who can afford theirs is served, with as many of the
+model's next operations as their credit pays for, and goes to the end of the round. (The extra credit lets a small
+operation, an optim_step, leave with the forward_backward before it, so a run is a whole step.) So over
+time each active user gets the same tokens of worker time, whatever their operations' sizes. A user whose work runs
+out leaves the round and loses their credit (no banking while idle); one who (re)joins goes first, so a light user's
+operation waits for at most about one of a heavy user's. Within a user, their models take turns (least recently
+served first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+
+class FairShare:
+    def __init__(self, extra_credit: int = 0) -> None:
+        self._extra = extra_credit
+        self._round: list[str] = []  # users with ready work, in the order they get their turn
+        self._credit: dict[str, int] = {}
+        self._models: dict[str, list[str]] = {}  # per user: their models, least recently served first
+
+    def pick(self, ready: Mapping[str, Sequence[str]], cost: Callable[[str], int]) -> tuple[str, str, int]:
+        """(user, model, credit): whose model runs next and the tokens it may spend now (at least the cost of its
+        next operation). `ready`: each user's models whose next operation is ready (non-empty); `cost(model)`: the
+        cost of that model's next operation."""
+        joined = [user for user in ready if user not in self._round]
+        self._round = joined + [user for user in self._round if user in ready]
+        self._credit = {user: self._credit.get(user, 0) for user in self._round}
+        model_of = {user: self._next_model(user, ready[user]) for user in self._round}
+        shortfall = {user: cost(model_of[user]) - self._credit[user] for user in self._round}
+        grant = max(0, min(shortfall.values()) + self._extra)  # nothing while someone has that much to spare
+        for user in self._round:
+            self._credit[user] += grant
+        user = next(user for user in self._round if shortfall[user] <= grant)
+        return user, model_of[user], self._credit[user]
+
+    def charge(self, user: str, model: str, spent: int) -> None:
+        """`user`'s `model` was served `spent` tokens (at most the credit `pick` gave): its turn ends."""
+        self._credit[user] -= spent
+        self._round.remove(user)
+        self._round.append(user)
+        models = self._models[user]
+        models.remove(model)
+        models.append(model)
+
+    def forget(self, user: str, model: str) -> None:
+        """`model` is gone (closed)."""
+        models = self._models.get(user, [])
+        if model in models:
+            models.remove(model)
+        if not models:
+            self._models.pop(user, None)
+
+    def _next_model(self, user: str, ready: Sequence[str]) -> str:
+        known = self._models.get(user, [])
+        models = self._models[user] = [model for model in ready if model not in known] + known  # new: never served
+        return next(model for model in models if model in ready)
