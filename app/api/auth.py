@@ -16,7 +16,7 @@ from app.api.tokens import TokenSigner, looks_like_jwt
 from app.caches import remember
 from app.db.audit import AuditLog
 from app.db.keys import KEY_PREFIX, KeyRecord, KeyStore, key_hash
-from app.errors import Unauthorized
+from app.errors import InvalidToken, Unauthorized
 
 OPEN_PATHS = frozenset({"/api/v1/healthz", "/ready", "/docs", "/openapi.json"})
 SIGNED_PREFIXES = ("/api/v1/downloads/", "/api/v1/traces/")  # a signature in the URL authorises these
@@ -103,8 +103,8 @@ class Authenticator:
         if cached is not None and now - cached[1] < self.cache_s:
             return cached[0]
         record = await self.keys.by_id(key_id)
-        if record is None or record.owner != user:
-            raise Unauthorized("this token's key does not exist: exchange a current API key (POST /auth/token)")
+        if record is None or record.owner != user:  # e.g. minted by another server: the SDK exchanges its key again
+            raise InvalidToken("this token's key is unknown here: exchange your API key again (POST /auth/token)")
         remember(self._cache, cache_key, (record, now))
         return record
 

@@ -53,8 +53,13 @@ class Completion:
 async def insert_numbered(conn: AsyncConnection, table: Table, number: str, key: dict[str, Any], **values: Any) -> int:
     """Insert a row of `key` numbered one past the highest number of that key (1 for the first); returns it.
 
-    One INSERT ... SELECT: SQLite runs it under its write lock; on Postgres a concurrent insert of the same
-    number fails with an IntegrityError (the caller retries its transaction), so numbers commit in order."""
+    One INSERT ... SELECT: SQLite runs it under its write lock; on Postgres the transaction first takes an advisory
+    lock on the key (held to its end), so concurrent inserts of one key wait for each other instead of racing for
+    the same number (racing and retrying, 12 joins at once ran out of retries on a loaded machine). Two keys whose
+    names hash alike merely wait for each other."""
+    if conn.dialect.name == "postgresql":
+        lock_name = f"{table.name}:" + ":".join(f"{v}" for v in key.values())
+        await conn.execute(select(func.pg_advisory_xact_lock(func.hashtext(lock_name))))
     column = table.c[number]
     where = [table.c[k] == v for k, v in key.items()]
     row = {**key, **values}

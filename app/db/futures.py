@@ -139,11 +139,10 @@ class FutureStore:
         failed = {"state": "failed", "error": error}
         return len(await self._finish_where(failed, futures.c.kind == kind, futures.c.created_at < created_before))
 
-    async def _finish_where(self, values: dict[str, Any], *conditions: Any, attempts: int = 5) -> Sequence[Row]:
+    async def _finish_where(self, values: dict[str, Any], *conditions: Any) -> Sequence[Row]:
         """Finish every pending future matching `conditions` with `values` in one transaction, putting the samples
         among them in their sampling sessions' completion queues, then wake those queues' waiters here. Returns
-        the (request_id, kind, model_id, seq_id) of each. A queue number taken by a concurrent writer (Postgres)
-        retries the transaction."""
+        the (request_id, kind, model_id, seq_id) of each."""
         payload = values.get("payload")
         state = "finished" if values["state"] == "completed" else "failed"
         statement = (
@@ -152,18 +151,12 @@ class FutureStore:
             .values(completed_at=time.time(), **values)
             .returning(futures.c.request_id, futures.c.kind, futures.c.model_id, futures.c.seq_id)
         )
-        for attempt in range(1, attempts + 1):
-            try:
-                async with self._db.begin() as conn:
-                    rows = (await conn.execute(statement)).all()
-                    for row in _samples(rows):
-                        target = target_of(row.model_id, row.seq_id)
-                        size = len(payload) if isinstance(payload, bytes) else None
-                        await self.completions.append(conn, target, row.request_id, state, size)
-                break
-            except IntegrityError:
-                if attempt == attempts:
-                    raise
+        async with self._db.begin() as conn:
+            rows = (await conn.execute(statement)).all()
+            for row in _samples(rows):
+                target = target_of(row.model_id, row.seq_id)
+                size = len(payload) if isinstance(payload, bytes) else None
+                await self.completions.append(conn, target, row.request_id, state, size)
         for row in _samples(rows):
             self.completions.wake_target(target_of(row.model_id, row.seq_id))
         return rows

@@ -89,17 +89,11 @@ class SamplerStore:
             raise sampler_not_found(sampling_session_id)
         return _from_row(row)
 
-    async def join(self, sampling_session_id: str, attempts: int = 5) -> int:
+    async def join(self, sampling_session_id: str) -> int:
         """A new client id, unique within the sampling session: 1, 2, ... (its original client is 0)."""
-        for attempt in range(1, attempts + 1):
-            try:
-                async with self._db.begin() as conn:
-                    key = {"sampling_session_id": sampling_session_id}
-                    return await insert_numbered(conn, sampling_clients, "client_counter", key)
-            except IntegrityError:  # a concurrent join took the number (Postgres)
-                if attempt == attempts:
-                    raise
-        raise AssertionError("unreachable")
+        async with self._db.begin() as conn:
+            key = {"sampling_session_id": sampling_session_id}
+            return await insert_numbered(conn, sampling_clients, "client_counter", key)
 
     async def touch(self, sampling_session_id: str, now: float) -> None:
         async with self._db.begin() as conn:

@@ -61,14 +61,14 @@ def server_config(state_dir: Path) -> dict:
             "min_checkpoint_ttl_seconds": MIN_CHECKPOINT_TTL_S,
             "checkpoint_sweep_seconds": 1,
             "max_stability_records_per_session": MAX_STABILITY_RECORDS,
+            "max_live_models_per_user": 1000,  # the suite's shared user keeps well over the default 64 loaded
         },
     }
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The multi-node module, with a cluster of its own, runs before the shared Ray starts; modules that replace
-    the shared Serve app run last, in this order (the Postgres app last of all: the shared client's session is not
-    in its database, so nothing after it could use that client)."""
+    the shared Serve app run last, in this order."""
     first = ("test_multinode.py",)
     last = ("test_worker_failure.py", "test_object_storage.py", "test_quotas.py", "test_postgres_app.py")
     items.sort(

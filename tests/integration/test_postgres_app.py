@@ -1,12 +1,13 @@
 """The whole app on PostgreSQL (runs last: the shared app is replaced by one whose `database_url` is a fresh
 database on the test session's own server, tests/postgres.py). The real SDK trains, samples, saves and loads;
-every row lands in Postgres and no SQLite file is made. Nothing after this module needs the standard app (the
-shared client's session is not in this database, so its heartbeats end with 410; closing it is a no-op)."""
+every row lands in Postgres and no SQLite file is made. The standard app comes back afterwards: the shared client's
+session is not in this database, and the Postgres server stops before the shared client is closed."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,12 +22,15 @@ from tests.postgres import PostgresServer
 
 
 @pytest.fixture(scope="module")
-def postgres_url(base_url: str, postgres: PostgresServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def postgres_url(
+    base_url: str, state_dir: Path, postgres: PostgresServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
     url = postgres.url(postgres.create_database())
-    state_dir = tmp_path_factory.mktemp("pg-state")
-    replace_app({**server_config(state_dir), "database_url": url}, base_url)
+    pg_state_dir = tmp_path_factory.mktemp("pg-state")
+    replace_app({**server_config(pg_state_dir), "database_url": url}, base_url)
     yield url
-    assert not (state_dir / "tinker_serve.db").exists(), "the app made a SQLite file beside its Postgres database"
+    assert not (pg_state_dir / "tinker_serve.db").exists(), "the app made a SQLite file beside its Postgres database"
+    replace_app(server_config(state_dir), base_url)
 
 
 def _count_rows(url: str, model_id: str) -> tuple[int, int]:

@@ -96,7 +96,7 @@ def test_the_sdk_waits_out_a_full_queue(quota_app: str) -> None:
     """Through the SDK, the 429s of a full queue are waited out: every step of a pipelined run completes."""
     service = tinker.ServiceClient(base_url=quota_app, api_key="tml-quota-sdk")
     try:
-        training = service.create_lora_trainingraw_client(base_model=BASE_MODEL, rank=4).result()
+        training = service.create_lora_training_client(base_model=BASE_MODEL, rank=4).result()
         steps = [training.optim_step(tinker.AdamParams(learning_rate=1e-3)) for _ in range(8)]
         assert len([s.result() for s in steps]) == 8
     finally:

@@ -236,10 +236,10 @@ def test_published_checkpoints_are_readable_by_everyone(base_url: str, alice: tu
     service = tinker.ServiceClient(base_url=base_url, api_key=BOB)
     try:
         params = types.SamplingParams(max_tokens=2, temperature=0.0, seed=0)
-        published = service.create_samplingraw_client(model_path=hers.checkpoints["sampler_weights/published"]).result()
+        published = service.create_sampling_client(model_path=hers.checkpoints["sampler_weights/published"]).result()
         assert len(published.sample(types.ModelInput.from_ints([20, 21]), 1, params).result().sequences[0].tokens) > 0
         with pytest.raises(tinker.NotFoundError):
-            service.create_samplingraw_client(model_path=hers.checkpoints["sampler_weights/private"]).result()
+            service.create_sampling_client(model_path=hers.checkpoints["sampler_weights/private"]).result()
     finally:
         service.close("success").result()
 

@@ -17,7 +17,7 @@ from app.api.tokens import TokenSigner
 from app.db.audit import AuditLog
 from app.db.keys import KeyStore, enrolled_owner
 from app.db.schema import connect
-from app.errors import Unauthorized
+from app.errors import InvalidToken, Unauthorized
 from tests.conftest import run_on_db
 
 LOOPBACK = "any_tml_key_on_loopback"
@@ -178,7 +178,7 @@ def test_each_key_is_a_user_and_refused_once_revoked_or_expired(tmp_path: Path) 
 
         token = SIGNER.mint("carol", issued.key_id, ttl_s=60)  # a JWT stands for its key, from any address
         assert await owner(loopback, token) == await owner(configured, token, client="10.1.2.3") == "carol"
-        with pytest.raises(Unauthorized, match="does not exist"):
+        with pytest.raises(InvalidToken, match="unknown here"):
             await owner(configured, SIGNER.mint("mallory", issued.key_id, ttl_s=60), client="10.1.2.3")
         await keys.revoke(issued.key_id)
         for revoked in (secret, token):
