@@ -38,6 +38,11 @@ class Workers:
         fut.set_result([None] * len(self.runs[self._pending.index(fut)]))
         await _settle()
 
+    async def finish_all(self) -> None:
+        """Finish runs, oldest first, until none is in flight (finishing one may dispatch the next)."""
+        while self.in_flight:
+            await self.finish_one()
+
     def fail_oldest(self, exc: Exception) -> None:
         next(fut for fut in self._pending if not fut.done()).set_exception(exc)
 
@@ -106,8 +111,7 @@ def test_extra_credit_sends_whole_steps_and_the_single_op_still_goes_next() -> N
         await _settle()
         single = asyncio.create_task(sched.submit("b", 1, ("b", 1, 100), "bob"))
         await _settle()
-        while workers.in_flight:
-            await workers.finish_one()
+        await workers.finish_all()
         assert workers.runs[2] == [("b", 1, 100)]
         alice_runs = [run for run in workers.runs if run[0][0] == "a"]
         # the first two left alone, as soon as they arrived (slots were free); then whole steps
@@ -135,8 +139,7 @@ def test_users_share_by_tokens_whatever_their_op_sizes(extra: int) -> None:
         for model, _, cost in workers.order()[:40]:
             served[model] += cost
         assert abs(served["small"] - served["big"]) <= 30 + extra, served
-        while workers.in_flight:
-            await workers.finish_one()
+        await workers.finish_all()
         await asyncio.gather(*tasks)
 
     asyncio.run(main())
@@ -152,8 +155,7 @@ def test_a_users_models_take_turns_and_users_alternate() -> None:
             _flood(sched, "alice", "a1", 4, 5) + _flood(sched, "alice", "a2", 4, 5) + _flood(sched, "bob", "b1", 8, 5)
         )
         await _settle()
-        while workers.in_flight:
-            await workers.finish_one()
+        await workers.finish_all()
         users = ["alice" if model.startswith("a") else "bob" for model, _, _ in workers.order()]
         assert users[:12] == ["alice", "bob"] * 6
         alice_models = [model for model, _, _ in workers.order() if model.startswith("a")]
@@ -172,8 +174,7 @@ def test_credit_lets_a_run_carry_several_ops_and_skips_cost_nothing() -> None:
         await _settle()
         rest = [asyncio.create_task(sched.submit("m", s, ("m", s, c), "u")) for s, c in ((2, 10), (3, 0), (4, 0))]
         await _settle()
-        while workers.in_flight:
-            await workers.finish_one()
+        await workers.finish_all()
         # alone, a user is granted exactly its next op's cost: the free ops ride along with it, not with the next
         assert workers.runs == [[("m", 1, 50)], [("m", 2, 10), ("m", 3, 0), ("m", 4, 0)]]
         await asyncio.gather(first, *rest)
@@ -203,8 +204,7 @@ def test_random_arrivals_keep_every_models_order_and_lose_nothing(seed: int) -> 
                 if workers.in_flight:
                     await workers.finish_one()
         await _settle()
-        while workers.in_flight:
-            await workers.finish_one()
+        await workers.finish_all()
         await asyncio.wait_for(asyncio.gather(*tasks), 2)
         order = workers.order()
         assert sorted((m, s) for m, s, _ in order) == sorted(arrivals)
@@ -236,8 +236,7 @@ def test_cancel_close_and_failures_while_waiting_for_a_slot(caplog: pytest.LogCa
         await _settle()
         with pytest.raises(RuntimeError, match="group restarted"):
             await a_ops[0]
-        while workers.in_flight:
-            await workers.finish_one()
+        await workers.finish_all()
         assert workers.runs == [[("a", 1, 10)], [("a", 2, 10), ("a", 3, 0)]]  # the free stand-in rides along
         await asyncio.gather(*a_ops[1:])
 
@@ -273,8 +272,7 @@ def test_unbounded_depth_sends_in_arrival_order() -> None:
         tasks.append(asyncio.create_task(sched.submit("b", 1, ("b", 1, 10), "bob")))
         await _settle()
         assert [op[0] for op in workers.order()] == ["a"] * 5 + ["b"]
-        while workers.in_flight:
-            await workers.finish_one()
+        await workers.finish_all()
         await asyncio.gather(*tasks)
 
     asyncio.run(main())
