@@ -45,6 +45,7 @@ futures = Table(
     Column("created_at", Float, nullable=False),
     Column("completed_at", Float),
     Index("ux_futures_model_seq", "model_id", "seq_id", unique=True),
+    Index("ix_futures_state_model", "state", "model_id"),  # a user's pending operations (app.db.quotas), per request
 )
 
 sessions = Table(
@@ -226,7 +227,11 @@ SCHEMA_VERSION = 5  # 1: before checkpoint rows (stops up to 9); 2: training_run
 _UPGRADES: dict[int, tuple[str, ...]] = {
     2: ("ALTER TABLE training_runs DROP COLUMN last_seq_id",),
     3: (),
-    4: ("ALTER TABLE sessions ADD COLUMN owner VARCHAR(64)", "CREATE INDEX ix_sessions_owner ON sessions (owner)"),
+    4: (
+        "ALTER TABLE sessions ADD COLUMN owner VARCHAR(64)",
+        "CREATE INDEX ix_sessions_owner ON sessions (owner)",
+        "CREATE INDEX ix_futures_state_model ON futures (state, model_id)",
+    ),
 }
 
 

@@ -50,6 +50,7 @@ def _version_2_database(url: str) -> None:
         _V2_TRAINING_RUNS,
         "DROP TABLE sessions",
         _V2_SESSIONS,
+        "DROP INDEX ix_futures_state_model",  # added with schema 5
         "INSERT INTO sessions VALUES ('s', 1.0, 1.0, NULL, '0.25', '[]', '{}')",
         "INSERT INTO training_runs VALUES ('s:train:0', 's', 'b', 4, 'policy', 'b', '{}', '{}', 1.0, 7, 0)",
         "UPDATE schema_info SET version = 2",
