@@ -27,7 +27,8 @@ from pydantic import ValidationError
 from app.config import ServerConfig
 from app.db.audit import CONSOLE, AuditLog
 from app.db.keys import KeyRecord, KeyStore, expiry_after_days
-from app.db.schema import connect, create_tables
+from app.db.migrate import migrate
+from app.db.schema import connect
 from app.errors import TinkerServeError
 
 T = TypeVar("T")
@@ -46,7 +47,7 @@ def _on_store(config: ServerConfig, body: Callable[[KeyStore], Awaitable[T]], au
     async def main() -> T:
         db = connect(config.db_url)
         try:
-            await create_tables(db)
+            await migrate(db)
             done = await body(KeyStore(db))
             if audit is not None:
                 key = done[1] if isinstance(done, tuple) else done

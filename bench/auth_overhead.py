@@ -46,7 +46,8 @@ async def in_process_us(calls: int) -> dict[str, float]:
     from app.api.tokens import TokenSigner
     from app.db.audit import AuditLog
     from app.db.keys import KeyStore
-    from app.db.schema import connect, create_tables
+    from app.db.migrate import migrate
+    from app.db.schema import connect
 
     def request(key: str) -> Request:
         headers = [(b"x-api-key", key.encode())]
@@ -55,7 +56,7 @@ async def in_process_us(calls: int) -> dict[str, float]:
         )
 
     db = connect(f"sqlite+aiosqlite:///{tempfile.mkdtemp(prefix='authbench-')}/db.sqlite")
-    await create_tables(db)
+    await migrate(db)
     keys, signer = KeyStore(db), TokenSigner("b" * 32)
     record = await keys.enroll(KEY, "enrolled")
     token = signer.mint(record.owner, record.key_id, ttl_s=3600)

@@ -24,9 +24,10 @@ from app.db.custom_losses import CustomLossStore
 from app.db.futures import FutureStore
 from app.db.keys import KeyStore
 from app.db.metadata import MetadataStore
+from app.db.migrate import migrate
 from app.db.quotas import QuotaStore
 from app.db.samplers import SamplerStore
-from app.db.schema import connect, create_tables
+from app.db.schema import connect
 from app.db.session_views import SessionViews
 from app.db.settings import shared_secret
 from app.db.stability import StabilityStore
@@ -77,7 +78,7 @@ class Ingress:
         cfg = ServerConfig.model_validate(config)
         check_mode_fits_bind(cfg.auth.mode, await asyncio.to_thread(_proxy_host))  # it asks the controller: blocks
         db = connect(cfg.db_url)
-        await create_tables(db)
+        await migrate(db)
         logger.info("ingress: database %s ready in %.1f s", redacted(cfg.db_url), time.monotonic() - started)
         # Completions dispatched by this replica wake its long-polls at once; polling the row is for futures
         # that another replica (or a restarted trainer) finishes, so one replica polls rarely.

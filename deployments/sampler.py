@@ -11,7 +11,8 @@ from ray import serve
 
 from app.config import ServerConfig
 from app.db.futures import FutureStore
-from app.db.schema import connect, create_tables
+from app.db.migrate import migrate
+from app.db.schema import connect
 from app.db.stability import StabilityStore
 from app.db.usage import UsageStore
 from app.sampling.engine import SamplerEngine
@@ -71,7 +72,7 @@ class Sampler:
             base.sampler.tensor_parallel_size,
         )
         db = connect(cfg.db_url)
-        await create_tables(db)
+        await migrate(db)
         replica = serve.get_replica_context().replica_id.unique_id
         work_dir = Path(cfg.state_dir) / "sampler" / replica
         with serve_log_file_kept():

@@ -11,7 +11,8 @@ from app.config import ServerConfig, redacted
 from app.db.checkpoints import CheckpointStore
 from app.db.futures import FutureStore
 from app.db.metadata import MetadataStore
-from app.db.schema import connect, create_tables
+from app.db.migrate import migrate
+from app.db.schema import connect
 from app.messages import CreateModel, SequencedOp
 from app.storage.objects import ObjectStorage
 from app.trainer.service import TrainerService
@@ -53,7 +54,7 @@ class Trainer:
             redacted(cfg.checkpoint_uri),
         )
         db = connect(cfg.db_url)
-        await create_tables(db)
+        await migrate(db)
         group = TorchTrainerGroup(
             trainer,
             base.path,

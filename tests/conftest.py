@@ -35,12 +35,13 @@ def sqlite_url(path: Path) -> str:
 def run_on_db(where: Path | str, body: Callable[..., Awaitable[T]]) -> T:
     """Run `body(db)` against a real database with every table created (the stores' unit tests): a SQLite file at
     `where` when it is a path, else the database at the URL `where` (e.g. the `db_url` fixture's Postgres)."""
-    from app.db.schema import connect, create_tables
+    from app.db.migrate import migrate
+    from app.db.schema import connect
 
     async def main() -> T:
         db = connect(sqlite_url(where) if isinstance(where, Path) else where)
         try:
-            await create_tables(db)
+            await migrate(db)
             return await body(db)
         finally:
             await db.dispose()

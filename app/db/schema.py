@@ -1,8 +1,8 @@
-"""The metadata database: its tables, connecting to it, and bringing an older schema up to date in place."""
+"""The metadata database: its tables (as this release needs them; app/db/migrations brings a database there) and
+connecting to it."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 from sqlalchemy import (
@@ -18,14 +18,8 @@ from sqlalchemy import (
     Table,
     Text,
     event,
-    insert,
-    inspect,
-    select,
-    text,
-    update,
 )
 from sqlalchemy.engine.interfaces import DBAPIConnection
-from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry
 
@@ -220,23 +214,11 @@ settings = Table(
     Column("value", String(1000), nullable=False),
 )
 
-schema_info = Table("schema_info", metadata, Column("version", Integer, primary_key=True))
-SCHEMA_VERSION = 5  # 1: before checkpoint rows (stops up to 9); 2: training_runs.last_seq_id (never read);
-# 3: before stability_records; 4: before sessions.owner, users, api_keys and audit_events. Statements that bring
-# a database of version v to v + 1 in place (new tables need none: create_all adds them).
-_UPGRADES: dict[int, tuple[str, ...]] = {
-    2: ("ALTER TABLE training_runs DROP COLUMN last_seq_id",),
-    3: (),
-    4: (
-        "ALTER TABLE sessions ADD COLUMN owner VARCHAR(64)",
-        "CREATE INDEX ix_sessions_owner ON sessions (owner)",
-        "CREATE INDEX ix_futures_state_model ON futures (state, model_id)",
-    ),
-}
-
-
-class SchemaMismatch(RuntimeError):
-    """The database was made by another tinker-serve version."""
+schema_info = Table(
+    "schema_info",
+    metadata,  # releases before Alembic kept their schema version here; 6 makes them refuse this database
+    Column("version", Integer, primary_key=True),
+)
 
 
 def connect(url: str) -> AsyncEngine:
@@ -257,57 +239,3 @@ def connect(url: str) -> AsyncEngine:
 
         return db
     return create_async_engine(url, pool_pre_ping=True)
-
-
-async def create_tables(db: AsyncEngine) -> None:
-    """Create missing tables, upgrade an older schema in place where an upgrade exists, then check the version:
-    a database nothing can upgrade (or a newer one) is refused with a message that says what to do."""
-    existing, version = await _create_missing_tables(db)
-    if version is None and "futures" in existing and "schema_info" not in existing:
-        version = 1  # made before versions were recorded
-    if version is None:
-        try:
-            async with db.begin() as conn:
-                await conn.execute(insert(schema_info).values(version=SCHEMA_VERSION))
-        except IntegrityError:  # another replica recorded it first
-            pass
-        async with db.connect() as conn:
-            version = await conn.scalar(select(schema_info.c.version))
-    while version in _UPGRADES:
-        version = await _upgrade(db, version)
-    if version != SCHEMA_VERSION:
-        raise SchemaMismatch(
-            f"the state database {db.url.render_as_string(hide_password=True)} has schema version {version}, "
-            f"and this tinker-serve needs {SCHEMA_VERSION}; start with a fresh state_dir (or database_url), or use the "
-            "tinker-serve version that made it"
-        )
-
-
-async def _create_missing_tables(db: AsyncEngine, attempts: int = 5) -> tuple[set[str], int | None]:
-    """(the tables there were before, the recorded schema version) after creating the missing tables. Replicas
-    starting together race to create them ("table ... already exists"); the loser looks again."""
-    for attempt in range(1, attempts):
-        try:
-            return await _create_all(db)
-        except (OperationalError, ProgrammingError, IntegrityError):
-            await asyncio.sleep(0.1 * attempt)
-    return await _create_all(db)
-
-
-async def _create_all(db: AsyncEngine) -> tuple[set[str], int | None]:
-    async with db.begin() as conn:
-        existing = set(await conn.run_sync(lambda sync: inspect(sync).get_table_names()))
-        await conn.run_sync(metadata.create_all)
-        return existing, await conn.scalar(select(schema_info.c.version))
-
-
-async def _upgrade(db: AsyncEngine, version: int) -> int | None:
-    """Apply the upgrade from `version` in one transaction (another replica may have done it first)."""
-    async with db.begin() as conn:
-        current = await conn.scalar(select(schema_info.c.version).with_for_update())
-        if current == version:
-            for statement in _UPGRADES[version]:
-                await conn.execute(text(statement))
-            await conn.execute(update(schema_info).values(version=version + 1))
-            return version + 1
-        return current

@@ -3,7 +3,6 @@ expiry, publish, paging and delete; and the schema-version check of the database
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -11,10 +10,9 @@ from typing import TypeVar
 import pytest
 
 from app.db.checkpoints import CheckpointRecord, CheckpointStore
-from app.db.schema import SCHEMA_VERSION, SchemaMismatch
 from app.errors import NotFound, UserError
 from app.storage.paths import checkpoint_path
-from tests.conftest import run_on_db, run_sql
+from tests.conftest import run_on_db
 
 T = TypeVar("T")
 
@@ -85,16 +83,3 @@ def test_publish_and_paging_newest_first(db_url: str) -> None:
         assert "expires_at" not in view
 
     run_with_store(db_url, body)
-
-
-def test_a_database_of_another_schema_version_is_refused(new_db_url: Callable[[], str]) -> None:
-    old = new_db_url()
-    run_sql(old, "CREATE TABLE futures (request_id VARCHAR(64) PRIMARY KEY)")  # what stops up to 9 made: no version
-    with pytest.raises(SchemaMismatch, match=f"schema version 1, and this tinker-serve needs {SCHEMA_VERSION}"):
-        run_with_store(old, lambda store: asyncio.sleep(0))
-    fresh = new_db_url()
-    run_with_store(fresh, lambda store: asyncio.sleep(0))
-    run_with_store(fresh, lambda store: asyncio.sleep(0))  # reopening a current database is fine
-    run_sql(fresh, f"UPDATE schema_info SET version = {SCHEMA_VERSION + 1}")
-    with pytest.raises(SchemaMismatch, match="start with a fresh state_dir"):
-        run_with_store(fresh, lambda store: asyncio.sleep(0))

@@ -18,7 +18,8 @@ from app.db.futures import (
     Pending,
     Unknown,
 )
-from app.db.schema import connect, create_tables
+from app.db.migrate import migrate
+from app.db.schema import connect
 
 T = TypeVar("T")
 
@@ -26,7 +27,7 @@ T = TypeVar("T")
 def run_with_store(db: str, body: Callable[[FutureStore], Awaitable[T]], **kw: float) -> T:
     async def main() -> T:
         engine = connect(db)
-        await create_tables(engine)
+        await migrate(engine)
         try:
             return await body(FutureStore(engine, **kw))
         finally:

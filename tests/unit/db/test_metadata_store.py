@@ -12,7 +12,8 @@ import pytest
 from sqlalchemy import select
 
 from app.db.metadata import MetadataStore, TrainingRun, model_id_for
-from app.db.schema import connect, create_tables, sessions
+from app.db.migrate import migrate
+from app.db.schema import connect, sessions
 from app.errors import NotFound, UserError
 
 T = TypeVar("T")
@@ -21,7 +22,7 @@ T = TypeVar("T")
 def run_with_store(db: str, body: Callable[[MetadataStore, object], Awaitable[T]]) -> T:
     async def main() -> T:
         engine = connect(db)
-        await create_tables(engine)
+        await migrate(engine)
         try:
             return await body(MetadataStore(engine), engine)
         finally:

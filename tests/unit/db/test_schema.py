@@ -1,16 +1,22 @@
-"""Schema upgrades in place: a version-2 database (training_runs.last_seq_id, NOT NULL, no default; sessions without
-an owner) becomes the current version on start, keeping its rows, and takes new runs and owned sessions afterwards."""
+"""Migrations (app/db/migrate.py, Alembic): a fresh database gets exactly app.db.schema's tables; databases made
+before Alembic (schema_info versions 2-5) upgrade in place keeping their rows; replicas migrating together all start;
+a database this release cannot open is refused with what to do."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
 
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.db.errors import SchemaMismatch
 from app.db.metadata import MetadataStore, TrainingRun
-from app.db.schema import SCHEMA_VERSION
+from app.db.migrate import head_revision
+from app.db.schema import metadata
 from tests.conftest import run_on_db, run_sql
 
 _V2_TRAINING_RUNS = """CREATE TABLE training_runs (
@@ -54,11 +60,28 @@ def _version_2_database(url: str) -> None:
         "INSERT INTO sessions VALUES ('s', 1.0, 1.0, NULL, '0.25', '[]', '{}')",
         "INSERT INTO training_runs VALUES ('s:train:0', 's', 'b', 4, 'policy', 'b', '{}', '{}', 1.0, 7, 0)",
         "UPDATE schema_info SET version = 2",
+        "DROP TABLE alembic_version",
     )
 
 
+def _at_alembic_head(url: str) -> bool:
+    return run_sql(url, "SELECT version_num FROM alembic_version") == [(head_revision(),)] and run_sql(
+        url, "SELECT version FROM schema_info"
+    ) == [(6,)]
+
+
+def test_a_fresh_database_gets_exactly_the_tables_the_code_declares(db_url: str) -> None:
+    """Every change to app/db/schema.py needs a revision: the migrated database and the declared tables agree."""
+
+    async def differences(db: AsyncEngine) -> list:
+        async with db.connect() as conn:
+            return await conn.run_sync(lambda sync: compare_metadata(MigrationContext.configure(sync), metadata))
+
+    assert run_on_db(db_url, differences) == []
+    assert _at_alembic_head(db_url)
+
+
 def test_version_2_upgrades_in_place_to_the_current_version(db_url: str) -> None:
-    assert SCHEMA_VERSION == 5
     _version_2_database(db_url)
 
     async def body(db: AsyncEngine) -> list[str]:
@@ -72,7 +95,7 @@ def test_version_2_upgrades_in_place_to_the_current_version(db_url: str) -> None
     columns = run_on_db(db_url, body)
     run_on_db(db_url, lambda db: asyncio.sleep(0))  # reopening an upgraded database is fine
     assert "last_seq_id" not in columns and "unloaded" in columns
-    assert run_sql(db_url, "SELECT version FROM schema_info") == [(5,)]
+    assert _at_alembic_head(db_url)
     assert run_sql(db_url, "SELECT count(*) FROM stability_records") == [(0,)]
     assert run_sql(db_url, "SELECT count(*) FROM training_runs") == [(2,)]
 
@@ -80,12 +103,13 @@ def test_version_2_upgrades_in_place_to_the_current_version(db_url: str) -> None
 def test_replicas_creating_the_tables_together_all_start(new_db_url: Callable[[], str]) -> None:
     """Ingress, trainer and sampler replicas open a fresh database at once: one creates each table, and the
     others ("table ... already exists") look again instead of failing their replica."""
-    from app.db.schema import connect, create_tables
+    from app.db.migrate import migrate
+    from app.db.schema import connect
 
     async def together(url: str) -> None:
         dbs = [connect(url) for _ in range(4)]
         try:
-            await asyncio.gather(*(create_tables(db) for db in dbs))
+            await asyncio.gather(*(migrate(db) for db in dbs))
         finally:
             for db in dbs:
                 await db.dispose()
@@ -93,4 +117,29 @@ def test_replicas_creating_the_tables_together_all_start(new_db_url: Callable[[]
     for _ in range(8):
         url = new_db_url()
         asyncio.run(together(url))
-        assert run_sql(url, "SELECT version FROM schema_info") == [(SCHEMA_VERSION,)]
+        assert _at_alembic_head(url)
+
+
+def test_the_last_release_before_alembic_is_adopted_as_it_is(db_url: str) -> None:
+    run_on_db(db_url, lambda db: asyncio.sleep(0))
+    run_sql(
+        db_url,
+        "DROP TABLE alembic_version",
+        "UPDATE schema_info SET version = 5",
+        "INSERT INTO sessions (session_id, created_at, last_heartbeat, owner) VALUES ('s', 1.0, 1.0, 'user-a')",
+    )
+    run_on_db(db_url, lambda db: asyncio.sleep(0))
+    assert _at_alembic_head(db_url)
+    assert run_sql(db_url, "SELECT owner FROM sessions") == [("user-a",)]
+
+
+def test_a_database_this_release_cannot_open_is_refused(new_db_url: Callable[[], str]) -> None:
+    old = new_db_url()
+    run_sql(old, "CREATE TABLE futures (request_id VARCHAR(64) PRIMARY KEY)")  # what stops up to 9 made: no version
+    with pytest.raises(SchemaMismatch, match="schema version 1, which no tinker-serve release upgrades"):
+        run_on_db(old, lambda db: asyncio.sleep(0))
+    newer = new_db_url()
+    run_on_db(newer, lambda db: asyncio.sleep(0))
+    run_sql(newer, "UPDATE alembic_version SET version_num = 'f00d'")  # as a later release would leave it
+    with pytest.raises(SchemaMismatch, match="at schema revision f00d, which this tinker-serve does not know"):
+        run_on_db(newer, lambda db: asyncio.sleep(0))
