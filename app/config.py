@@ -119,6 +119,11 @@ class WorkerGroupConfig(_Strict):
     # an operation's cost in the fair share is its tokens for a forward / forward_backward, this for any other; each
     # grant of credit carries this much extra, so an optim_step leaves with the forward_backward before it
     fixed_op_cost_tokens: int = Field(64, ge=0)
+    # each live model's adapter + optimizer state is snapshotted unasked after an optim_step (or load) once this
+    # many have run since its last snapshot, or this many seconds have passed; a dead worker's models are rebuilt
+    # from their snapshot and the journal of operations since (app.db.journal)
+    snapshot_every_steps: int = Field(10, ge=1)
+    snapshot_every_seconds: float = Field(300.0, gt=0)
 
     @model_validator(mode="after")
     def _check(self) -> WorkerGroupConfig:

@@ -153,6 +153,7 @@ class CommandKind(StrEnum):
     SAVE_STATE = "save_state"  # adapter, value head, optimizer state and spec (what load_state reads)
     SAVE_EXPORT = "save_export"  # a download: a policy's adapter, or a critic's whole state
     LOAD_STATE = "load_state"
+    SNAPSHOT = "snapshot"  # rank 0 copies adapter + optimizer state and writes it to `location` on a thread
     PING = "ping"
 
 
@@ -163,7 +164,7 @@ class Command:
     spec: AdapterSpec | None = None
     fwdbwd: ForwardBackwardArgs | None = None
     optim: OptimParams | None = None
-    location: str = ""  # SAVE_*, LOAD_STATE: the checkpoint's storage location
+    location: str = ""  # SAVE_*, LOAD_STATE, SNAPSHOT: the checkpoint's storage location
     with_optimizer: bool = False  # LOAD_STATE: restore the optimizer state too
     request_id: str = ""  # the future it serves (a cancelled one is dropped while no rank has taken it)
 

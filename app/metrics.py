@@ -40,6 +40,24 @@ class ServerMetrics:
             "Tokens processed: `trained` (forward_backward inputs) or `sampled`",
             tag_keys=("name", "kind"),
         )  # name: a trainer or a base model
+        self.snapshots = metrics.Counter(
+            "tinker_serve_snapshots", "Snapshots of live models taken unasked, per trainer", tag_keys=("trainer",)
+        )
+        self.snapshot_capture_seconds = metrics.Histogram(
+            "tinker_serve_snapshot_capture_seconds",
+            "Worker-group time of the run that took a snapshot (its copying holds up training; writing does not)",
+            boundaries=_SECONDS,
+            tag_keys=("trainer",),
+        )
+        self.recoveries = metrics.Histogram(
+            "tinker_serve_recovery_seconds",
+            "Time to rebuild a trainer's models after its workers (or the trainer) restarted",
+            boundaries=_SECONDS,
+            tag_keys=("trainer",),
+        )
+        self.replayed_ops = metrics.Counter(
+            "tinker_serve_replayed_ops", "Journaled operations replayed to rebuild models", tag_keys=("trainer",)
+        )
         self.adapter_loads = metrics.Counter(
             "tinker_serve_adapter_loads", "LoRA adapters loaded into a sampler's engine", tag_keys=("base_model",)
         )

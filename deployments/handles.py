@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Awaitable
 from typing import Any, cast
 
+from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.serve.handle import DeploymentHandle, DeploymentResponse, DeploymentResponseGenerator
 
 from app.api.backends import SamplerClient, TrainerClient
@@ -51,9 +52,16 @@ class HandleCalls:
     async def _settle(self, name: str, request_id: str, response: Awaitable[Any]) -> None:
         try:
             await response
-        except Exception as exc:  # the replica died or refused; the future must not hang
-            logger.exception("%s call for %s failed", self._role, request_id)
-            await self._futures.fail_if_pending(request_id, ServerError(f"{self._role} call failed: {exc!r}").to_body())
+        except Exception as exc:
+            if self._role == "trainer" and isinstance(exc, RayActorError | ActorUnavailableError):
+                # its next replica rebuilds the models and reruns this from the journal (app.db.journal)
+                logger.warning(
+                    "trainer %s went away while %s was queued (%r); its next replica reruns it", name, request_id, exc
+                )
+            else:  # the replica died or refused; the future must not hang
+                logger.exception("%s call for %s failed", self._role, request_id)
+                error = ServerError(f"{self._role} call failed: {exc!r}")
+                await self._futures.fail_if_pending(request_id, error.to_body())
         finally:
             self.in_flight[name] -= 1
         self._futures.notify(request_id)

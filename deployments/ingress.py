@@ -22,6 +22,7 @@ from app.db.checkpoints import CheckpointStore
 from app.db.copies import CopyLog
 from app.db.custom_losses import CustomLossStore
 from app.db.futures import FutureStore
+from app.db.journal import JournalStore
 from app.db.keys import KeyStore
 from app.db.metadata import MetadataStore
 from app.db.migrate import migrate
@@ -95,6 +96,7 @@ class Ingress:
             trainers=ServeTrainerClient(trainers, futures),
             sampler_store=sampler_store,
             stability=stability,
+            journal=JournalStore(db),
             session_views=SessionViews(db),
             traces=traces,
             usage=UsageStore(db),

@@ -10,6 +10,7 @@ from typing import Any
 from app.config import ServerConfig, redacted
 from app.db.checkpoints import CheckpointStore
 from app.db.futures import FutureStore
+from app.db.journal import JournalStore
 from app.db.metadata import MetadataStore
 from app.db.migrate import migrate
 from app.db.schema import connect
@@ -71,6 +72,7 @@ class Trainer:
             MetadataStore(db),
             CheckpointStore(db),
             ObjectStorage(cfg.checkpoint_uri),
+            JournalStore(db),
             shape,
         )
         await self._service.start()

@@ -71,6 +71,7 @@ async def sequenced(
             trainer=run.trainer,
             outcome=outcome_of(error),
         )
+        await services.journal.append(model_id, seq_id, op)  # before the trainer has it: a restart reruns it
         try:
             services.trainers.submit(run.trainer, model_id, seq_id, op, user)
         except TinkerServeError as exc:  # no trainer to send it to: the future must not stay pending

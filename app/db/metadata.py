@@ -186,10 +186,14 @@ class MetadataStore:
             )
         return [_run_from_row(row) for row in rows], int(total)
 
-    async def model_ids_on(self, trainer: str) -> list[str]:
-        """The models routed to `trainer`."""
+    async def live_model_ids_on(self, trainer: str) -> list[str]:
+        """The models routed to `trainer` and not unloaded."""
         async with self._db.connect() as conn:
-            rows = await conn.execute(select(training_runs.c.model_id).where(training_runs.c.trainer == trainer))
+            rows = await conn.execute(
+                select(training_runs.c.model_id).where(
+                    training_runs.c.trainer == trainer, training_runs.c.unloaded == 0
+                )
+            )
         return [row.model_id for row in rows]
 
     async def mark_unloaded(self, model_id: str) -> None:

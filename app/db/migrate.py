@@ -41,16 +41,16 @@ def head_revision() -> str:
     return head
 
 
-async def migrate(db: AsyncEngine) -> None:
-    """Apply every revision the database lacks; a database at a revision this release does not know (a newer
-    tinker-serve made it) is refused with a message that says what to do."""
+async def migrate(db: AsyncEngine, revision: str = "head") -> None:
+    """Apply every revision up to `revision` the database lacks; a database at a revision this release does not
+    know (a newer tinker-serve made it) is refused with a message that says what to do."""
     async with _lock_beside(db), db.begin() as conn:
         if db.dialect.name == "postgresql":
             await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_LOCK_KEY})
-        await conn.run_sync(_upgrade, db.url.render_as_string(hide_password=True))
+        await conn.run_sync(_upgrade, revision, db.url.render_as_string(hide_password=True))
 
 
-def _upgrade(conn: Connection, where: str) -> None:
+def _upgrade(conn: Connection, revision: str, where: str) -> None:
     config = _config()
     current = MigrationContext.configure(conn).get_current_revision()
     known = {script.revision for script in ScriptDirectory.from_config(config).walk_revisions()}
@@ -61,7 +61,7 @@ def _upgrade(conn: Connection, where: str) -> None:
             "state_dir (or database_url)"
         )
     config.attributes["connection"] = conn
-    command.upgrade(config, "head")
+    command.upgrade(config, revision)
 
 
 @asynccontextmanager

@@ -214,6 +214,26 @@ settings = Table(
     Column("value", String(1000), nullable=False),
 )
 
+journal = Table(
+    "journal",
+    metadata,  # every operation the ingress accepted for a model, in seq_id order, until a snapshot covers it:
+    # what rebuilds the model after a worker, the trainer or the whole app restarts (app.db.journal)
+    Column("model_id", String(200), primary_key=True),
+    Column("seq_id", BigInteger, primary_key=True),  # 0: the model's creation
+    Column("request_id", String(64), nullable=False),  # its future: completed ones are replayed, pending ones rerun
+    Column("op", LargeBinary, nullable=False),  # the operation (app.messages), pickled by this server
+    Column("created_at", Float, nullable=False),
+)
+
+snapshots = Table(
+    "snapshots",
+    metadata,  # each live model's latest snapshots (adapter + optimizer state), taken by the trainer unasked
+    Column("model_id", String(200), primary_key=True),
+    Column("seq_id", BigInteger, primary_key=True),  # the operation it follows: replay starts after it
+    Column("location", String(600), nullable=False),  # under the storage root; published atomically
+    Column("created_at", Float, nullable=False),
+)
+
 schema_info = Table(
     "schema_info",
     metadata,  # releases before Alembic kept their schema version here; 6 makes them refuse this database

@@ -59,3 +59,8 @@ def parse_tinker_path(uri: str, *, field: str = "path") -> CheckpointPath:
     if len(parts) != 3 or not _MODEL_ID.match(parts[0]):
         raise UserError(f"{uri!r} must look like tinker://<model_id>/<kind>/<name>", field=field)
     return checkpoint_path(parts[0], parts[1], parts[2], field=field)
+
+
+def snapshot_location(model_id: str, seq_id: int) -> str:
+    """Where a live model's snapshot after `seq_id` is stored (beside its checkpoints, under its run id)."""
+    return f"{model_id}/snapshots/{seq_id:012d}"

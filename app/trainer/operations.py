@@ -21,6 +21,7 @@ from app.errors import UserError
 from app.messages import (
     Command,
     CommandKind,
+    CreateModel,
     ForwardBackward,
     LoadCheckpoint,
     OptimStep,
@@ -169,3 +170,10 @@ OPERATIONS: dict[type, Operation[Any]] = {
 def operation(op: SequencedOp) -> Operation[Any]:
     """The Operation that runs `op` (never a Skip: those only advance order)."""
     return OPERATIONS[type(op)]
+
+
+def changes_model(op: CreateModel | SequencedOp) -> bool:
+    """Whether running `op` changes the model's weights, optimizer state or gradients (what a rebuild replays)."""
+    if isinstance(op, ForwardBackward):
+        return not op.args.forward_only
+    return isinstance(op, OptimStep | LoadCheckpoint)

@@ -7,6 +7,7 @@ writes each future's outcome to the store, so results survive an ingress restart
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Sequence
@@ -16,6 +17,7 @@ from typing import Any, cast
 from app.config import LimitsConfig, WorkerGroupConfig
 from app.db.checkpoints import CheckpointStore
 from app.db.futures import FutureStore
+from app.db.journal import JournalStore
 from app.db.metadata import MetadataStore
 from app.errors import GroupRestarted, LimitExceeded, ServerError, TinkerServeError
 from app.messages import Command, CommandError, CommandKind, CreateModel, ForwardBackward, SequencedOp, Skip
@@ -23,12 +25,14 @@ from app.metrics import server_metrics
 from app.request_log import log_request, outcome_of
 from app.storage.objects import ObjectStorage
 from app.trainer.operations import CheckpointCommitter, Reply, operation
+from app.trainer.recovery import PlannedSnapshot, SnapshotPolicy, rebuild
 from app.trainer.scheduling import SeqScheduler
 from app.training.batch import PackedBatch
 from app.workers.group import WorkerGroup
 
 logger = logging.getLogger("tinker_serve.trainer")
 Queued = tuple[int, SequencedOp]  # (seq_id, op)
+_REBUILD_ATTEMPTS = 3  # restarts of the group while its models are being rebuilt, before they are given up
 
 
 def _first_error(per_rank: list[Any]) -> dict[str, Any] | None:
@@ -46,12 +50,16 @@ class TrainerService:
         metadata: MetadataStore,
         checkpoints: CheckpointStore,
         storage: ObjectStorage,
+        journal: JournalStore,
         shape: WorkerGroupConfig | None = None,
     ) -> None:
-        """`shape`: the worker group's config, whose dispatch depth and op cost the fair share uses."""
+        """`shape`: the worker group's config: the fair share's dispatch depth and op cost, the snapshot policy."""
         shape = shape or WorkerGroupConfig()
         self.name = name
         self._metadata = metadata
+        self._journal = journal
+        self._storage = storage
+        self._snapshots = SnapshotPolicy(shape.snapshot_every_steps, shape.snapshot_every_seconds)
         self._committer = CheckpointCommitter(checkpoints, storage)
         self._limits = limits
         self._group = group
@@ -68,24 +76,68 @@ class TrainerService:
         self._running: set[str] = set()  # request ids sent to the workers whose outcome is not written yet
         self._cancelled: set[str] = set()  # of those, the cancelled ones: their outcome is discarded
         self._writes: set[asyncio.Task] = set()  # runs' outcomes being written (strong references)
+        # runs sent to the workers and not answered, by dispatch number: a restarted group gets them again, in order
+        self._dispatch_numbers = itertools.count()
+        self._unanswered: dict[int, list[Command]] = {}
+        self._resent: dict[int, Awaitable[list[list]]] = {}
+        self._generation = 0  # recoveries started: a run sent before the latest one is resent by it
+        self._recovery: asyncio.Task | None = None
+        self._resumed: set[asyncio.Task] = set()  # journaled operations rerun after a trainer restart
+        self._submitting: dict[str, asyncio.Future[None]] = {}  # request id -> done once its future is written
+        self._stopping = False  # from stop() on, nothing is sent and no future is failed: the next trainer reruns them
 
     async def start(self) -> None:
-        """Start the workers; futures left pending by a previous incarnation of this trainer can never finish:
-        fail them."""
-        lost = ServerError(
-            f"trainer {self.name} restarted and its models' in-memory state was lost; "
-            "create the model again (or load a checkpoint) and resend"
-        )
-        orphans = await self._futures.fail_pending_of(await self._metadata.model_ids_on(self.name), lost.to_body())
-        if orphans:
-            logger.warning("failed %d futures left pending by a previous incarnation of trainer %s", orphans, self.name)
+        """Start the workers, then (in the background) rebuild the models this trainer held before it restarted,
+        from their snapshots and journals, and rerun their operations that never finished. Until a model is
+        rebuilt its operations wait; if it cannot be, they fail with the reason."""
         await self._group.start()
+        rerun = 0
+        for model_id in await self._metadata.live_model_ids_on(self.name):
+            rerun += await self._resume(model_id)
+        if self._models:
+            logger.info(
+                "trainer %s: rebuilding %d models; %d unfinished operations will rerun",
+                self.name,
+                len(self._models),
+                rerun,
+            )
+            self._start_recovery()
+
+    async def _resume(self, model_id: str) -> int:
+        """Serve a model of the previous incarnation again (the recovery rebuilds it): queue its journaled
+        operations that never finished, in order (those the ingress rejected only advance the order). A model
+        without a journal (or whose creation never finished) is lost: its futures fail. Returns how many rerun."""
+        entries = await self._journal.entries(model_id)
+        if not entries or entries[0].seq_id != 0 or entries[0].state != "completed":
+            lost = ServerError(
+                f"trainer {self.name} restarted and model {model_id!r} has no journal to rebuild it from; "
+                "create the model again (or load a checkpoint) and resend"
+            )
+            if await self._futures.fail_pending_of([model_id], lost.to_body()):
+                logger.warning("model %s of trainer %s is lost: it has no journal", model_id, self.name)
+            return 0
+        snapshots = await self._journal.snapshots_of(model_id)
+        done = max([e.seq_id for e in entries if e.state != "pending"] + [s.seq_id for s in snapshots[:1]])
+        self._models.add(model_id)
+        self._scheduler.open(model_id, next_seq=done + 1)
+        rerun = 0
+        for entry in entries:
+            if entry.seq_id <= done or isinstance(entry.op, CreateModel):
+                continue
+            op = entry.op if entry.state == "pending" else Skip(entry.request_id)
+            rerun += entry.state == "pending"
+            task = asyncio.create_task(self.submit(model_id, entry.seq_id, op))
+            self._resumed.add(task)
+            task.add_done_callback(self._resumed.discard)
+        return rerun
 
     def check_health(self) -> None:
         self._group.check_health()
 
     async def stop(self) -> None:
-        """End the workers' loops, so Ray Train ends the run and releases its placement group."""
+        """End the workers' loops, so Ray Train ends the run and releases its placement group. Runs not answered
+        by then are left to the trainer that starts next (their futures stay pending, their journal reruns them)."""
+        self._stopping = True
         await self._group.stop()
 
     async def worker_pids(self) -> list[int]:
@@ -126,17 +178,30 @@ class TrainerService:
     async def unload_model(self, request_id: str, model_id: str) -> None:
         self._scheduler.close(model_id, ServerError(f"model {model_id!r} was unloaded"))
         self._models.discard(model_id)
+        self._snapshots.forget(model_id)
         await self._group.call([Command(CommandKind.REMOVE_MODEL, model_id)])
+        for location in await self._journal.forget(model_id):
+            await asyncio.to_thread(self._storage.delete, location)
         reply = Reply.json({"model_id": model_id, "type": "unload_model"})
         await self._futures.complete(request_id, reply.payload, reply.content_type)
 
     async def submit(self, model_id: str, seq_id: int, op: SequencedOp, user: str = "") -> None:
-        """Queue `user`'s `op`; returns once its future is written (success or failure)."""
+        """Queue `user`'s `op`; returns once its future is written (success or failure). The same request again
+        (Serve delivers a call the previous replica never answered after this one reran it from the journal)
+        waits for the first."""
+        first = self._submitting.get(op.request_id)
+        if first is not None:
+            await asyncio.shield(first)
+            return
+        self._submitting[op.request_id] = done = asyncio.get_running_loop().create_future()
         try:
             written = await self._scheduler.submit(model_id, seq_id, (seq_id, op), user)
             await written
         except TinkerServeError as exc:
             await self._futures.fail_if_pending(op.request_id, exc.to_body())
+        finally:
+            del self._submitting[op.request_id]
+            done.set_result(None)
 
     async def cancel(self, model_id: str, seq_id: int, request_id: str) -> None:
         """A cancelled operation (its future already failed) never runs if it has not started; one that runs
@@ -164,35 +229,140 @@ class TrainerService:
         return self._fixed_op_cost
 
     def _dispatch(self, model_id: str, run: list[Queued]) -> Awaitable[list[Awaitable[None]]]:
-        """Send the run to the workers now (order matters); the returned awaitable is done when the workers answer
-        (which frees the run's dispatch slot), with, for each op, the writing of the run's futures to await."""
+        """Send the run to the workers now (order matters; while the group is being recovered, the recovery sends
+        it); the returned awaitable is done when the workers answer (which frees the run's dispatch slot), with,
+        for each op, the writing of the run's futures to await."""
         work = [(seq_id, op) for seq_id, op in run if not isinstance(op, Skip)]
         commands = [replace(operation(op).command(model_id, op), request_id=op.request_id) for _, op in work]
-        pending = self._group.send(commands) if work else None
+        snapshot = self._snapshots.plan(model_id, [seq_id for seq_id, _ in work], [op for _, op in work])
+        if snapshot is not None:
+            commands.insert(snapshot.index, Command(CommandKind.SNAPSHOT, model_id, location=snapshot.location))
+        number = next(self._dispatch_numbers)
+        pending = None
+        if work:
+            self._unanswered[number] = commands
+            pending = self._group.send(commands) if self._recovery is None and not self._stopping else None
         self._running.update(op.request_id for _, op in work)
         server_metrics().queue_depth.set(
             self._scheduler.waiting(model_id), tags={"trainer": self.name, "model_id": model_id}
         )
-        return self._replies(model_id, len(run), work, pending)
+        return self._replies(model_id, len(run), work, number, pending, snapshot)
 
     async def _replies(
-        self, model_id: str, run_length: int, work: Sequence[Queued], pending: Awaitable[list[list]] | None
+        self,
+        model_id: str,
+        run_length: int,
+        work: Sequence[Queued],
+        number: int,
+        pending: Awaitable[list[list]] | None,
+        snapshot: PlannedSnapshot | None,
     ) -> list[Awaitable[None]]:
         started = time.monotonic()
         try:
-            replies = await pending if pending is not None else []
-        except Exception as exc:
+            replies = await self._answers(number, pending) if work else []
+        except Exception:
             ids = {op.request_id for _, op in work}
             self._running -= ids
             self._cancelled -= ids
-            if isinstance(exc, GroupRestarted):
-                self._lose_all_models(exc)
             raise
+        finally:
+            self._unanswered.pop(number, None)
+            self._resent.pop(number, None)
         seconds = time.monotonic() - started
+        if snapshot is not None:
+            replies = [r[: snapshot.index] + r[snapshot.index + 1 :] for r in replies]
+            await self._record_snapshot(model_id, snapshot, seconds)
         task = asyncio.create_task(self._write_outcomes(model_id, work, replies, seconds))
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
         return [task] * run_length
+
+    async def _answers(self, number: int, pending: Awaitable[list[list]] | None) -> list[list]:
+        """The replies to run `number`: through any restarts of the group, after which the recovery resends it."""
+        generation = self._generation
+        while True:
+            if pending is not None:
+                try:
+                    return await pending
+                except GroupRestarted:
+                    if generation == self._generation:  # no recovery since this was sent: start one
+                        self._start_recovery()
+                except Exception:
+                    if not self._stopping:
+                        raise
+            if self._stopping:  # never answered here: the next trainer reruns it
+                await asyncio.get_running_loop().create_future()
+            if self._recovery is not None:
+                await asyncio.shield(self._recovery)
+            generation = self._generation
+            pending = self._resent.pop(number)
+
+    def _start_recovery(self) -> None:
+        self._generation += 1
+        self._recovery = asyncio.create_task(self._recover())
+
+    async def _recover(self) -> None:
+        """Rebuild every model on the restarted workers, then resend the unanswered runs in their order. Models
+        that cannot be rebuilt are closed with the reason; if the group does not come back, all of them."""
+        started = time.monotonic()
+        replayed = 0
+        try:
+            logger.warning("trainer %s: its workers are new; rebuilding %d models", self.name, len(self._models))
+            await asyncio.gather(*self._writes, return_exceptions=True)  # what finished is in the journal's states
+            for attempt in range(1, _REBUILD_ATTEMPTS + 1):
+                await self._group.wait_ready()
+                try:
+                    replayed += await self._rebuild_all()
+                    break
+                except GroupRestarted:  # again, while rebuilding
+                    if attempt == _REBUILD_ATTEMPTS:
+                        raise
+        except Exception as exc:
+            for model_id in list(self._models):
+                self._lose_model(model_id, exc)
+            raise
+        finally:
+            self._resend_unanswered()
+            self._recovery = None
+        seconds = time.monotonic() - started
+        server_metrics().recoveries.observe(seconds, tags={"trainer": self.name})
+        server_metrics().replayed_ops.inc(replayed, tags={"trainer": self.name})
+        logger.warning(
+            "trainer %s rebuilt %d models in %.1f s (%d operations replayed)",
+            self.name,
+            len(self._models),
+            seconds,
+            replayed,
+        )
+
+    async def _rebuild_all(self) -> int:
+        replayed = 0
+        for model_id in sorted(self._models):
+            try:
+                replayed += await rebuild(self._group, self._journal, model_id)
+            except GroupRestarted:
+                raise
+            except TinkerServeError as exc:
+                self._lose_model(model_id, exc)
+        return replayed
+
+    def _resend_unanswered(self) -> None:
+        """Send every unanswered run again, in dispatch order (runs of lost models fail on the workers)."""
+        for number in sorted(self._unanswered):
+            try:
+                self._resent[number] = self._group.send(self._unanswered[number])
+            except Exception as exc:  # noqa: BLE001 - the group is down: the run's waiter gets the error
+                failed: asyncio.Future[list[list]] = asyncio.get_running_loop().create_future()
+                failed.set_exception(exc)
+                self._resent[number] = failed
+
+    async def _record_snapshot(self, model_id: str, snapshot: PlannedSnapshot, seconds: float) -> None:
+        dropped = await self._journal.record_snapshot(model_id, snapshot.seq_id, snapshot.location)
+        metrics = server_metrics()
+        metrics.snapshots.inc(tags={"trainer": self.name})
+        metrics.snapshot_capture_seconds.observe(seconds, tags={"trainer": self.name})
+        for location in dropped:
+            await asyncio.to_thread(self._storage.delete, location)
 
     async def _write_outcomes(self, model_id: str, work: Sequence[Queued], replies: list[list], seconds: float) -> None:
         self._record([op for _, op in work], seconds)
@@ -235,8 +405,7 @@ class TrainerService:
                 batch = cast(PackedBatch, op.args.batch)  # an op keeps its batch; only its command ships a ref
                 metrics.tokens.inc(int(batch.offsets[-1]), tags={"name": self.name, "kind": "trained"})
 
-    def _lose_all_models(self, reason: Exception) -> None:
-        logger.error("worker group restarted; %d models lost: %s", len(self._models), reason)
-        for model_id in list(self._models):
-            self._scheduler.close(model_id, reason)
-        self._models.clear()
+    def _lose_model(self, model_id: str, reason: Exception) -> None:
+        logger.error("model %s on trainer %s is lost: %s", model_id, self.name, reason)
+        self._scheduler.close(model_id, reason)
+        self._models.discard(model_id)

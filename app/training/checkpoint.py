@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
-from peft import PeftModel, set_peft_model_state_dict
+from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file, save_file
 
 from app.errors import NotFound, UserError
@@ -42,12 +43,62 @@ def write_state(
 ) -> None:
     """Everything that resumes training: adapter, value head, optimizer state and spec."""
     write_adapter(model, adapter, out)
+    _write_resume_parts(None if value_head is None else value_head.state_dict(), optimizer.state_dict(), spec, out)
+
+
+@dataclass(frozen=True)
+class TrainingState:
+    """A copy of a model's training state on the CPU, detached from the live tensors (a snapshot being written
+    while training goes on). Written by `write_captured`, it reads back with `load_state`."""
+
+    adapter: dict[str, torch.Tensor]  # PEFT's keys, as adapter_model.safetensors holds them
+    value_head: dict[str, torch.Tensor] | None
+    optimizer: dict[str, Any]
+    spec: AdapterSpec
+
+
+def capture_state(
+    model: PeftModel,
+    adapter: str,
+    spec: AdapterSpec,
+    value_head: torch.nn.Module | None,
+    optimizer: torch.optim.Optimizer,
+) -> TrainingState:
+    """Copy the model's training state (the only part of a snapshot that holds up training)."""
+    return TrainingState(
+        adapter=_copied(get_peft_model_state_dict(model, adapter_name=adapter)),
+        value_head=None if value_head is None else _copied(value_head.state_dict()),
+        optimizer=_copied(optimizer.state_dict()),
+        spec=spec,
+    )
+
+
+def write_captured(state: TrainingState, out: Path) -> None:
+    """Write a captured state as a training checkpoint directory at `out` (without the adapter's PEFT config:
+    only load_state reads it back)."""
+    out.mkdir(parents=True)
+    save_file(state.adapter, str(out / ADAPTER_FILE))
+    _write_resume_parts(state.value_head, state.optimizer, state.spec, out)
+
+
+def _write_resume_parts(
+    value_head: dict[str, torch.Tensor] | None, optimizer: dict[str, Any], spec: AdapterSpec, out: Path
+) -> None:
     if value_head is not None:
-        save_file(
-            {k: v.detach().cpu().contiguous() for k, v in value_head.state_dict().items()}, str(out / VALUE_HEAD_FILE)
-        )
-    torch.save(optimizer.state_dict(), out / OPTIMIZER_FILE)
+        save_file({k: v.detach().cpu().contiguous() for k, v in value_head.items()}, str(out / VALUE_HEAD_FILE))
+    torch.save(optimizer, out / OPTIMIZER_FILE)
     (out / SPEC_FILE).write_text(json.dumps(asdict(spec), sort_keys=True))
+
+
+def _copied(value: Any) -> Any:
+    """`value` with every tensor in it copied to the CPU (dicts and lists walked)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: _copied(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_copied(v) for v in value)
+    return value
 
 
 def read_spec(directory: str | Path) -> AdapterSpec:

@@ -209,6 +209,11 @@ class TrainingEngine:
         save = self.save_state if self._model(model_id).spec.role == "critic" else self.save_adapter
         save(model_id, out)
 
+    def capture_state(self, model_id: str) -> checkpoint.TrainingState:
+        """A copy of the model's adapter, value head, optimizer state and spec (a snapshot to write)."""
+        model = self._model(model_id)
+        return checkpoint.capture_state(self.pool.model, model.name, model.spec, model.value_head, model.optimizer)
+
     def load_state(self, model_id: str, directory: Path, with_optimizer: bool) -> None:
         """Replace the model's weights (and optimizer state, or else a fresh optimizer) with a checkpoint's.
         Its spec must match the model's: same rank, adapted layers and role."""

@@ -15,6 +15,7 @@ from app.storage.objects import ObjectStorage
 from app.training.engine import TrainingEngine, load_base_model
 from app.workers.execute import execute
 from app.workers.mailbox import STOP
+from app.workers.snapshots import SnapshotWriter
 
 logger = logging.getLogger("tinker_serve.worker")
 
@@ -32,6 +33,7 @@ def command_loop(config: dict) -> None:
         load_base_model(config["base_path"], device=device), rank=rank, world_size=world_size, device=device
     )
     storage = ObjectStorage(config["storage_uri"])
+    snapshots = SnapshotWriter(storage)
     mailbox = config["mailbox"]
     identity = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
     ray.get(mailbox.register.remote(rank, identity))
@@ -50,6 +52,7 @@ def command_loop(config: dict) -> None:
             continue
         msg_id, commands = message
         if commands == STOP:
+            snapshots.flush()
             return
-        results = [execute(engine, storage, cmd) for cmd in commands]
+        results = [execute(engine, storage, snapshots, cmd) for cmd in commands]
         mailbox.reply.remote(msg_id, rank, results)

@@ -16,6 +16,7 @@ from app.messages import Command, CommandError, CommandKind
 from app.storage.objects import ObjectStorage
 from app.training.batch import PackedBatch
 from app.training.engine import TrainingEngine
+from app.workers.snapshots import SnapshotWriter
 
 logger = logging.getLogger("tinker_serve.worker")
 
@@ -52,7 +53,15 @@ def _load(engine: TrainingEngine, storage: ObjectStorage, cmd: Command) -> None:
         engine.load_state(cmd.model_id, directory, cmd.with_optimizer)
 
 
-def execute(engine: TrainingEngine, storage: ObjectStorage, cmd: Command) -> Any:
+def _snapshot(engine: TrainingEngine, snapshots: SnapshotWriter, cmd: Command) -> None:
+    """Rank 0 copies the model's state and writes it on a thread; the others only check the model."""
+    if engine.rank != 0:
+        engine.require_model(cmd.model_id)
+        return
+    snapshots.write(cmd.location, engine.capture_state(cmd.model_id))
+
+
+def execute(engine: TrainingEngine, storage: ObjectStorage, snapshots: SnapshotWriter, cmd: Command) -> Any:
     """Run one command on this rank; errors come back as CommandError instead of killing the loop."""
     try:
         if cmd.kind is CommandKind.FORWARD_BACKWARD:
@@ -69,6 +78,8 @@ def execute(engine: TrainingEngine, storage: ObjectStorage, cmd: Command) -> Any
             return _save(engine, storage, cmd)
         if cmd.kind is CommandKind.LOAD_STATE:
             return _load(engine, storage, cmd)
+        if cmd.kind is CommandKind.SNAPSHOT:
+            return _snapshot(engine, snapshots, cmd)
         if cmd.kind is CommandKind.CREATE_MODEL:
             return engine.create_model(cmd.model_id, _payload(cmd, cmd.spec))
         if cmd.kind is CommandKind.REMOVE_MODEL:

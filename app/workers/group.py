@@ -35,6 +35,11 @@ class WorkerGroup(ABC):
     async def start(self) -> None: ...
 
     @abstractmethod
+    async def wait_ready(self) -> None:
+        """Return once every rank is (again) registered: after a restart, the caller rebuilds its models before
+        anything else is sent; until this returns, sends fail with GroupRestarted."""
+
+    @abstractmethod
     def send(self, commands: list[Command]) -> Awaitable[list[list[Any]]]:
         """Send `commands` to every rank now; await the result for replies[rank][command].
 
@@ -83,6 +88,7 @@ class TorchTrainerGroup(WorkerGroup):
         self._mailbox: Any = None  # the Mailbox actor's handle once started (Ray does not type actor methods)
         self._fit_thread: threading.Thread | None = None
         self._fit_error: BaseException | None = None
+        self._generation = 0  # the mailbox's restart count as of the last wait_ready
 
     @property
     def world_size(self) -> int:
@@ -120,6 +126,13 @@ class TorchTrainerGroup(WorkerGroup):
         )
         self._fit_thread = threading.Thread(target=self._run_fit, args=(trainer,), daemon=True, name="torchtrainer-fit")
         self._fit_thread.start()
+        await self.wait_ready()
+        logger.info(
+            "worker group for %s ready: %d ranks in %.1f s", self._name, self.world_size, time.monotonic() - started
+        )
+
+    async def wait_ready(self) -> None:
+        started = time.monotonic()
         while True:
             self.check_health()
             status = await self._mailbox.status.remote()
@@ -132,10 +145,8 @@ class TorchTrainerGroup(WorkerGroup):
                     "and free CPUs/GPUs"
                 )
             await asyncio.sleep(0.5)
+        self._generation = status["restarts"]
         await self.call([Command(CommandKind.PING)])
-        logger.info(
-            "worker group for %s ready: %d ranks in %.1f s", self._name, self.world_size, time.monotonic() - started
-        )
 
     def _run_fit(self, trainer: Any) -> None:
         try:
@@ -152,7 +163,7 @@ class TorchTrainerGroup(WorkerGroup):
     def send(self, commands: list[Command]) -> Awaitable[list[list[Any]]]:
         self.check_health()
         shipped = [self._ship(cmd) for cmd in commands]
-        return self._replies(self._mailbox.call.remote(next(self._msg_ids), shipped))
+        return self._replies(self._mailbox.call.remote(next(self._msg_ids), shipped, self._generation))
 
     async def _replies(self, ref: ray.ObjectRef) -> list[list[Any]]:
         try:

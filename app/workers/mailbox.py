@@ -47,8 +47,11 @@ class Mailbox:
     async def status(self) -> dict[str, int]:
         return {"registered": len(self._identities), "world_size": self._world_size, "restarts": self._restarts}
 
-    async def call(self, msg_id: int, commands: Any) -> list[Any]:
-        """Send `commands` to every rank; returns the replies ordered by rank."""
+    async def call(self, msg_id: int, commands: Any, generation: int | None = None) -> list[Any]:
+        """Send `commands` to every rank; returns the replies ordered by rank. A sender that knows the group as of
+        `generation` restarts gets GroupRestarted at once if it restarted since (its models are not there)."""
+        if generation is not None and generation != self._restarts:
+            raise GroupRestarted("the worker group restarted since this trainer last rebuilt its models")
         fut = asyncio.get_running_loop().create_future()
         self._pending[msg_id] = (fut, {})
         self._untaken[msg_id] = commands  # the very list every rank's queue holds

@@ -46,7 +46,7 @@ def server_config(state_dir: Path) -> dict:
                 "name": BASE_MODEL,
                 "path": str(TINY_MODEL),
                 "embedded_preset": "tiny",
-                "trainer": {"num_workers": 2, "cpus_per_worker": 1},
+                "trainer": {"num_workers": 2, "cpus_per_worker": 1, "snapshot_every_steps": 3},
                 "critic_trainer": {"num_workers": 1, "cpus_per_worker": 1},  # critics route elsewhere
                 "sampler": {"kv_cache_mib": 64, "max_loras": MAX_LORAS, "max_cpu_loras": 6},
             }

@@ -1,10 +1,10 @@
 """Failure injection (runs last: it restarts the shared worker group, the ingress, then the whole app).
 
-A training worker is killed: in-flight work fails promptly with a clear error instead of hanging, and
-after Ray Train restarts the group, new models train again. The ingress replica is killed: work already
-queued finishes and its futures are answered by the new replica. The Serve app is stopped and started again
-on the same state: runs, checkpoints and finished futures survive, futures left waiting are failed, and
-a model comes back from its checkpoint."""
+A training worker is killed mid-run: the trainer rebuilds its models from their snapshots and journals and
+resends what was in flight, so the run finishes as if nothing happened. The ingress replica is killed: work
+already queued finishes and its futures are answered by the new replica. The Serve app is stopped and started
+again on the same state mid-run: the model comes back by id, its step in flight completes, and runs,
+checkpoints and finished futures survive."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-import pytest
 import ray
 import tinker
 from ray import serve
@@ -24,29 +23,62 @@ from tests.integration.conftest import BASE_MODEL, replace_app, server_config
 from tests.integration.helpers import logprobs_of, new_client, sft_datums, train_steps
 
 RESTART_BUDGET_S = 180.0  # Ray Train detects the death, restarts both ranks, reloads the base model
+ADAM = tinker.types.AdamParams(learning_rate=1e-2)
 
 
-def test_killed_worker_fails_in_flight_work_and_the_group_recovers(service_client):
+def _pipelined_run(tc: tinker.TrainingClient, data: list, steps: int, after: int = -1, then=None) -> list[np.ndarray]:
+    """`steps` forward_backward + optim_step pairs sent at once (as the cookbook pipelines them); `then()` runs once
+    step `after` finished. Every result is awaited (any error raises); returns the trained model's logprobs."""
+    sent = []
+    for _ in range(steps):
+        sent.append(tc.forward_backward(data, "cross_entropy"))
+        sent.append(tc.optim_step(ADAM))
+    for i, future in enumerate(sent):
+        future.result()
+        if i == 2 * after + 1 and then is not None:
+            then()
+    return logprobs_of(tc.forward(data, "cross_entropy").result())
+
+
+def test_a_killed_worker_loses_no_model_and_no_request(service_client):
+    """SIGKILL a training worker in the middle of a pipelined 10-step run: the run finishes without a client error
+    and its weights equal those of the same run undisturbed (the model is rebuilt from its snapshot, taken every 3
+    steps here, and the journal since; in-flight requests are resent)."""
     trainer = serve.get_deployment_handle(f"Trainer:{BASE_MODEL}", app_name="tinker")
-    victim = new_client(service_client, seed=41)
-    data = sft_datums(victim.get_tokenizer())
-    train_steps(victim, data, 1)
+    data = sft_datums(new_client(service_client, seed=40).get_tokenizer())
+    undisturbed = _pipelined_run(new_client(service_client, seed=41), data, 10)
+
     pids = trainer.worker_pids.remote().result()
     assert len(pids) == 2 and all(isinstance(p, int) for p in pids)
+    started: list[float] = []
 
-    os.kill(pids[1], signal.SIGKILL)
-    started = time.monotonic()
-    with pytest.raises(tinker.RequestFailedError) as info:
-        victim.forward(data, "cross_entropy").result()
-    assert time.monotonic() - started < RESTART_BUDGET_S
-    assert "restart" in info.value.message or "not loaded" in info.value.message
+    def kill() -> None:
+        started.append(time.monotonic())
+        os.kill(pids[1], signal.SIGKILL)
 
-    new_pids = trainer.worker_pids.remote().result()
-    assert pids[1] not in new_pids
-    survivor = new_client(service_client, seed=42)
-    first = survivor.forward_backward(data, "cross_entropy").result().metrics["loss:sum"]
-    survivor.optim_step(tinker.types.AdamParams(learning_rate=1e-2)).result()
-    assert survivor.forward(data, "cross_entropy").result().metrics["loss:sum"] < first
+    recovered = _pipelined_run(new_client(service_client, seed=41), data, 10, after=4, then=kill)
+    assert started and time.monotonic() - started[0] < RESTART_BUDGET_S
+    assert pids[1] not in trainer.worker_pids.remote().result()
+    for got, want in zip(recovered, undisturbed, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_killed_trainer_replica_loses_no_model_and_no_request(service_client):
+    """Kill the Trainer replica (the actor that owns the worker group) mid-run: Serve starts another, which rebuilds
+    the models from their snapshots and journals and reruns what was queued; the client sees no error and the
+    weights equal an undisturbed run's."""
+    data = sft_datums(new_client(service_client, seed=46).get_tokenizer())
+    undisturbed = _pipelined_run(new_client(service_client, seed=47), data, 6)
+
+    def kill() -> None:
+        (replica,) = [
+            a for a in ray.util.list_named_actors(all_namespaces=True) if "#Trainer:tinker-serve/tiny#" in a["name"]
+        ]
+        ray.kill(ray.get_actor(replica["name"], namespace=replica["namespace"]), no_restart=True)
+
+    recovered = _pipelined_run(new_client(service_client, seed=47), data, 6, after=3, then=kill)
+    for got, want in zip(recovered, undisturbed, strict=True):
+        np.testing.assert_array_equal(got, want)
 
 
 def _retrieve(http: httpx.Client, request_id: str) -> dict:
@@ -70,32 +102,35 @@ def test_ingress_restart_loses_nothing(service_client, base_url: str):
     assert service_client.create_rest_client().get_training_run(tc.model_id).result().training_run_id == tc.model_id
 
 
-def test_app_restart_keeps_what_was_saved(service_client, base_url: str, state_dir: Path):
-    tc = new_client(service_client, seed=43)
+def test_an_app_restart_mid_run_resumes_the_model(service_client, base_url: str, state_dir: Path):
+    """The Serve app stops and starts again on the same state while a step is in flight: the client goes on with
+    the same model by id, the step in flight completes, and the weights equal an undisturbed run's; finished
+    futures, runs and checkpoints survive."""
+    twin, tc = new_client(service_client, seed=43), new_client(service_client, seed=43)
     data = sft_datums(tc.get_tokenizer())
-    train_steps(tc, data, 1)
+    for client in (twin, tc):
+        train_steps(client, data, 4)  # past a snapshot (every 3 steps here): rebuilt from it and the journal
+    train_steps(twin, data, 2)
+    expected = logprobs_of(twin.forward(data, "cross_entropy").result())
     saved = tc.save_state("before-restart").result().path
-    expected = logprobs_of(tc.forward(data, "cross_entropy").result())
     with httpx.Client(base_url=base_url, timeout=60, headers={"X-API-Key": "tml-integration-tests"}) as http:
-        # A finished future, and one left waiting: seq_id 99 of a model whose next seq_id is far lower.
         finished = http.post("/api/v1/unload_model", json={"model_id": new_client(service_client, seed=44).model_id})
         finished_result = _retrieve(http, finished.json()["request_id"])
-        waiting = http.post(
-            "/api/v1/optim_step", json={"model_id": tc.model_id, "seq_id": 99, "adam_params": {"learning_rate": 1e-3}}
-        ).json()
-        assert _retrieve(http, waiting["request_id"])["type"] == "try_again"
+        # In flight across the restart. The SDK's own polls of these meet the proxy's 404 while no app is deployed
+        # (a restart behind a load balancer would answer 503), so they are not awaited: the steps after them
+        # can only run, and the weights only match, if the server finished them exactly once.
+        tc.forward_backward(data, "cross_entropy")
+        tc.optim_step(ADAM)
 
         replace_app(server_config(state_dir), base_url)
 
         assert _retrieve(http, finished.json()["request_id"]) == finished_result
-        failed = _retrieve(http, waiting["request_id"])
-        assert failed.get("category") == "server" and failed["error"], failed  # failed, not left pending
+    train_steps(tc, data, 1)
+    for got, want in zip(logprobs_of(tc.forward(data, "cross_entropy").result()), expected, strict=True):
+        np.testing.assert_array_equal(got, want)
     rest = service_client.create_rest_client()
     assert rest.get_training_run(tc.model_id).result().base_model == BASE_MODEL
     checkpoints = rest.list_checkpoints(tc.model_id).result().checkpoints
     assert "weights/before-restart" in {c.checkpoint_id for c in checkpoints}
-    with pytest.raises(tinker.RequestFailedError, match="not loaded"):  # its in-memory state went with the app
-        tc.forward(data, "cross_entropy").result()
     restored = service_client.create_training_client_from_state_with_optimizer(saved).result()
-    for got, want in zip(logprobs_of(restored.forward(data, "cross_entropy").result()), expected, strict=True):
-        np.testing.assert_array_equal(got, want)
+    assert restored.forward(data, "cross_entropy").result().metrics["loss:sum"] > 0

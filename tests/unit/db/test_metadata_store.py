@@ -113,9 +113,9 @@ def test_routing_table(db_url: str) -> None:
         await store.add_training_run(_run("sess:train:2"))
         critic = await store.get_training_run("sess:train:1")
         assert (critic.role, critic.trainer) == ("critic", "tinker-serve/tiny:critic")
-        assert sorted(await store.model_ids_on("tinker-serve/tiny")) == ["sess:train:0", "sess:train:2"]
-        assert await store.model_ids_on("tinker-serve/tiny:critic") == ["sess:train:1"]
-        assert await store.model_ids_on("other") == []
+        assert sorted(await store.live_model_ids_on("tinker-serve/tiny")) == ["sess:train:0", "sess:train:2"]
+        assert await store.live_model_ids_on("tinker-serve/tiny:critic") == ["sess:train:1"]
+        assert await store.live_model_ids_on("other") == []
 
     run_with_store(db_url, body)
 

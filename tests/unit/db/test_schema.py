@@ -15,8 +15,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.errors import SchemaMismatch
 from app.db.metadata import MetadataStore, TrainingRun
-from app.db.migrate import head_revision
-from app.db.schema import metadata
+from app.db.migrate import head_revision, migrate
+from app.db.schema import connect, metadata
 from tests.conftest import run_on_db, run_sql
 
 _V2_TRAINING_RUNS = """CREATE TABLE training_runs (
@@ -49,7 +49,7 @@ async def _columns(db: AsyncEngine, table: str) -> list[str]:
 
 
 def _version_2_database(url: str) -> None:
-    run_on_db(url, lambda db: asyncio.sleep(0))  # today's tables, then training_runs and the version as of 2
+    _last_release_before_alembic(url)  # its tables, then training_runs and the version as of 2
     run_sql(
         url,
         "DROP TABLE training_runs",
@@ -60,8 +60,21 @@ def _version_2_database(url: str) -> None:
         "INSERT INTO sessions VALUES ('s', 1.0, 1.0, NULL, '0.25', '[]', '{}')",
         "INSERT INTO training_runs VALUES ('s:train:0', 's', 'b', 4, 'policy', 'b', '{}', '{}', 1.0, 7, 0)",
         "UPDATE schema_info SET version = 2",
-        "DROP TABLE alembic_version",
     )
+
+
+def _last_release_before_alembic(url: str) -> None:
+    """A database as the last release before Alembic left it: revision 0001's tables, schema_info version 5."""
+
+    async def to_0001() -> None:
+        db = connect(url)
+        try:
+            await migrate(db, "0001")
+        finally:
+            await db.dispose()
+
+    asyncio.run(to_0001())
+    run_sql(url, "DROP TABLE alembic_version", "UPDATE schema_info SET version = 5")
 
 
 def _at_alembic_head(url: str) -> bool:
@@ -103,8 +116,6 @@ def test_version_2_upgrades_in_place_to_the_current_version(db_url: str) -> None
 def test_replicas_creating_the_tables_together_all_start(new_db_url: Callable[[], str]) -> None:
     """Ingress, trainer and sampler replicas open a fresh database at once: one creates each table, and the
     others ("table ... already exists") look again instead of failing their replica."""
-    from app.db.migrate import migrate
-    from app.db.schema import connect
 
     async def together(url: str) -> None:
         dbs = [connect(url) for _ in range(4)]
@@ -121,11 +132,9 @@ def test_replicas_creating_the_tables_together_all_start(new_db_url: Callable[[]
 
 
 def test_the_last_release_before_alembic_is_adopted_as_it_is(db_url: str) -> None:
-    run_on_db(db_url, lambda db: asyncio.sleep(0))
+    _last_release_before_alembic(db_url)
     run_sql(
         db_url,
-        "DROP TABLE alembic_version",
-        "UPDATE schema_info SET version = 5",
         "INSERT INTO sessions (session_id, created_at, last_heartbeat, owner) VALUES ('s', 1.0, 1.0, 'user-a')",
     )
     run_on_db(db_url, lambda db: asyncio.sleep(0))

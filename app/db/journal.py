@@ -1,0 +1,119 @@
+"""What rebuilds a model that lived only in a worker's memory: the journal of its accepted operations and its
+latest snapshots.
+
+The ingress appends each operation before the trainer sees it. A snapshot (adapter + optimizer state, written by
+rank 0 while training goes on) covers every operation up to its seq_id; a new one is recorded when the workers
+have copied the tensors, and its predecessor is then complete on storage (ranks write one snapshot at a time).
+So the two newest are kept: the newest may be unfinished if a worker died while writing it, the one before it is
+whole, and the journal keeps what follows that one (plus the creation, seq_id 0, which says how to make the model).
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from dataclasses import dataclass
+
+from sqlalchemy import and_, delete, insert, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.db.schema import futures, journal, snapshots
+from app.messages import CreateModel, SequencedOp
+
+KEPT_SNAPSHOTS = 2
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    seq_id: int
+    request_id: str
+    op: CreateModel | SequencedOp
+    state: str  # its future's: pending | completed | failed
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    seq_id: int
+    location: str
+
+
+class JournalStore:
+    def __init__(self, db: AsyncEngine) -> None:
+        self._db = db
+
+    async def append(self, model_id: str, seq_id: int, op: CreateModel | SequencedOp) -> None:
+        """Record an accepted operation; a retried one (same seq_id) is recorded already."""
+        row = {
+            "model_id": model_id,
+            "seq_id": seq_id,
+            "request_id": op.request_id,
+            "op": pickle.dumps(op, protocol=5),  # only this server writes and reads it
+            "created_at": time.time(),
+        }
+        try:
+            async with self._db.begin() as conn:
+                await conn.execute(insert(journal).values(**row))
+        except IntegrityError:
+            pass
+
+    async def entries(self, model_id: str) -> list[JournalEntry]:
+        """The model's journal in seq_id order, each with its future's state."""
+        query = (
+            select(journal.c.seq_id, journal.c.request_id, journal.c.op, futures.c.state)
+            .join(futures, futures.c.request_id == journal.c.request_id, isouter=True)
+            .where(journal.c.model_id == model_id)
+            .order_by(journal.c.seq_id)
+        )
+        async with self._db.connect() as conn:
+            rows = (await conn.execute(query)).all()
+        return [JournalEntry(r.seq_id, r.request_id, pickle.loads(r.op), r.state or "failed") for r in rows]
+
+    async def snapshots_of(self, model_id: str) -> list[Snapshot]:
+        """The model's snapshots, newest first."""
+        query = (
+            select(snapshots.c.seq_id, snapshots.c.location)
+            .where(snapshots.c.model_id == model_id)
+            .order_by(snapshots.c.seq_id.desc())
+        )
+        async with self._db.connect() as conn:
+            return [Snapshot(r.seq_id, r.location) for r in await conn.execute(query)]
+
+    async def record_snapshot(self, model_id: str, seq_id: int, location: str) -> list[str]:
+        """Record a snapshot taken after `seq_id`; drops snapshots beyond the newest two and the journal the older
+        kept one covers. Returns the dropped snapshots' locations (to delete from storage)."""
+        async with self._db.begin() as conn:
+            await conn.execute(
+                insert(snapshots).values(model_id=model_id, seq_id=seq_id, location=location, created_at=time.time())
+            )
+            kept = (
+                await conn.execute(
+                    select(snapshots.c.seq_id, snapshots.c.location)
+                    .where(snapshots.c.model_id == model_id)
+                    .order_by(snapshots.c.seq_id.desc())
+                )
+            ).all()
+            dropped = kept[KEPT_SNAPSHOTS:]
+            if dropped:
+                await conn.execute(
+                    delete(snapshots).where(snapshots.c.model_id == model_id, snapshots.c.seq_id <= dropped[0].seq_id)
+                )
+            if len(kept) >= KEPT_SNAPSHOTS:
+                covered = kept[KEPT_SNAPSHOTS - 1].seq_id
+                await conn.execute(
+                    delete(journal).where(
+                        and_(journal.c.model_id == model_id, journal.c.seq_id > 0, journal.c.seq_id <= covered)
+                    )
+                )
+        return [row.location for row in dropped]
+
+    async def forget(self, model_id: str) -> list[str]:
+        """Drop the model's journal and snapshots (it was unloaded); returns the snapshots' locations."""
+        async with self._db.begin() as conn:
+            locations = [
+                row.location
+                for row in await conn.execute(select(snapshots.c.location).where(snapshots.c.model_id == model_id))
+            ]
+            await conn.execute(delete(snapshots).where(snapshots.c.model_id == model_id))
+            await conn.execute(delete(journal).where(journal.c.model_id == model_id))
+        return locations

@@ -1,0 +1,102 @@
+"""Durable models: when to snapshot a live model, and how to rebuild one on fresh workers from its snapshot and
+journal (app.db.journal) so it equals the model that was lost."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from app.db.journal import KEPT_SNAPSHOTS, JournalEntry, JournalStore, Snapshot
+from app.errors import ServerError
+from app.messages import Command, CommandError, CommandKind, CreateModel, LoadCheckpoint, OptimStep, SequencedOp
+from app.storage.paths import snapshot_location
+from app.trainer.operations import changes_model, operation
+from app.workers.group import WorkerGroup
+
+logger = logging.getLogger("tinker_serve.trainer")
+
+
+@dataclass(frozen=True)
+class PlannedSnapshot:
+    index: int  # of the SNAPSHOT command in the run's commands
+    seq_id: int  # the operation it follows
+    location: str
+
+
+class SnapshotPolicy:
+    """Snapshots a model after an optim_step (or a load) once `every_steps` of them ran since its last snapshot,
+    or `every_seconds` passed."""
+
+    def __init__(self, every_steps: int, every_seconds: float) -> None:
+        self._every_steps = every_steps
+        self._every_seconds = every_seconds
+        self._since: dict[str, tuple[int, float]] = {}  # model_id -> (steps since its snapshot, when that was)
+
+    def forget(self, model_id: str) -> None:
+        self._since.pop(model_id, None)
+
+    def plan(self, model_id: str, seq_ids: Sequence[int], ops: Sequence[SequencedOp]) -> PlannedSnapshot | None:
+        """Where a run's snapshot goes, if it takes one: right after its last step (gradients are empty there)."""
+        steps = [i for i, op in enumerate(ops) if isinstance(op, OptimStep | LoadCheckpoint)]
+        if not steps:
+            return None
+        now = time.monotonic()
+        count, since = self._since.get(model_id, (0, now))
+        count += len(steps)
+        if count < self._every_steps and now - since < self._every_seconds:
+            self._since[model_id] = (count, since)
+            return None
+        self._since[model_id] = (0, now)
+        last = steps[-1]
+        return PlannedSnapshot(last + 1, seq_ids[last], snapshot_location(model_id, seq_ids[last]))
+
+
+def _first_error(replies: list[list]) -> tuple[int, dict] | None:
+    """(command index, error body) of the first command some rank failed."""
+    for i in range(len(replies[0])):
+        for rank_replies in replies:
+            if isinstance(rank_replies[i], CommandError):
+                return i, rank_replies[i].error
+    return None
+
+
+async def rebuild(group: WorkerGroup, journal: JournalStore, model_id: str) -> int:
+    """Make the model on the workers as it was after its last completed operation: its newest snapshot that loads
+    (the newest may be unfinished), then every completed operation after it that changed the model, in seq_id
+    order. Returns how many were replayed; ServerError when it cannot be rebuilt."""
+    entries = await journal.entries(model_id)
+    creation = entries[0] if entries and entries[0].seq_id == 0 else None
+    if creation is None or not isinstance(creation.op, CreateModel) or creation.state != "completed":
+        raise ServerError(f"model {model_id!r} has no journal to rebuild it from")
+    snapshots = await journal.snapshots_of(model_id)
+    # without a snapshot the journal starts at the creation, as long as no snapshot ever pruned it
+    candidates: list[Snapshot | None] = [*snapshots, *([None] if len(snapshots) < KEPT_SNAPSHOTS else [])]
+    for snapshot in candidates:
+        commands, replayed = _rebuild_commands(model_id, creation.op, entries, snapshot)
+        error = _first_error(await group.call([Command(CommandKind.REMOVE_MODEL, model_id), *commands]))
+        if error is None:
+            return replayed
+        logger.warning(
+            "rebuilding %s from %s failed at command %d: %s",
+            model_id,
+            snapshot.location if snapshot else "its creation",
+            error[0],
+            error[1],
+        )
+    raise ServerError(f"model {model_id!r} could not be rebuilt from its snapshots and journal")
+
+
+def _rebuild_commands(
+    model_id: str, creation: CreateModel, entries: list[JournalEntry], snapshot: Snapshot | None
+) -> tuple[list[Command], int]:
+    commands = [Command(CommandKind.CREATE_MODEL, model_id, spec=creation.spec)]
+    if snapshot is not None:
+        commands.append(Command(CommandKind.LOAD_STATE, model_id, location=snapshot.location, with_optimizer=True))
+    elif creation.load is not None:
+        commands.append(operation(creation.load).command(model_id, creation.load))
+    after = snapshot.seq_id if snapshot is not None else 0
+    replay = [e.op for e in entries if e.seq_id > after and e.state == "completed" and changes_model(e.op)]
+    commands += [operation(op).command(model_id, op) for op in replay if not isinstance(op, CreateModel)]
+    return commands, len(replay)
