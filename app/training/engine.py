@@ -22,6 +22,7 @@ from app.training import checkpoint
 from app.training.batch import PackedBatch
 from app.training.custom_loss import CustomLossProgram
 from app.training.custom_loss.interpreter import run_custom_loss
+from app.training.logprobs import target_logprobs
 from app.training.lora import AdapterPool
 from app.training.losses import get_loss
 from app.training.losses.functions import LOSS_FUNCTIONS, LOSS_STATS
@@ -123,20 +124,17 @@ class TrainingEngine:
             return ShardOutput(indices, shard.offsets, {}, 0.0)
         with torch.set_grad_enabled(not forward_only):
             input_ids, mask = self._padded(shard)
+            # Every host-to-device copy before the forward: a blocking copy waits for the work queued ahead of it.
+            loss_inputs = self._loss_inputs(shard) if spec.required_inputs <= shard.loss_inputs.keys() else None
             if model.value_head is None:
                 output_name, prediction = "logprobs", self._target_logprobs(shard, input_ids, mask)
             else:
-                output_name, prediction = "values", self._values(model.value_head, input_ids, mask)
+                output_name, prediction = "values", self._values(model.value_head, shard, input_ids, mask)
             outputs = {output_name: prediction}
             loss, stats = torch.zeros(()), {}
-            if spec.required_inputs <= shard.loss_inputs.keys():  # a critic's forward may ask for values only
-                inputs = {
-                    k: torch.from_numpy(v).to(self.device) for k, v in shard.loss_inputs.items() if k != "target_tokens"
-                }
-                datum_ids = torch.repeat_interleave(torch.arange(shard.num_datums), torch.from_numpy(shard.lengths))
-                loss, outputs["elementwise_loss"] = LOSS_FUNCTIONS[loss_fn](
-                    prediction, inputs, config, datum_ids.to(self.device)
-                )
+            if loss_inputs is not None:  # a critic's forward may ask for values only
+                inputs, datum_ids = loss_inputs
+                loss, outputs["elementwise_loss"] = LOSS_FUNCTIONS[loss_fn](prediction, inputs, config, datum_ids)
                 stats = LOSS_STATS[loss_fn](prediction, inputs, config) if loss_fn in LOSS_STATS else {}
                 if not forward_only:
                     loss.backward()
@@ -151,8 +149,8 @@ class TrainingEngine:
         if shard.num_datums == 0:
             return ShardOutput(indices, shard.offsets, {}, 0.0)
         with torch.set_grad_enabled(not forward_only):
-            logprobs = self._target_logprobs(shard, *self._padded(shard))
             inputs = {name: torch.from_numpy(shard.loss_inputs[name]).to(self.device) for name in program.input_names}
+            logprobs = self._target_logprobs(shard, *self._padded(shard))
             loss, stats = run_custom_loss(program, logprobs, inputs, shard.offsets)
             if not forward_only:
                 loss.backward()
@@ -169,22 +167,26 @@ class TrainingEngine:
             mask[i, : lengths[i]] = 1
         return input_ids.to(self.device), mask.to(self.device)
 
+    def _loss_inputs(self, shard: PackedBatch) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """The loss's inputs but target_tokens, and the datum index of every token, on the device."""
+        inputs = {k: torch.from_numpy(v).to(self.device) for k, v in shard.loss_inputs.items() if k != "target_tokens"}
+        datum_ids = torch.repeat_interleave(torch.arange(shard.num_datums), torch.from_numpy(shard.lengths))
+        return inputs, datum_ids.to(self.device)
+
     def _target_logprobs(self, shard: PackedBatch, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Log-probabilities of target_tokens, flat over the shard: [T] or [T, K]."""
-        logits = self.pool.model(input_ids=input_ids, attention_mask=mask).logits
-        flat_logits = logits[mask.bool()].float()  # [T, V], datums in order
-        log_norm = torch.logsumexp(flat_logits, dim=-1)
         targets = torch.from_numpy(shard.loss_inputs["target_tokens"]).to(self.device).long()
-        if targets.dim() == 1:
-            return flat_logits.gather(1, targets[:, None]).squeeze(1) - log_norm
-        return flat_logits.gather(1, targets) - log_norm[:, None]
+        logits = self.pool.model(input_ids=input_ids, attention_mask=mask).logits
+        return target_logprobs(_unpadded(logits, shard.lengths), targets)
 
-    def _values(self, head: torch.nn.Linear, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _values(
+        self, head: torch.nn.Linear, shard: PackedBatch, input_ids: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
         """The critic's value of each position (after reading that token), flat over the shard: [T].
         Runs the adapted backbone only, skipping the vocabulary projection."""
         backbone = cast(torch.nn.Module, self.pool.model.get_base_model().base_model)  # a submodule, not a tensor
         hidden = backbone(input_ids=input_ids, attention_mask=mask).last_hidden_state
-        return head(hidden[mask.bool()].float()).squeeze(-1)
+        return head(_unpadded(hidden, shard.lengths).float()).squeeze(-1)
 
     def optim_step(self, model_id: str, hp: OptimParams) -> dict[str, float]:
         model = self._activate(model_id)
@@ -256,6 +258,17 @@ class TrainingEngine:
         if model.value_head is not None:
             state.update({f"value_head.{n}": p.detach().clone() for n, p in model.value_head.named_parameters()})
         return state
+
+
+def _unpadded(padded: torch.Tensor, lengths: np.ndarray) -> torch.Tensor:
+    """The rows of right-padded `padded` [N, L, ...] that hold tokens, datums in order: [sum(lengths), ...]. What
+    `padded[mask.bool()]` gives, without the device sync of a boolean index, and a view when nothing is padded."""
+    n, width = padded.shape[:2]
+    flat = padded.reshape(n * width, *padded.shape[2:])
+    if bool((lengths == width).all()):
+        return flat
+    rows = np.concatenate([i * width + np.arange(length) for i, length in enumerate(lengths)])
+    return flat.index_select(0, torch.from_numpy(rows).to(padded.device))
 
 
 def _all_reduce_sum_grads(params: list[torch.nn.Parameter]) -> None:
