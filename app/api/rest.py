@@ -66,7 +66,11 @@ async def training_runs(
 
 @router.get("/training_runs/{run_id}")
 async def training_run(run_id: str, services: ServicesDep, user: UserDep) -> dict:
-    return _run_view(await _run(services, run_id, user), user)
+    """The run, with when its live model was last snapshotted (null: never; see README "Durable models")."""
+    run = await _run(services, run_id, user)
+    snapshots = await services.journal.snapshots_of(run.model_id)
+    last = datetime.fromtimestamp(snapshots[0].created_at, UTC).isoformat() if snapshots else None
+    return {**_run_view(run, user), "last_snapshot_time": last}
 
 
 @router.get("/training_runs/{run_id}/checkpoints")

@@ -36,6 +36,7 @@ class JournalEntry:
 class Snapshot:
     seq_id: int
     location: str
+    created_at: float
 
 
 class JournalStore:
@@ -72,12 +73,12 @@ class JournalStore:
     async def snapshots_of(self, model_id: str) -> list[Snapshot]:
         """The model's snapshots, newest first."""
         query = (
-            select(snapshots.c.seq_id, snapshots.c.location)
+            select(snapshots.c.seq_id, snapshots.c.location, snapshots.c.created_at)
             .where(snapshots.c.model_id == model_id)
             .order_by(snapshots.c.seq_id.desc())
         )
         async with self._db.connect() as conn:
-            return [Snapshot(r.seq_id, r.location) for r in await conn.execute(query)]
+            return [Snapshot(r.seq_id, r.location, r.created_at) for r in await conn.execute(query)]
 
     async def record_snapshot(self, model_id: str, seq_id: int, location: str) -> list[str]:
         """Record a snapshot taken after `seq_id`; drops snapshots beyond the newest two and the journal the older

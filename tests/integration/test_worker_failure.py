@@ -58,6 +58,7 @@ def test_a_killed_worker_loses_no_model_and_no_request(service_client):
 
     recovered = _pipelined_run(new_client(service_client, seed=41), data, 10, after=4, then=kill)
     assert started and time.monotonic() - started[0] < RESTART_BUDGET_S
+    print(f"worker killed -> the run's last step answered in {time.monotonic() - started[0]:.1f} s")  # pytest -s
     assert pids[1] not in trainer.worker_pids.remote().result()
     for got, want in zip(recovered, undisturbed, strict=True):
         np.testing.assert_array_equal(got, want)
@@ -71,12 +72,15 @@ def test_a_killed_trainer_replica_loses_no_model_and_no_request(service_client):
     undisturbed = _pipelined_run(new_client(service_client, seed=47), data, 6)
 
     def kill() -> None:
+        started.append(time.monotonic())
         (replica,) = [
             a for a in ray.util.list_named_actors(all_namespaces=True) if "#Trainer:tinker-serve/tiny#" in a["name"]
         ]
         ray.kill(ray.get_actor(replica["name"], namespace=replica["namespace"]), no_restart=True)
 
+    started: list[float] = []
     recovered = _pipelined_run(new_client(service_client, seed=47), data, 6, after=3, then=kill)
+    print(f"trainer replica killed -> the run's last step answered in {time.monotonic() - started[0]:.1f} s")
     for got, want in zip(recovered, undisturbed, strict=True):
         np.testing.assert_array_equal(got, want)
 
@@ -122,10 +126,13 @@ def test_an_app_restart_mid_run_resumes_the_model(service_client, base_url: str,
         tc.forward_backward(data, "cross_entropy")
         tc.optim_step(ADAM)
 
+        started = time.monotonic()
         replace_app(server_config(state_dir), base_url)
 
         assert _retrieve(http, finished.json()["request_id"]) == finished_result
+        assert http.get(f"/api/v1/training_runs/{tc.model_id}").json()["last_snapshot_time"] is not None
     train_steps(tc, data, 1)
+    print(f"app restarted -> the next step answered {time.monotonic() - started:.1f} s after the restart began")
     for got, want in zip(logprobs_of(tc.forward(data, "cross_entropy").result()), expected, strict=True):
         np.testing.assert_array_equal(got, want)
     rest = service_client.create_rest_client()

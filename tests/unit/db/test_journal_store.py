@@ -6,7 +6,7 @@ from __future__ import annotations
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.futures import JSON_CONTENT_TYPE, FutureStore
-from app.db.journal import JournalStore, Snapshot
+from app.db.journal import JournalStore
 from app.messages import AdamParams, AdapterSpec, CreateModel, OptimStep, Skip
 from tests.conftest import run_on_db
 
@@ -40,7 +40,14 @@ def test_journal_snapshots_and_pruning(db_url: str) -> None:
         assert await journal.record_snapshot("m", 4, "m/snapshots/4") == []
         assert [e.seq_id for e in await journal.entries("m")] == [0, 3, 4, 5]  # snapshot 2 is whole now
         assert await journal.record_snapshot("m", 5, "m/snapshots/5") == ["m/snapshots/2"]
-        assert await journal.snapshots_of("m") == [Snapshot(5, "m/snapshots/5"), Snapshot(4, "m/snapshots/4")]
+        newest, older = await journal.snapshots_of("m")
+        assert (newest.seq_id, newest.location, older.seq_id, older.location) == (
+            5,
+            "m/snapshots/5",
+            4,
+            "m/snapshots/4",
+        )
+        assert newest.created_at >= older.created_at > 0
         assert [e.seq_id for e in await journal.entries("m")] == [0, 5]
 
         await journal.append("other", 0, Skip("x"))
