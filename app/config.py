@@ -50,6 +50,9 @@ class LimitsConfig(_Strict):
     max_pending_samples: int = Field(512, ge=1)  # per base model and ingress replica; beyond it asample gets 429
     sample_timeout_seconds: float = Field(900.0, ge=10)  # a sample still pending this long is failed (its
     # sampler died along with the ingress that would have noticed)
+    sample_retries: int = Field(3, ge=0)  # a sample whose Sampler replica died is sent again this often at most,
+    sample_retry_deadline_seconds: float = Field(300.0, gt=0)  # and answered within this long of the death (a
+    # replacement replica starts vLLM first: 20-60 s on CPU)
     ephemeral_sampler_ttl_seconds: float = Field(3600.0, gt=0)  # unused this long, an ephemeral sampler expires
     session_timeout_seconds: float = Field(300.0, ge=30)  # silent this long (SDKs beat every 10 s), a session
     # expires and its models are unloaded; their checkpoints stay

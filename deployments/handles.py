@@ -1,7 +1,8 @@
 """The ingress's side of the Trainer and Sampler handles: calls that never block the request.
 
 Trainers and samplers write each future's outcome themselves; when a call ends here, local long-polls
-wake at once, and a call that failed outright fails its future so no client waits forever.
+wake at once, and a call that failed outright fails its future so no client waits forever. A sample whose
+replica died is sent again (Serve routes it to a live or replacement replica) while its future is pending.
 """
 
 from __future__ import annotations
@@ -9,28 +10,45 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Awaitable
+from collections.abc import Callable
 from typing import Any, cast
 
-from ray.exceptions import ActorUnavailableError, RayActorError
+from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentHandle, DeploymentResponse, DeploymentResponseGenerator
 
 from app.api.backends import SamplerClient, TrainerClient
-from app.db.futures import FutureStore
+from app.db.futures import FutureStore, Pending
 from app.errors import ServerError, UserError
 from app.messages import CreateModel, SequencedOp
+from app.retry import NO_RETRIES, RetryPolicy, call_with_retries
 from app.sampling.params import SampleArgs
 
 logger = logging.getLogger("tinker_serve.ingress")
+
+REPLICA_GONE = (RayActorError,)  # ActorDiedError, ActorUnavailableError: the replica died or cannot be reached
+HandleCall = Callable[[], DeploymentResponse | DeploymentResponseGenerator]
+
+
+async def _answer(call: HandleCall) -> Any:
+    """Make the call and await it; cancelled (the retry deadline passed), cancel the request too."""
+    response = cast(DeploymentResponse, call())  # Ray types .remote() for streaming handles too; these never stream
+    try:
+        return await response
+    except asyncio.CancelledError:
+        response.cancel()
+        raise
 
 
 class HandleCalls:
     """Handles by name (a trainer, or a base model's samplers), and the calls in flight on them."""
 
-    def __init__(self, role: str, handles: dict[str, DeploymentHandle], futures: FutureStore) -> None:
+    def __init__(
+        self, role: str, handles: dict[str, DeploymentHandle], futures: FutureStore, retry: RetryPolicy = NO_RETRIES
+    ) -> None:
         self._role = role
         self.handles = handles
         self._futures = futures
+        self._retry = retry
         self._tasks: set[asyncio.Task] = set()
         self.in_flight: Counter[str] = Counter()
 
@@ -42,23 +60,32 @@ class HandleCalls:
             )
         return handle
 
-    def track(self, name: str, request_id: str, response: DeploymentResponse | DeploymentResponseGenerator) -> None:
+    def track(self, name: str, request_id: str, call: HandleCall) -> None:
+        """Make `call` (again, if its replica dies and the retry policy allows) until it answers."""
         self.in_flight[name] += 1
-        # Ray types .remote() for streaming handles too; these handles never stream
-        task = asyncio.create_task(self._settle(name, request_id, cast(DeploymentResponse, response)))
+        task = asyncio.create_task(self._settle(name, request_id, call))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _settle(self, name: str, request_id: str, response: Awaitable[Any]) -> None:
+    async def _settle(self, name: str, request_id: str, call: HandleCall) -> None:
+        async def pending() -> bool:  # the dead replica may have written the outcome first
+            return isinstance(await self._futures.get(request_id), Pending)
+
         try:
-            await response
+            await call_with_retries(
+                lambda: _answer(call),
+                retry_on=REPLICA_GONE,
+                policy=self._retry,
+                label=f"{self._role} call for {request_id}",
+                worth_retrying=pending,
+            )
         except Exception as exc:
-            if self._role == "trainer" and isinstance(exc, RayActorError | ActorUnavailableError):
+            if self._role == "trainer" and isinstance(exc, REPLICA_GONE):
                 # its next replica rebuilds the models and reruns this from the journal (app.db.journal)
                 logger.warning(
                     "trainer %s went away while %s was queued (%r); its next replica reruns it", name, request_id, exc
                 )
-            else:  # the replica died or refused; the future must not hang
+            else:  # the replica died or refused, or the retries ran out; the future must not hang
                 logger.exception("%s call for %s failed", self._role, request_id)
                 error = ServerError(f"{self._role} call failed: {exc!r}")
                 await self._futures.fail_if_pending(request_id, error.to_body())
@@ -82,14 +109,16 @@ class ServeTrainerClient(TrainerClient):
         self._calls = HandleCalls("trainer", handles, futures)
 
     def create_model(self, trainer: str, model_id: str, create: CreateModel) -> None:
-        self._calls.track(trainer, create.request_id, self._calls.handle(trainer).create_model.remote(model_id, create))
+        handle = self._calls.handle(trainer)
+        self._calls.track(trainer, create.request_id, lambda: handle.create_model.remote(model_id, create))
 
     def submit(self, trainer: str, model_id: str, seq_id: int, op: SequencedOp, user: str) -> None:
         handle = self._calls.handle(trainer)
-        self._calls.track(trainer, op.request_id, handle.submit.remote(model_id, seq_id, op, user))
+        self._calls.track(trainer, op.request_id, lambda: handle.submit.remote(model_id, seq_id, op, user))
 
     def unload_model(self, trainer: str, request_id: str, model_id: str) -> None:
-        self._calls.track(trainer, request_id, self._calls.handle(trainer).unload_model.remote(request_id, model_id))
+        handle = self._calls.handle(trainer)
+        self._calls.track(trainer, request_id, lambda: handle.unload_model.remote(request_id, model_id))
 
     async def cancel(self, trainer: str, model_id: str, seq_id: int, request_id: str) -> None:
         await self._calls.handle(trainer).cancel.remote(model_id, seq_id, request_id)
@@ -101,8 +130,8 @@ class ServeTrainerClient(TrainerClient):
 class ServeSamplerClient(SamplerClient):
     """Requests for one adapter go, where possible, to replicas that already hold it (Serve multiplexing)."""
 
-    def __init__(self, handles: dict[str, DeploymentHandle], futures: FutureStore) -> None:
-        self._calls = HandleCalls("sampler", handles, futures)
+    def __init__(self, handles: dict[str, DeploymentHandle], futures: FutureStore, retry: RetryPolicy) -> None:
+        self._calls = HandleCalls("sampler", handles, futures, retry)
         self._admitted: Counter[str] = Counter()  # admitted, not yet sent (their future is being created)
 
     def admit(self, base_model: str, limit: int) -> bool:
@@ -119,7 +148,7 @@ class ServeSamplerClient(SamplerClient):
         handle = self._calls.handle(base_model)
         if adapter_location:
             handle = handle.options(multiplexed_model_id=adapter_location)
-        self._calls.track(base_model, request_id, handle.sample.remote(request_id, args))
+        self._calls.track(base_model, request_id, lambda: handle.sample.remote(request_id, args))
 
     async def ready(self) -> dict[str, bool]:
         return await self._calls.ready()

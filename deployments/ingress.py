@@ -35,6 +35,7 @@ from app.db.stability import StabilityStore
 from app.db.traces import TraceStore
 from app.db.usage import UsageStore
 from app.metrics import RequestMetrics
+from app.retry import RetryPolicy
 from app.sampling.expiry import fail_stale_samples, sweep_expired_samplers
 from app.storage.objects import ObjectStorage
 from app.sweeps import sweep_forever
@@ -102,7 +103,9 @@ class Ingress:
             usage=UsageStore(db),
             copies=CopyLog(db),
             custom_losses=CustomLossStore(db),
-            samplers=ServeSamplerClient(samplers, futures),
+            samplers=ServeSamplerClient(
+                samplers, futures, RetryPolicy(limits.sample_retries, limits.sample_retry_deadline_seconds)
+            ),
             model_limits={name: ModelLimits(**limits) for name, limits in model_limits.items()},
             auth=Authenticator(
                 cfg.auth.mode,

@@ -54,6 +54,7 @@ class StabilityStore:
         self._db = db
 
     async def add(self, records: Iterable[StabilityRecord]) -> None:
+        """Store `records`, replacing any of the same sequence ids (a sample retried after its sampler died)."""
         now = time.time()
         rows = [
             {
@@ -70,6 +71,8 @@ class StabilityStore:
         ]
         if rows:
             async with self._db.begin() as conn:
+                ids = [row["sequence_id"] for row in rows]
+                await conn.execute(delete(stability_records).where(stability_records.c.sequence_id.in_(ids)))
                 await conn.execute(insert(stability_records), rows)
 
     async def get(self, session_id: str, sequence_ids: Iterable[str]) -> dict[str, StabilityRecord]:

@@ -2,14 +2,16 @@
 
 A training worker is killed mid-run: the trainer rebuilds its models from their snapshots and journals and
 resends what was in flight, so the run finishes as if nothing happened. The ingress replica is killed: work
-already queued finishes and its futures are answered by the new replica. The Serve app is stopped and started
-again on the same state mid-run: the model comes back by id, its step in flight completes, and runs,
-checkpoints and finished futures survive."""
+already queued finishes and its futures are answered by the new replica. The sampler replica is killed under
+load: the ingress sends its samples again, the replacement replica answers them all and loads adapters on
+demand. The Serve app is stopped and started again on the same state mid-run: the model comes back by id, its
+step in flight completes, and runs, checkpoints and finished futures survive."""
 
 from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import time
 from pathlib import Path
 
@@ -18,12 +20,14 @@ import numpy as np
 import ray
 import tinker
 from ray import serve
+from tinker import types
 
-from tests.integration.conftest import BASE_MODEL, replace_app, server_config
-from tests.integration.helpers import logprobs_of, new_client, sft_datums, train_steps
+from tests.integration.conftest import BASE_MODEL, MAX_PENDING_SAMPLES, replace_app, server_config
+from tests.integration.helpers import logprobs_of, new_client, sft_datums, train_steps, trainer_logprobs
 
 RESTART_BUDGET_S = 180.0  # Ray Train detects the death, restarts both ranks, reloads the base model
 ADAM = tinker.types.AdamParams(learning_rate=1e-2)
+SAMPLER_ATOL = 2e-4  # as in test_sampling: vLLM and the trainer agree to ~1e-5 in fp32
 
 
 def _pipelined_run(tc: tinker.TrainingClient, data: list, steps: int, after: int = -1, then=None) -> list[np.ndarray]:
@@ -38,6 +42,16 @@ def _pipelined_run(tc: tinker.TrainingClient, data: list, steps: int, after: int
         if i == 2 * after + 1 and then is not None:
             then()
     return logprobs_of(tc.forward(data, "cross_entropy").result())
+
+
+def _replica(deployment: str) -> dict:
+    """The named actor of the deployment's only replica."""
+    (replica,) = [a for a in ray.util.list_named_actors(all_namespaces=True) if f"#{deployment}#" in a["name"]]
+    return replica
+
+
+def _kill(replica: dict) -> None:
+    ray.kill(ray.get_actor(replica["name"], namespace=replica["namespace"]), no_restart=True)
 
 
 def test_a_killed_worker_loses_no_model_and_no_request(service_client):
@@ -73,10 +87,7 @@ def test_a_killed_trainer_replica_loses_no_model_and_no_request(service_client):
 
     def kill() -> None:
         started.append(time.monotonic())
-        (replica,) = [
-            a for a in ray.util.list_named_actors(all_namespaces=True) if "#Trainer:tinker-serve/tiny#" in a["name"]
-        ]
-        ray.kill(ray.get_actor(replica["name"], namespace=replica["namespace"]), no_restart=True)
+        _kill(_replica(f"Trainer:{BASE_MODEL}"))
 
     started: list[float] = []
     recovered = _pipelined_run(new_client(service_client, seed=47), data, 6, after=3, then=kill)
@@ -89,21 +100,73 @@ def _retrieve(http: httpx.Client, request_id: str) -> dict:
     return http.post("/api/v1/retrieve_future", json={"request_id": request_id}).json()
 
 
-def test_ingress_restart_loses_nothing(service_client, base_url: str):
-    """Only the HTTP front dies: work queued on the trainer finishes and every future is still answered."""
+def _pending_futures(state_dir: Path, model_ids: list[str]) -> int:
+    with sqlite3.connect(state_dir / "tinker_serve.db") as db:
+        marks = ",".join("?" * len(model_ids))
+        query = f"SELECT count(*) FROM futures WHERE state = 'pending' AND model_id IN ({marks})"
+        return db.execute(query, model_ids).fetchone()[0]
+
+
+def _sample_in_flight(state_dir: Path, samplers: list[tinker.SamplingClient], count: int) -> list:
+    """`count` samples of 160 tokens from `samplers` in turn, returned once every one is sent (its future pending)."""
+    prompt = types.ModelInput.from_ints(samplers[0].get_tokenizer().encode("What is 12 + 7? The answer"))
+    params = types.SamplingParams(max_tokens=160, temperature=1.0)
+    samples = [samplers[i % len(samplers)].sample(prompt, 1, params).future() for i in range(count)]
+    sessions = [s._sampling_session_id for s in samplers]
+    deadline = time.monotonic() + 30
+    while _pending_futures(state_dir, sessions) < count:
+        assert time.monotonic() < deadline and not any(f.done() for f in samples)
+        time.sleep(0.05)
+    return samples
+
+
+def test_ingress_restart_loses_nothing(service_client, state_dir: Path):
+    """Only the HTTP front dies: work queued on the trainer and the sampler finishes and every future is still
+    answered."""
     tc = new_client(service_client, seed=45)
     data = sft_datums(tc.get_tokenizer())
     before = tc.forward_backward(data, "cross_entropy").result().metrics["loss:sum"]
-    in_flight = [tc.optim_step(tinker.types.AdamParams(learning_rate=1e-2)), tc.forward(data, "cross_entropy")]
-    (replica,) = [a for a in ray.util.list_named_actors(all_namespaces=True) if "#Ingress#" in a["name"]]
-    ray.kill(ray.get_actor(replica["name"], namespace=replica["namespace"]), no_restart=True)
+    samples = _sample_in_flight(state_dir, [service_client.create_sampling_client(base_model=BASE_MODEL).result()], 4)
+    in_flight = [tc.optim_step(ADAM), tc.forward(data, "cross_entropy")]
+    replica = _replica("Ingress")
+    _kill(replica)
     started = time.monotonic()
+    assert not any(f.done() for f in samples), "samples finished before the kill: make them longer"
     after = in_flight[1].result().metrics["loss:sum"]  # the SDK retries until the new ingress answers
     assert after < before and in_flight[0].result() is not None
+    assert all(f.result(timeout=120).sequences[0].tokens for f in samples)
     assert time.monotonic() - started < 120
-    (new,) = [a for a in ray.util.list_named_actors(all_namespaces=True) if "#Ingress#" in a["name"]]
-    assert new["name"] != replica["name"]
+    assert _replica("Ingress")["name"] != replica["name"]
     assert service_client.create_rest_client().get_training_run(tc.model_id).result().training_run_id == tc.model_id
+
+
+def test_sampler_replica_death_is_invisible_to_clients(service_client, state_dir: Path):
+    """16 samples (half from a LoRA adapter) in flight when the only Sampler replica dies: the ingress sends
+    them again, the replacement replica answers every one (loading the adapter on demand), nothing stays
+    pending, and a sample of the adapter afterwards carries its weights."""
+    tc = new_client(service_client, seed=48)
+    train_steps(tc, sft_datums(tc.get_tokenizer()), 2, lr=3e-3)
+    path = tc.save_weights_for_sampler("before-sampler-kill").result().path
+    adapter = service_client.create_sampling_client(model_path=path).result()
+    base = service_client.create_sampling_client(base_model=BASE_MODEL).result()
+    prompt = types.ModelInput.from_ints(tc.get_tokenizer().encode("What is 12 + 7? The answer"))
+    adapter.sample(prompt, 1, types.SamplingParams(max_tokens=4)).result()  # the doomed replica loads it
+    victim = _replica(f"Sampler:{BASE_MODEL}")
+
+    in_flight = _sample_in_flight(state_dir, [adapter, base], MAX_PENDING_SAMPLES)
+    _kill(victim)
+    killed = time.monotonic()
+    assert not any(f.done() for f in in_flight), "samples finished before the kill: make them longer"
+
+    results = [f.result(timeout=RESTART_BUDGET_S) for f in in_flight]  # no client error
+    print(f"\n{len(results)} samples answered {time.monotonic() - killed:.1f} s after the sampler replica died")
+    assert all(len(r.sequences) == 1 and r.sequences[0].tokens for r in results)
+    assert _pending_futures(state_dir, [adapter._sampling_session_id, base._sampling_session_id]) == 0
+    assert _replica(f"Sampler:{BASE_MODEL}")["name"] != victim["name"]
+
+    after = adapter.sample(prompt, 1, types.SamplingParams(max_tokens=12, temperature=1.0)).result().sequences[0]
+    expected = trainer_logprobs(tc, prompt.to_ints() + after.tokens)[-len(after.tokens) :]
+    np.testing.assert_allclose(after.logprobs, expected, atol=SAMPLER_ATOL)  # the adapter, not the base model
 
 
 def test_an_app_restart_mid_run_resumes_the_model(service_client, base_url: str, state_dir: Path):

@@ -48,6 +48,17 @@ def test_records_round_trip_per_session(db_url: str) -> None:
     run_on_db(db_url, body)
 
 
+def test_a_retried_sample_replaces_its_records(db_url: str) -> None:
+    async def body(db: AsyncEngine) -> None:
+        store = StabilityStore(db)
+        await store.add([_record("r:0", n=3)])
+        await store.add([_record("r:0", n=5)])  # its sampler died after storing them; the retry sampled anew
+        (record,) = (await store.get("s1", ["r:0"])).values()
+        assert len(record.tokens) == 5 and await store.count("s1") == 1
+
+    run_on_db(db_url, body)
+
+
 def test_unused_records_expire_and_reading_keeps_them(db_url: str) -> None:
     async def body(db: AsyncEngine) -> None:
         store = StabilityStore(db)
