@@ -3,6 +3,7 @@ journal (app.db.journal) so it equals the model that was lost."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Sequence
@@ -10,7 +11,9 @@ from dataclasses import dataclass
 
 from app.db.journal import KEPT_SNAPSHOTS, JournalEntry, JournalStore, Snapshot
 from app.errors import ServerError
-from app.messages import Command, CommandError, CommandKind, CreateModel, LoadCheckpoint, OptimStep, SequencedOp
+from app.messages import Command, CommandError, CommandKind, CreateModel, LoadCheckpoint, OptimStep, SequencedOp, Skip
+from app.metrics import server_metrics
+from app.storage.objects import ObjectStorage
 from app.storage.paths import snapshot_location
 from app.trainer.operations import changes_model, operation
 from app.workers.group import WorkerGroup
@@ -51,6 +54,41 @@ class SnapshotPolicy:
         self._since[model_id] = (0, now)
         last = steps[-1]
         return PlannedSnapshot(last + 1, seq_ids[last], snapshot_location(model_id, seq_ids[last]))
+
+
+async def record_snapshot(
+    journal: JournalStore,
+    storage: ObjectStorage,
+    trainer: str,
+    model_id: str,
+    snapshot: PlannedSnapshot,
+    run_seconds: float,
+) -> None:
+    """Record a snapshot the workers took (its run took `run_seconds`) and delete the ones it supersedes."""
+    dropped = await journal.record_snapshot(model_id, snapshot.seq_id, snapshot.location)
+    metrics = server_metrics()
+    metrics.snapshots.inc(tags={"trainer": trainer})
+    metrics.snapshot_capture_seconds.observe(run_seconds, tags={"trainer": trainer})
+    for location in dropped:
+        await asyncio.to_thread(storage.delete, location)
+
+
+async def unfinished(journal: JournalStore, model_id: str) -> tuple[int, list[tuple[int, SequencedOp]]] | None:
+    """For a model a new trainer takes over: the seq_id its queue opens at, and the journaled operations from
+    there to queue again in order (those that finished, e.g. rejected at the ingress, as Skips that only advance
+    the order). None when the model cannot be rebuilt (no journal, or its creation never finished)."""
+    entries = await journal.entries(model_id)
+    if not entries or entries[0].seq_id != 0 or entries[0].state != "completed":
+        return None
+    pending = [e.seq_id for e in entries if e.state == "pending"]
+    snapshots = await journal.snapshots_of(model_id)
+    start = min(pending) if pending else max([e.seq_id for e in entries] + [s.seq_id for s in snapshots[:1]]) + 1
+    queued: list[tuple[int, SequencedOp]] = [
+        (e.seq_id, e.op if e.state == "pending" else Skip(e.request_id))
+        for e in entries
+        if e.seq_id >= start and not isinstance(e.op, CreateModel)
+    ]
+    return start, queued
 
 
 def _first_error(replies: list[list]) -> tuple[int, dict] | None:

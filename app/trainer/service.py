@@ -25,7 +25,7 @@ from app.metrics import server_metrics
 from app.request_log import log_request, outcome_of
 from app.storage.objects import ObjectStorage
 from app.trainer.operations import CheckpointCommitter, Reply, operation
-from app.trainer.recovery import PlannedSnapshot, SnapshotPolicy, rebuild
+from app.trainer.recovery import PlannedSnapshot, SnapshotPolicy, rebuild, record_snapshot, unfinished
 from app.trainer.scheduling import SeqScheduler
 from app.training.batch import PackedBatch
 from app.workers.group import WorkerGroup
@@ -105,10 +105,10 @@ class TrainerService:
 
     async def _resume(self, model_id: str) -> int:
         """Serve a model of the previous incarnation again (the recovery rebuilds it): queue its journaled
-        operations that never finished, in order (those the ingress rejected only advance the order). A model
-        without a journal (or whose creation never finished) is lost: its futures fail. Returns how many rerun."""
-        entries = await self._journal.entries(model_id)
-        if not entries or entries[0].seq_id != 0 or entries[0].state != "completed":
+        operations that never finished, in order. A model without a journal (or whose creation never finished) is
+        lost: its futures fail. Returns how many rerun."""
+        plan = await unfinished(self._journal, model_id)
+        if plan is None:
             lost = ServerError(
                 f"trainer {self.name} restarted and model {model_id!r} has no journal to rebuild it from; "
                 "create the model again (or load a checkpoint) and resend"
@@ -116,20 +116,14 @@ class TrainerService:
             if await self._futures.fail_pending_of([model_id], lost.to_body()):
                 logger.warning("model %s of trainer %s is lost: it has no journal", model_id, self.name)
             return 0
-        snapshots = await self._journal.snapshots_of(model_id)
-        done = max([e.seq_id for e in entries if e.state != "pending"] + [s.seq_id for s in snapshots[:1]])
+        next_seq, queued = plan
         self._models.add(model_id)
-        self._scheduler.open(model_id, next_seq=done + 1)
-        rerun = 0
-        for entry in entries:
-            if entry.seq_id <= done or isinstance(entry.op, CreateModel):
-                continue
-            op = entry.op if entry.state == "pending" else Skip(entry.request_id)
-            rerun += entry.state == "pending"
-            task = asyncio.create_task(self.submit(model_id, entry.seq_id, op))
+        self._scheduler.open(model_id, next_seq=next_seq)
+        for seq_id, op in queued:
+            task = asyncio.create_task(self.submit(model_id, seq_id, op))
             self._resumed.add(task)
             task.add_done_callback(self._resumed.discard)
-        return rerun
+        return sum(not isinstance(op, Skip) for _, op in queued)
 
     def check_health(self) -> None:
         self._group.check_health()
@@ -271,7 +265,7 @@ class TrainerService:
         seconds = time.monotonic() - started
         if snapshot is not None:
             replies = [r[: snapshot.index] + r[snapshot.index + 1 :] for r in replies]
-            await self._record_snapshot(model_id, snapshot, seconds)
+            await record_snapshot(self._journal, self._storage, self.name, model_id, snapshot, seconds)
         task = asyncio.create_task(self._write_outcomes(model_id, work, replies, seconds))
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
@@ -355,14 +349,6 @@ class TrainerService:
                 failed: asyncio.Future[list[list]] = asyncio.get_running_loop().create_future()
                 failed.set_exception(exc)
                 self._resent[number] = failed
-
-    async def _record_snapshot(self, model_id: str, snapshot: PlannedSnapshot, seconds: float) -> None:
-        dropped = await self._journal.record_snapshot(model_id, snapshot.seq_id, snapshot.location)
-        metrics = server_metrics()
-        metrics.snapshots.inc(tags={"trainer": self.name})
-        metrics.snapshot_capture_seconds.observe(seconds, tags={"trainer": self.name})
-        for location in dropped:
-            await asyncio.to_thread(self._storage.delete, location)
 
     async def _write_outcomes(self, model_id: str, work: Sequence[Queued], replies: list[list], seconds: float) -> None:
         self._record([op for _, op in work], seconds)

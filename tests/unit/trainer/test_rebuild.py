@@ -25,11 +25,12 @@ from app.messages import (
     ForwardBackwardArgs,
     OptimStep,
     SequencedOp,
+    Skip,
 )
 from app.storage.objects import ObjectStorage
 from app.storage.paths import snapshot_location
 from app.trainer.operations import operation
-from app.trainer.recovery import rebuild
+from app.trainer.recovery import rebuild, unfinished
 from app.training.batch import PackedBatch
 from app.training.engine import TrainingEngine, load_base_model
 from app.workers.execute import execute
@@ -126,5 +127,28 @@ def test_an_interrupted_snapshot_is_never_restored_and_the_rebuild_is_exact(tmp_
         expected, got = _by_layer(live.engine), _by_layer(fresh.engine)  # (the first try made adapter m0, then m1)
         assert expected.keys() == got.keys()
         assert all(torch.equal(expected[k], got[k]) for k in expected)
+
+    run_on_db(tmp_path / "meta.db", body)
+
+
+def test_a_new_trainer_queues_what_never_finished_in_order(tmp_path: Path) -> None:
+    """Pending operations rerun from the first of them; one the ingress rejected between them only advances the
+    order; a model whose creation never finished cannot be taken over."""
+
+    async def body(db: AsyncEngine) -> None:
+        futures, journal = FutureStore(db), JournalStore(db)
+        ids = [(await futures.create("op", "m", seq))[0] for seq in range(5)]
+        await journal.append("m", 0, CreateModel(ids[0], SPEC))
+        assert await unfinished(journal, "m") is None  # the creation is still pending
+        ops = [OptimStep(ids[seq], AdamParams(learning_rate=seq)) for seq in range(5)]
+        for seq in range(1, 5):
+            await journal.append("m", seq, ops[seq])
+        for seq in (0, 1):
+            await futures.complete(ids[seq], b"{}", JSON_CONTENT_TYPE)
+        await futures.fail(ids[3], {"message": "rejected at the ingress"})
+        assert await unfinished(journal, "m") == (2, [(2, ops[2]), (3, Skip(ids[3])), (4, ops[4])])
+        for seq in (2, 4):
+            await futures.complete(ids[seq], b"{}", JSON_CONTENT_TYPE)
+        assert await unfinished(journal, "m") == (5, [])
 
     run_on_db(tmp_path / "meta.db", body)
