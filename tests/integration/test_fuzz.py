@@ -96,8 +96,8 @@ def test_no_generated_request_gets_a_server_error(base_url: str) -> None:
     succeeded = sorted(label for label, c in statuses.items() if any(200 <= s < 300 for s in c))
     print(
         f"\nschemathesis: {sum(sum(c.values()) for c in statuses.values())} requests over {len(statuses)} of "
-        f"{len(schema)} operations in {elapsed:.0f} s ({finished.stop_reason}); reached (an answer other than 400/404/405/422): "
-        f"{len(reached)}, with a 2xx: {len(succeeded)}; server errors: {sum(server_errors.values())}"
+        f"{len(schema)} operations in {elapsed:.0f} s ({finished.stop_reason}); reached (an answer other than "
+        f"400/404/405/422): {len(reached)}, with a 2xx: {len(succeeded)}; server errors: {sum(server_errors.values())}"
     )
     for label in sorted(statuses):
         print(f"  {label}: {dict(sorted(statuses[label].items()))}")
