@@ -12,6 +12,7 @@ from ray.serve.handle import DeploymentHandle
 from app.api.auth import Authenticator, check_mode_fits_bind
 from app.api.deps import Services
 from app.api.main import create_api
+from app.api.openapi import install as install_openapi
 from app.api.rates import RateLimiter
 from app.api.retention import remove_expired_checkpoints
 from app.api.sessions import expire_silent_sessions
@@ -168,6 +169,7 @@ class Ingress:
     def __serve_build_asgi_app__(self) -> Any:
         """Serve calls this after the constructor: the API, bound to this replica's collaborators."""
         api = create_api()
+        install_openapi(api, self._services.config)
         api.add_middleware(RequestMetrics)
         api.state.services = self._services
         return api

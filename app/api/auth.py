@@ -5,13 +5,13 @@ own. Revoked and expired keys are refused. Keys are compared and stored only as 
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
 import time
 from dataclasses import dataclass, field
 
 from fastapi import Request
 
+from app.api.signatures import same_secret
 from app.api.tokens import TokenSigner, looks_like_jwt
 from app.caches import remember
 from app.db.audit import AuditLog
@@ -117,7 +117,7 @@ class Authenticator:
         if record is None or record.origin != "issued":  # else accepted while the mode or configuration says so
             if self.mode == LOOPBACK_MODE:
                 record = record or await self.keys.enroll(key, "enrolled")
-            elif any(hmac.compare_digest(key, k) for k in self.configured):
+            elif any(same_secret(key, k) for k in self.configured):
                 record = record or await self.keys.enroll(key, "configured")
             else:
                 raise Unauthorized(

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Query, Request
 
 from app.api.auth import Authenticator
 from app.api.backends import SamplerClient, TrainerClient
@@ -27,6 +27,7 @@ from app.db.stability import StabilityStore
 from app.db.traces import TraceStore
 from app.db.usage import UsageStore
 from app.errors import NotFound, UserError
+from app.protocol.wire import INT64_MAX
 from app.storage.objects import ObjectStorage
 from app.storage.paths import KINDS, parse_tinker_path
 from app.training.validation import ModelLimits
@@ -188,3 +189,4 @@ def get_user(request: Request) -> str:
 
 ServicesDep = Annotated[Services, Depends(get_services)]
 UserDep = Annotated[str, Depends(get_user)]
+OffsetQuery = Annotated[int, Query(ge=0, le=INT64_MAX)]  # listings' offset: any row count the database holds

@@ -8,8 +8,6 @@ a checkpoint is never read whole into memory.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -20,6 +18,7 @@ from fastapi.responses import StreamingResponse
 from pyarrow import NativeFile
 
 from app.api.deps import ServicesDep
+from app.api.signatures import sign, signature_valid
 from app.db.checkpoints import CheckpointRecord
 from app.errors import Forbidden, NotFound
 from app.storage.objects import StoredFile
@@ -28,11 +27,6 @@ from app.storage.paths import checkpoint_path
 router = APIRouter(prefix="/api/v1")
 DOWNLOAD_PREFIX = "/api/v1/downloads/"  # no API key: the signature authorises
 _CHUNK = 1 << 20
-
-
-def sign(key: str, resource: str, expires: int) -> str:
-    """The HMAC that authorises `resource` until `expires` (also signs trace downloads: app.api.traces)."""
-    return hmac.new(key.encode(), f"{resource}\n{expires}".encode(), hashlib.sha256).hexdigest()
 
 
 def signed_urls(
@@ -68,7 +62,7 @@ async def download(
     signature: str = Query(...),
 ) -> StreamingResponse:
     resource = f"{model_id}/{name}/{file_path}"
-    if not hmac.compare_digest(signature, sign(services.url_signing_key, resource, expires)):
+    if not signature_valid(services.url_signing_key, resource, expires, signature):
         raise Forbidden(
             "this download link is not valid; get fresh links with external_weights_urls", field="signature"
         )

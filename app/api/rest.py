@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from fastapi import APIRouter, Query, Request
 
 from app.api.checkpoints import checkpoint_expiry
-from app.api.deps import Services, ServicesDep, UserDep
+from app.api.deps import OffsetQuery, Services, ServicesDep, UserDep
 from app.api.downloads import signed_urls
 from app.api.retention import remove_checkpoint
 from app.db.metadata import TrainingRun
@@ -54,7 +54,7 @@ def _run_view(run: TrainingRun, owner: str) -> dict:
 
 @router.get("/training_runs")
 async def training_runs(
-    services: ServicesDep, user: UserDep, limit: int = Query(20, ge=1, le=1000), offset: int = Query(0, ge=0)
+    services: ServicesDep, user: UserDep, limit: int = Query(20, ge=1, le=1000), offset: OffsetQuery = 0
 ) -> dict:
     """The caller's runs, newest first."""
     runs, total = await services.metadata.list_training_runs(limit, offset, owner=user)
@@ -81,7 +81,7 @@ async def run_checkpoints(run_id: str, services: ServicesDep, user: UserDep) -> 
 
 @router.get("/checkpoints")
 async def user_checkpoints(
-    services: ServicesDep, user: UserDep, limit: int = Query(100, ge=1, le=1000), offset: int = Query(0, ge=0)
+    services: ServicesDep, user: UserDep, limit: int = Query(100, ge=1, le=1000), offset: OffsetQuery = 0
 ) -> dict:
     """The caller's live checkpoints and every user's published ones (`public: true`), newest first."""
     found, total = await services.checkpoints.page(limit, offset, readable_by=user)

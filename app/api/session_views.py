@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 
 from fastapi import APIRouter, Query
 
-from app.api.deps import ServicesDep, UserDep
+from app.api.deps import OffsetQuery, ServicesDep, UserDep
 from app.db.session_views import SessionInfo, SessionQuery
 from app.errors import UserError
 from app.protocol.wire import SessionProjectRequest, SessionSearchRequest, SessionStatusQuery
@@ -89,7 +89,7 @@ def _summary(info: SessionInfo, totals: tuple[int, int], owner: str) -> dict:
 
 @router.get("/sessions")
 async def list_sessions(
-    services: ServicesDep, user: UserDep, limit: int = Query(20, ge=1, le=1000), offset: int = Query(0, ge=0)
+    services: ServicesDep, user: UserDep, limit: int = Query(20, ge=1, le=1000), offset: OffsetQuery = 0
 ) -> dict:
     """The caller's session ids, newest first (`cursor` is ours; the SDK reads `sessions`)."""
     ids, total = await services.session_views.page(limit, offset, owner=user)

@@ -8,14 +8,13 @@ finished (still pending: up to the export), named by kind, with its request id, 
 
 from __future__ import annotations
 
-import hmac
 import time
 from collections.abc import Iterable
 
 from fastapi import APIRouter, Query, Request
 
 from app.api.deps import ServicesDep, UserDep
-from app.api.downloads import sign
+from app.api.signatures import sign, signature_valid
 from app.db.traces import RequestEvent
 from app.errors import Forbidden
 
@@ -59,7 +58,7 @@ async def trace_export(session_id: str, request: Request, services: ServicesDep,
 
 @router.get("/traces/{session_id}")
 async def trace(session_id: str, services: ServicesDep, expires: int = Query(...), signature: str = Query(...)) -> dict:
-    if not hmac.compare_digest(signature, sign(services.url_signing_key, f"trace/{session_id}", expires)):
+    if not signature_valid(services.url_signing_key, f"trace/{session_id}", expires, signature):
         raise Forbidden("this trace link is not valid; export the trace again", field="signature")
     if time.time() > expires:
         raise Forbidden("this trace link expired; export the trace again", field="expires")

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
+    "INT64_MAX",
     "AdamParams",
     "CancelFutureRequest",
     "CreateCustomLossRequest",
@@ -30,6 +31,9 @@ __all__ = [
     "SessionHeartbeatRequest",
     "UnloadModelRequest",
 ]
+
+
+INT64_MAX = 2**63 - 1  # ids, cursors and TTLs are stored as 64-bit database integers
 
 
 class _Lenient(BaseModel):
@@ -63,7 +67,7 @@ class LoraConfig(_Lenient):
 
 class CreateModelRequest(_Lenient):
     session_id: str
-    model_seq_id: int = Field(ge=0)
+    model_seq_id: int = Field(ge=0, le=INT64_MAX)
     base_model: str
     lora_config: LoraConfig = Field(default_factory=LoraConfig)
     optimizer_config: dict[str, Any] | None = None
@@ -75,7 +79,7 @@ class CreateCustomLossRequest(_Lenient):
     """A traced loss; `inputs` and `graph` are checked node by node in app.training.custom_loss.program."""
 
     session_id: str
-    custom_loss_seq_id: int = Field(ge=0)
+    custom_loss_seq_id: int = Field(ge=0, le=INT64_MAX)
     name: str
     inputs: list[Any]
     graph: dict[str, Any]
@@ -107,38 +111,38 @@ class DimuonParams(_Lenient):
 
 class OptimStepRequest(_Lenient):
     model_id: str
-    seq_id: int = Field(ge=1)
+    seq_id: int = Field(ge=1, le=INT64_MAX)
     adam_params: dict[str, Any] | None = None  # validated as AdamParams once the seq_id is known
     optimizer_params: dict[str, Any] | None = None
 
 
 class SaveWeightsForSamplerRequest(_Lenient):
     model_id: str
-    seq_id: int = Field(ge=1)
+    seq_id: int = Field(ge=1, le=INT64_MAX)
     path: str | None = None  # a name; absent for the ephemeral form (save_weights_and_get_sampling_client)
-    sampling_session_seq_id: int | None = None
-    ttl_seconds: int | None = None
+    sampling_session_seq_id: int | None = Field(None, ge=0, le=INT64_MAX)
+    ttl_seconds: int | None = Field(None, le=INT64_MAX)
     user_metadata: dict[str, Any] | None = None
 
 
 class SaveWeightsExternalRequest(_Lenient):
     model_id: str
-    seq_id: int = Field(ge=1)
+    seq_id: int = Field(ge=1, le=INT64_MAX)
     path: str  # a name
-    ttl_seconds: int | None = None
+    ttl_seconds: int | None = Field(None, le=INT64_MAX)
     age_encryption_recipients: list[str] | None = None
 
 
 class CheckpointTtlRequest(_Lenient):
-    ttl_seconds: int | None = None  # None: never expires
+    ttl_seconds: int | None = Field(None, le=INT64_MAX)  # None: never expires
 
 
 class SaveWeightsRequest(_Lenient):
     model_id: str
-    seq_id: int = Field(ge=1)
+    seq_id: int = Field(ge=1, le=INT64_MAX)
     path: str  # a checkpoint name
     overwrite: bool = False
-    ttl_seconds: int | None = None
+    ttl_seconds: int | None = Field(None, le=INT64_MAX)
     user_metadata: dict[str, Any] | None = None
 
 
@@ -149,9 +153,9 @@ class LoadWeightsRequest(_Lenient):
     path: str  # tinker://{model_id}/weights/{name}
     optimizer: bool = False
     session_id: str | None = None
-    model_seq_id: int | None = Field(None, ge=0)
+    model_seq_id: int | None = Field(None, ge=0, le=INT64_MAX)
     model_id: str | None = None
-    seq_id: int | None = Field(None, ge=1)
+    seq_id: int | None = Field(None, ge=1, le=INT64_MAX)
     optimizer_config: dict[str, Any] | None = None
     base_model: str | None = None
     user_metadata: dict[str, Any] | None = None
@@ -171,12 +175,12 @@ class FuturesTarget(_Lenient):
 
     type: Literal["sampling_session"] = "sampling_session"
     sampling_session_id: str
-    cloned_sampler_id: int = Field(0, ge=0)
+    cloned_sampler_id: int = Field(0, ge=0, le=INT64_MAX)
 
 
 class RetrieveFuturesRequest(_Lenient):
     target: FuturesTarget
-    prev_cursor: int = Field(0, ge=0)
+    prev_cursor: int = Field(0, ge=0, le=INT64_MAX)
     timeout: float | None = Field(None, ge=0)  # seconds to hold the poll; None: limits.long_poll_seconds
     retrieved_request_ids: list[str] = Field(default_factory=list)
 
@@ -191,7 +195,7 @@ class JoinSamplingSessionRequest(_Lenient):
 
 class CreateSamplingSessionRequest(_Lenient):
     session_id: str
-    sampling_session_seq_id: int = Field(ge=0)
+    sampling_session_seq_id: int = Field(ge=0, le=INT64_MAX)
     base_model: str | None = None
     model_path: str | None = None
 
@@ -209,7 +213,7 @@ class SamplingParams(_Lenient):
 
 class SampleRequest(_Lenient):
     sampling_session_id: str
-    seq_id: int = Field(ge=0)
+    seq_id: int = Field(ge=0, le=INT64_MAX)
     num_samples: int = 1
     prompt: dict[str, Any]  # ModelInput JSON: {"chunks": [...]}
     sampling_params: SamplingParams = Field(default_factory=SamplingParams)
@@ -250,6 +254,6 @@ class SessionSearchRequest(_Lenient):
 class CopyWeightsRequest(_Lenient):
     source_path: str
     session_id: str | None = None
-    model_seq_id: int | None = Field(None, ge=0)
+    model_seq_id: int | None = Field(None, ge=0, le=INT64_MAX)
     destination_project_id: str | None = None
-    ttl_seconds: int | None = None
+    ttl_seconds: int | None = Field(None, le=INT64_MAX)
