@@ -68,6 +68,7 @@ class LimitsConfig(_Strict):
     max_custom_losses_per_session: int = Field(256, ge=1)  # create_custom_loss beyond it is refused
     max_custom_loss_nodes: int = Field(512, ge=4)  # nodes of one traced custom loss graph
     max_custom_loss_elements: int = Field(2**24, ge=1024)  # elements of any tensor a custom loss computes, per datum
+    max_history_points_per_run: int = Field(20_000, ge=1)  # a run's recorded steps (app.db.history): oldest go
     # per user (sizes: a user error naming the limit; rates: 429 with Retry-After, which the SDK waits out)
     max_live_models_per_user: int = Field(64, ge=1)  # models not unloaded, across the user's sessions
     max_checkpoint_bytes_per_user: int = Field(2**40, ge=1)  # live checkpoints; a save beyond it is refused

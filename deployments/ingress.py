@@ -23,6 +23,7 @@ from app.db.checkpoints import CheckpointStore
 from app.db.copies import CopyLog
 from app.db.custom_losses import CustomLossStore
 from app.db.futures import FutureStore
+from app.db.history import HistoryStore
 from app.db.journal import JournalStore
 from app.db.keys import KeyStore
 from app.db.metadata import MetadataStore
@@ -99,6 +100,7 @@ class Ingress:
             sampler_store=sampler_store,
             stability=stability,
             journal=JournalStore(db),
+            history=HistoryStore(db, limits.max_history_points_per_run),
             session_views=SessionViews(db),
             traces=traces,
             usage=UsageStore(db),

@@ -10,6 +10,7 @@ from typing import Any
 from app.config import ServerConfig, redacted
 from app.db.checkpoints import CheckpointStore
 from app.db.futures import FutureStore
+from app.db.history import HistoryStore
 from app.db.journal import JournalStore
 from app.db.metadata import MetadataStore
 from app.db.migrate import migrate
@@ -73,6 +74,7 @@ class Trainer:
             CheckpointStore(db),
             ObjectStorage(cfg.checkpoint_uri),
             JournalStore(db),
+            HistoryStore(db, cfg.limits.max_history_points_per_run),
             shape,
         )
         await self._service.start()

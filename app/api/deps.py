@@ -18,6 +18,7 @@ from app.db.checkpoints import CheckpointRecord, CheckpointStore
 from app.db.copies import CopyLog
 from app.db.custom_losses import CustomLossStore
 from app.db.futures import FutureStore, future_not_found
+from app.db.history import HistoryStore
 from app.db.journal import JournalStore
 from app.db.metadata import MetadataStore, TrainingRun, model_not_found, session_not_found
 from app.db.quotas import QuotaStore
@@ -53,6 +54,7 @@ class Services:
     sampler_store: SamplerStore
     stability: StabilityStore  # stability records of sampled sequences (stable_reinforce)
     journal: JournalStore  # each model's accepted operations, appended before its trainer gets them
+    history: HistoryStore  # each model's finished training steps and their metrics (written by its trainer)
     session_views: SessionViews  # sessions for the REST views
     traces: TraceStore  # a session's requests and their timings
     usage: UsageStore  # tokens trained and sampled; checkpoint storage

@@ -44,7 +44,11 @@ TAKES_REQUEST_ID = _posts("retrieve_future", "cancel_future")
 TAKES_MODEL_ID = _posts(
     "get_info", "unload_model", "optim_step", "save_weights", "save_weights_for_sampler", "save_weights_external"
 )
-TAKES_RUN_ID: tuple[Op, ...] = (("get", "/api/v1/training_runs/{run_id}"), RUN_CHECKPOINTS)
+TAKES_RUN_ID: tuple[Op, ...] = (
+    ("get", "/api/v1/training_runs/{run_id}"),
+    RUN_CHECKPOINTS,
+    ("get", "/api/v1/training_runs/{run_id}/history"),
+)
 TAKES_SESSION_ID_BODY = _posts(
     "create_model",
     "create_sampling_session",

@@ -73,6 +73,22 @@ async def training_run(run_id: str, services: ServicesDep, user: UserDep) -> dic
     return {**_run_view(run, user), "last_snapshot_time": last}
 
 
+@router.get("/training_runs/{run_id}/history")
+async def run_history(
+    run_id: str,
+    services: ServicesDep,
+    user: UserDep,
+    after_seq: int = Query(-1, ge=-1, le=2**63 - 1),
+    limit: int = Query(500, ge=1, le=5000),
+) -> dict:
+    """The run's training steps (forward_backward, forward, optim_step) as they finished, oldest first, each with
+    its metrics; paged by seq_id: pass the last point's as `after_seq` (`next_after_seq`, null at the end)."""
+    run = await _run(services, run_id, user)
+    points = await services.history.page(run.model_id, after_seq, limit)
+    more = len(points) == limit
+    return {"points": [p.to_json() for p in points], "next_after_seq": points[-1].seq_id if more else None}
+
+
 @router.get("/training_runs/{run_id}/checkpoints")
 async def run_checkpoints(run_id: str, services: ServicesDep, user: UserDep) -> dict:
     run = await _run(services, run_id, user)

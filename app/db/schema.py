@@ -234,6 +234,19 @@ snapshots = Table(
     Column("created_at", Float, nullable=False),
 )
 
+run_history = Table(
+    "run_history",
+    metadata,  # each model's training steps as they finished: what a run's curves are drawn from (app.db.history)
+    Column("model_id", String(200), primary_key=True),
+    Column("seq_id", BigInteger, primary_key=True),
+    Column("kind", String(32), nullable=False),  # forward_backward | forward | optim_step
+    Column("at", Float, nullable=False),
+    Column("step", Integer, nullable=False),  # optim_steps finished before (a forward_backward) or with it
+    Column("tokens", BigInteger, nullable=False),  # a forward(_backward)'s input tokens; 0 for an optim_step
+    Column("learning_rate", Float),  # an optim_step's
+    Column("metrics", JSON, nullable=False),  # what the loss (or optimizer) returned: loss:sum and the rest
+)
+
 schema_info = Table(
     "schema_info",
     metadata,  # releases before Alembic kept their schema version here; 6 makes them refuse this database

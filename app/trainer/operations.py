@@ -43,6 +43,7 @@ class Reply:
 
     payload: bytes
     content_type: str
+    metrics: dict[str, float] | None = None  # a training step's, for the run's history
 
     @classmethod
     def json(cls, body: dict[str, Any]) -> Reply:
@@ -96,7 +97,7 @@ class _ForwardBackward(Operation[ForwardBackward]):
     ) -> Reply:
         batch = cast(PackedBatch, op.args.batch)  # an op keeps its batch; only the shipped command holds a ref
         result = merge_shards(batch.offsets, per_rank)
-        return Reply(encode_forward_backward_output(result), PROTO_CONTENT_TYPE)
+        return Reply(encode_forward_backward_output(result), PROTO_CONTENT_TYPE, result.metrics)
 
 
 class _OptimStep(Operation[OptimStep]):
@@ -107,7 +108,7 @@ class _OptimStep(Operation[OptimStep]):
         return Command(CommandKind.OPTIM_STEP, model_id, optim=op.params)
 
     async def reply(self, model_id: str, op: OptimStep, per_rank: list[Any], committer: CheckpointCommitter) -> Reply:
-        return Reply.json({"metrics": per_rank[0]})
+        return replace(Reply.json({"metrics": per_rank[0]}), metrics=per_rank[0])
 
 
 # A checkpoint's kind -> the call that saves it, and what its ranks write.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 
 from app.db.journal import KEPT_SNAPSHOTS, JournalEntry, JournalStore, Snapshot
@@ -89,6 +89,20 @@ async def unfinished(journal: JournalStore, model_id: str) -> tuple[int, list[tu
         if e.seq_id >= start and not isinstance(e.op, CreateModel)
     ]
     return start, queued
+
+
+def resend(group: WorkerGroup, unanswered: dict[int, list[Command]]) -> dict[int, Awaitable[list[list]]]:
+    """Send every unanswered run again, in dispatch order (runs of lost models fail on the workers); a group that
+    is down gives each run's waiter the error."""
+    resent: dict[int, Awaitable[list[list]]] = {}
+    for number in sorted(unanswered):
+        try:
+            resent[number] = group.send(unanswered[number])
+        except Exception as exc:  # noqa: BLE001 - handed to the run's waiter
+            failed: asyncio.Future[list[list]] = asyncio.get_running_loop().create_future()
+            failed.set_exception(exc)
+            resent[number] = failed
+    return resent
 
 
 def _first_error(replies: list[list]) -> tuple[int, dict] | None:

@@ -17,6 +17,7 @@ from typing import Any, cast
 from app.config import LimitsConfig, WorkerGroupConfig
 from app.db.checkpoints import CheckpointStore
 from app.db.futures import FutureStore
+from app.db.history import HistoryStore
 from app.db.journal import JournalStore
 from app.db.metadata import MetadataStore
 from app.errors import GroupRestarted, LimitExceeded, ServerError, TinkerServeError
@@ -24,8 +25,9 @@ from app.messages import Command, CommandError, CommandKind, CreateModel, Forwar
 from app.metrics import server_metrics
 from app.request_log import log_request, outcome_of
 from app.storage.objects import ObjectStorage
+from app.trainer.history import HistoryRecorder
 from app.trainer.operations import CheckpointCommitter, Reply, operation
-from app.trainer.recovery import PlannedSnapshot, SnapshotPolicy, rebuild, record_snapshot, unfinished
+from app.trainer.recovery import PlannedSnapshot, SnapshotPolicy, rebuild, record_snapshot, resend, unfinished
 from app.trainer.scheduling import SeqScheduler
 from app.training.batch import PackedBatch
 from app.workers.group import WorkerGroup
@@ -51,6 +53,7 @@ class TrainerService:
         checkpoints: CheckpointStore,
         storage: ObjectStorage,
         journal: JournalStore,
+        history: HistoryStore,
         shape: WorkerGroupConfig | None = None,
     ) -> None:
         """`shape`: the worker group's config: the fair share's dispatch depth and op cost, the snapshot policy."""
@@ -58,6 +61,7 @@ class TrainerService:
         self.name = name
         self._metadata = metadata
         self._journal = journal
+        self._history = HistoryRecorder(history)
         self._storage = storage
         self._snapshots = SnapshotPolicy(shape.snapshot_every_steps, shape.snapshot_every_seconds)
         self._committer = CheckpointCommitter(checkpoints, storage)
@@ -118,6 +122,7 @@ class TrainerService:
             return 0
         next_seq, queued = plan
         self._models.add(model_id)
+        await self._history.resume(model_id)
         self._scheduler.open(model_id, next_seq=next_seq)
         for seq_id, op in queued:
             task = asyncio.create_task(self.submit(model_id, seq_id, op))
@@ -316,7 +321,7 @@ class TrainerService:
                 self._lose_model(model_id, exc)
             raise
         finally:
-            self._resend_unanswered()
+            self._resent.update(resend(self._group, self._unanswered))
             self._recovery = None
         seconds = time.monotonic() - started
         server_metrics().recoveries.observe(seconds, tags={"trainer": self.name})
@@ -340,16 +345,6 @@ class TrainerService:
                 self._lose_model(model_id, exc)
         return replayed
 
-    def _resend_unanswered(self) -> None:
-        """Send every unanswered run again, in dispatch order (runs of lost models fail on the workers)."""
-        for number in sorted(self._unanswered):
-            try:
-                self._resent[number] = self._group.send(self._unanswered[number])
-            except Exception as exc:  # noqa: BLE001 - the group is down: the run's waiter gets the error
-                failed: asyncio.Future[list[list]] = asyncio.get_running_loop().create_future()
-                failed.set_exception(exc)
-                self._resent[number] = failed
-
     async def _write_outcomes(self, model_id: str, work: Sequence[Queued], replies: list[list], seconds: float) -> None:
         self._record([op for _, op in work], seconds)
         for i, (seq_id, op) in enumerate(work):
@@ -358,7 +353,7 @@ class TrainerService:
                 self._cancelled.discard(op.request_id)
                 continue
             try:
-                error = await self._write_outcome(model_id, op, [rank_replies[i] for rank_replies in replies])
+                error = await self._write_outcome(model_id, seq_id, op, [rank_replies[i] for rank_replies in replies])
             except TinkerServeError as exc:
                 error = exc.to_body()
                 await self._futures.fail(op.request_id, error)
@@ -373,14 +368,16 @@ class TrainerService:
                 run_ops=len(work),
             )
 
-    async def _write_outcome(self, model_id: str, op: SequencedOp, per_rank: list[Any]) -> dict[str, Any] | None:
-        """Complete the op's future with its reply, or fail it with the first rank's error (returned)."""
+    async def _write_outcome(self, model_id: str, seq_id: int, op: SequencedOp, per_rank: list) -> dict | None:
+        """Complete the op's future with its reply (a step goes into the run's history), or fail it with the first
+        rank's error (returned)."""
         error = _first_error(per_rank)
         if error is not None:
             await self._futures.fail(op.request_id, error)
             return error
         reply = await operation(op).reply(model_id, op, per_rank, self._committer)
         await self._futures.complete(op.request_id, reply.payload, reply.content_type)
+        await self._history.record(model_id, seq_id, op, reply)
         return None
 
     def _record(self, work: list[SequencedOp], seconds: float) -> None:

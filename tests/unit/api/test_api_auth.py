@@ -102,6 +102,7 @@ def test_healthz_open_through_the_app_and_other_routes_are_not(tmp_path: Path) -
         sampler_store=None,
         stability=None,
         journal=None,
+        history=None,
         session_views=None,
         traces=None,
         usage=None,
