@@ -95,22 +95,28 @@ class TrainerService:
         from their snapshots and journals, and rerun their operations that never finished. Until a model is
         rebuilt its operations wait; if it cannot be, they fail with the reason."""
         await self._group.start()
-        rerun = 0
+        unfinished_ops: dict[str, list[tuple[int, SequencedOp]]] = {}
         for model_id in await self._metadata.live_model_ids_on(self.name):
-            rerun += await self._resume(model_id)
-        if self._models:
-            logger.info(
-                "trainer %s: rebuilding %d models; %d unfinished operations will rerun",
-                self.name,
-                len(self._models),
-                rerun,
-            )
-            self._start_recovery()
+            queued = await self._resume(model_id)
+            if queued is not None:
+                unfinished_ops[model_id] = queued
+        if not self._models:
+            return
+        self._start_recovery()  # before anything is queued: dispatches wait for the rebuild from here on
+        for model_id, queued in unfinished_ops.items():
+            for seq_id, op in queued:
+                task = asyncio.create_task(self.submit(model_id, seq_id, op))
+                self._resumed.add(task)
+                task.add_done_callback(self._resumed.discard)
+        rerun = sum(not isinstance(op, Skip) for queued in unfinished_ops.values() for _, op in queued)
+        logger.info(
+            "trainer %s: rebuilding %d models; %d unfinished operations rerun", self.name, len(self._models), rerun
+        )
 
-    async def _resume(self, model_id: str) -> int:
-        """Serve a model of the previous incarnation again (the recovery rebuilds it): queue its journaled
-        operations that never finished, in order. A model without a journal (or whose creation never finished) is
-        lost: its futures fail. Returns how many rerun."""
+    async def _resume(self, model_id: str) -> list[tuple[int, SequencedOp]] | None:
+        """Take over a model of the previous incarnation (the recovery rebuilds it): its queue opens where its
+        journal says; returns its journaled operations that never finished, to queue again in order. A model
+        without a journal (or whose creation never finished) is lost: its futures fail, and None."""
         plan = await unfinished(self._journal, model_id)
         if plan is None:
             lost = ServerError(
@@ -119,16 +125,12 @@ class TrainerService:
             )
             if await self._futures.fail_pending_of([model_id], lost.to_body()):
                 logger.warning("model %s of trainer %s is lost: it has no journal", model_id, self.name)
-            return 0
+            return None
         next_seq, queued = plan
         self._models.add(model_id)
         await self._history.resume(model_id)
         self._scheduler.open(model_id, next_seq=next_seq)
-        for seq_id, op in queued:
-            task = asyncio.create_task(self.submit(model_id, seq_id, op))
-            self._resumed.add(task)
-            task.add_done_callback(self._resumed.discard)
-        return sum(not isinstance(op, Skip) for _, op in queued)
+        return queued
 
     def check_health(self) -> None:
         self._group.check_health()
