@@ -43,9 +43,17 @@ class HandleCalls:
     """Handles by name (a trainer, or a base model's samplers), and the calls in flight on them."""
 
     def __init__(
-        self, role: str, handles: dict[str, DeploymentHandle], futures: FutureStore, retry: RetryPolicy = NO_RETRIES
+        self,
+        role: str,
+        handles: dict[str, DeploymentHandle],
+        futures: FutureStore,
+        retry: RetryPolicy = NO_RETRIES,
+        *,
+        next_replica_reruns: bool = False,
     ) -> None:
+        """`next_replica_reruns`: a replica that dies leaves the future pending (its successor reruns the call)."""
         self._role = role
+        self._next_replica_reruns = next_replica_reruns
         self.handles = handles
         self._futures = futures
         self._retry = retry
@@ -80,10 +88,13 @@ class HandleCalls:
                 worth_retrying=pending,
             )
         except Exception as exc:
-            if self._role == "trainer" and isinstance(exc, REPLICA_GONE):
-                # its next replica rebuilds the models and reruns this from the journal (app.db.journal)
+            if self._next_replica_reruns and isinstance(exc, REPLICA_GONE):
                 logger.warning(
-                    "trainer %s went away while %s was queued (%r); its next replica reruns it", name, request_id, exc
+                    "%s %s went away while %s was queued (%r); its next replica reruns it",
+                    self._role,
+                    name,
+                    request_id,
+                    exc,
                 )
             else:  # the replica died or refused, or the retries ran out; the future must not hang
                 logger.exception("%s call for %s failed", self._role, request_id)
@@ -106,7 +117,8 @@ class HandleCalls:
 
 class ServeTrainerClient(TrainerClient):
     def __init__(self, handles: dict[str, DeploymentHandle], futures: FutureStore) -> None:
-        self._calls = HandleCalls("trainer", handles, futures)
+        # a trainer's next replica rebuilds its models and reruns what was queued from the journal (app.db.journal)
+        self._calls = HandleCalls("trainer", handles, futures, next_replica_reruns=True)
 
     def create_model(self, trainer: str, model_id: str, create: CreateModel) -> None:
         handle = self._calls.handle(trainer)

@@ -3,7 +3,6 @@ metrics it returned; kept after the model is unloaded, bounded per run (the olde
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,7 +88,7 @@ def _row(point: HistoryPoint) -> dict[str, Any]:
     return {
         "seq_id": point.seq_id,
         "kind": point.kind,
-        "at": point.at or time.time(),
+        "at": point.at,
         "step": point.step,
         "tokens": point.tokens,
         "learning_rate": point.learning_rate,

@@ -20,6 +20,7 @@ from app.db.futures import JSON_CONTENT_TYPE, PROTO_CONTENT_TYPE
 from app.errors import UserError
 from app.messages import (
     Command,
+    CommandError,
     CommandKind,
     CreateModel,
     ForwardBackward,
@@ -178,3 +179,17 @@ def changes_model(op: CreateModel | SequencedOp) -> bool:
     if isinstance(op, ForwardBackward):
         return not op.args.forward_only
     return isinstance(op, OptimStep | LoadCheckpoint)
+
+
+def first_error(per_rank: list[Any]) -> dict[str, Any] | None:
+    """The failed-future body of the first rank whose reply to a command is an error, if any."""
+    return next((reply.error for reply in per_rank if isinstance(reply, CommandError)), None)
+
+
+def first_failed_command(replies: list[list[Any]]) -> tuple[int, dict[str, Any]] | None:
+    """(index, error body) of the first of a message's commands some rank failed; `replies[rank][command]`."""
+    for i in range(len(replies[0]) if replies else 0):
+        error = first_error([rank_replies[i] for rank_replies in replies])
+        if error is not None:
+            return i, error
+    return None

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 from app.db.journal import KEPT_SNAPSHOTS, JournalEntry, JournalStore, Snapshot
 from app.errors import ServerError
-from app.messages import Command, CommandError, CommandKind, CreateModel, LoadCheckpoint, OptimStep, SequencedOp, Skip
+from app.messages import Command, CommandKind, CreateModel, LoadCheckpoint, OptimStep, SequencedOp, Skip
 from app.metrics import server_metrics
 from app.storage.objects import ObjectStorage
 from app.storage.paths import snapshot_location
-from app.trainer.operations import changes_model, operation
+from app.trainer.operations import changes_model, first_failed_command, operation
 from app.workers.group import WorkerGroup
 
 logger = logging.getLogger("tinker_serve.trainer")
@@ -105,15 +105,6 @@ def resend(group: WorkerGroup, unanswered: dict[int, list[Command]]) -> dict[int
     return resent
 
 
-def _first_error(replies: list[list]) -> tuple[int, dict] | None:
-    """(command index, error body) of the first command some rank failed."""
-    for i in range(len(replies[0])):
-        for rank_replies in replies:
-            if isinstance(rank_replies[i], CommandError):
-                return i, rank_replies[i].error
-    return None
-
-
 async def rebuild(group: WorkerGroup, journal: JournalStore, model_id: str) -> int:
     """Make the model on the workers as it was after its last completed operation: its newest snapshot that loads
     (the newest may be unfinished), then every completed operation after it that changed the model, in seq_id
@@ -127,7 +118,7 @@ async def rebuild(group: WorkerGroup, journal: JournalStore, model_id: str) -> i
     candidates: list[Snapshot | None] = [*snapshots, *([None] if len(snapshots) < KEPT_SNAPSHOTS else [])]
     for snapshot in candidates:
         commands, replayed = _rebuild_commands(model_id, creation.op, entries, snapshot)
-        error = _first_error(await group.call([Command(CommandKind.REMOVE_MODEL, model_id), *commands]))
+        error = first_failed_command(await group.call([Command(CommandKind.REMOVE_MODEL, model_id), *commands]))
         if error is None:
             return replayed
         logger.warning(

@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import replace
-from typing import Any, cast
+from typing import cast
 
 from app.config import LimitsConfig, WorkerGroupConfig
 from app.db.checkpoints import CheckpointStore
@@ -21,12 +21,12 @@ from app.db.history import HistoryStore
 from app.db.journal import JournalStore
 from app.db.metadata import MetadataStore
 from app.errors import GroupRestarted, LimitExceeded, ServerError, TinkerServeError
-from app.messages import Command, CommandError, CommandKind, CreateModel, ForwardBackward, SequencedOp, Skip
+from app.messages import Command, CommandKind, CreateModel, ForwardBackward, SequencedOp, Skip
 from app.metrics import server_metrics
 from app.request_log import log_request, outcome_of
 from app.storage.objects import ObjectStorage
 from app.trainer.history import HistoryRecorder
-from app.trainer.operations import CheckpointCommitter, Reply, operation
+from app.trainer.operations import CheckpointCommitter, Reply, first_error, first_failed_command, operation
 from app.trainer.recovery import PlannedSnapshot, SnapshotPolicy, rebuild, record_snapshot, resend, unfinished
 from app.trainer.scheduling import SeqScheduler
 from app.training.batch import PackedBatch
@@ -35,11 +35,6 @@ from app.workers.group import WorkerGroup
 logger = logging.getLogger("tinker_serve.trainer")
 Queued = tuple[int, SequencedOp]  # (seq_id, op)
 _REBUILD_ATTEMPTS = 3  # restarts of the group while its models are being rebuilt, before they are given up
-
-
-def _first_error(per_rank: list[Any]) -> dict[str, Any] | None:
-    """The failed-future body of the first rank whose reply is an error, if any."""
-    return next((reply.error for reply in per_rank if isinstance(reply, CommandError)), None)
 
 
 class TrainerService:
@@ -158,11 +153,10 @@ class TrainerService:
                     field="base_model",
                 )
             replies = await self._group.call(commands)
-            errors = [_first_error([rank_replies[i] for rank_replies in replies]) for i in range(len(commands))]
-            error = next((e for e in errors if e is not None), None)
-            if error is not None:
+            failed = first_failed_command(replies)
+            if failed is not None:
                 await self._group.call([Command(CommandKind.REMOVE_MODEL, model_id)])
-                await self._futures.fail(create.request_id, error)
+                await self._futures.fail(create.request_id, failed[1])
                 return
             reply = (
                 Reply.json({"model_id": model_id, "type": "create_model"})
@@ -373,7 +367,7 @@ class TrainerService:
     async def _write_outcome(self, model_id: str, seq_id: int, op: SequencedOp, per_rank: list) -> dict | None:
         """Complete the op's future with its reply (a step goes into the run's history), or fail it with the first
         rank's error (returned)."""
-        error = _first_error(per_rank)
+        error = first_error(per_rank)
         if error is not None:
             await self._futures.fail(op.request_id, error)
             return error
