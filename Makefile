@@ -8,6 +8,11 @@ export RAY_AUTH_MODE ?= disabled
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export RAY_TRAIN_V2_ENABLED := 1
+# Serve's request-path settings (deployments/serve_env.py says why; the tests and benchmarks apply the same values and
+# the cluster image sets them): Serve reads them when its proxy and replicas start.
+export RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD ?= 0
+export RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP ?= 0
+export RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE ?= 1000
 
 .PHONY: setup model serve lint test unit bench sdk-compat postgres clean
 

@@ -15,6 +15,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 
+from deployments import serve_env  # noqa: E402
+
+serve_env.apply()  # as `make serve` runs Serve
+
 APP_NAME = "bench"
 
 

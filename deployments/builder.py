@@ -9,11 +9,11 @@ from typing import Any
 
 from ray import serve
 from ray.serve import Application
-from transformers import AutoConfig
 
 from app.config import ServerConfig
 from app.models import hub_cache
 from app.models.embedded import build_embedded_model
+from app.models.model_config import model_shape
 from deployments.ingress import Ingress
 from deployments.logs import route_app_logs
 from deployments.sampler import Sampler
@@ -30,7 +30,7 @@ def _model_limits(config: ServerConfig) -> dict[str, dict[str, int]]:
         if base.embedded_preset:
             build_embedded_model(base.embedded_preset, Path(base.path))
             _register_name(base.name, Path(base.path))
-        hf = AutoConfig.from_pretrained(base.path)
+        shape = model_shape(base.path)
         logger.info(
             "base model %s at %s: config read%s in %.1f s",
             base.name,
@@ -39,8 +39,8 @@ def _model_limits(config: ServerConfig) -> dict[str, dict[str, int]]:
             time.monotonic() - started,
         )
         limits[base.name] = {
-            "vocab_size": hf.vocab_size,
-            "max_context_length": min(base.max_context_length, hf.max_position_embeddings),
+            "vocab_size": shape.vocab_size,
+            "max_context_length": min(base.max_context_length, shape.max_position_embeddings),
         }
     return limits
 

@@ -14,7 +14,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from deployments import serve_env  # noqa: E402
 from tests.postgres import PostgresServer, PostgresUnavailable, postgres_server  # noqa: E402 (sets $PGPASSWORD)
+
+serve_env.apply()  # as `make serve` runs Serve, in every Ray the tests start
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")

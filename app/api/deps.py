@@ -177,11 +177,15 @@ class Services:
         return remember(self._sampling_sessions, sampling_session_id, session, limit=10_000)  # RL makes one a step
 
 
-def get_services(request: Request) -> Services:
+# Dependencies are coroutines: FastAPI runs a plain `def` dependency on its thread pool, two thread hops per request
+# (bench/request_path.py: a keyed route took twice a keyless one's time through Serve's proxy).
+
+
+async def get_services(request: Request) -> Services:
     return request.app.state.services
 
 
-def get_user(request: Request) -> str:
+async def get_user(request: Request) -> str:
     """The caller's user id, set by app.api.main.authenticate on every route that needs a key."""
     user = request.state.user
     if user is None:  # a route that needs no key never asks for the user

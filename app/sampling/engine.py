@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 from app.config import SamplerConfig
 from app.errors import ServerError
-from app.sampling.adapters import write_zero_adapter
 from app.sampling.params import SampleArgs
 from app.sampling.response import SampledSequence, SampleResult, TopK
 
@@ -50,6 +49,8 @@ class SamplerEngine:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.lora.request import LoRARequest
         from vllm.v1.engine.async_llm import AsyncLLM
+
+        from app.sampling.adapters import write_zero_adapter  # torch and transformers: the replica's, not the builder's
 
         started = time.monotonic()
         on_gpu = config.num_gpus > 0

@@ -24,7 +24,6 @@ import ray
 from app.config import WorkerGroupConfig
 from app.errors import ServerError
 from app.messages import Command, CommandKind
-from app.workers.command_loop import command_loop
 from app.workers.mailbox import Mailbox
 
 logger = logging.getLogger("tinker_serve.trainer")
@@ -97,6 +96,8 @@ class TorchTrainerGroup(WorkerGroup):
     async def start(self) -> None:
         from ray.train import FailureConfig, RunConfig, ScalingConfig
         from ray.train.torch import TorchConfig, TorchTrainer
+
+        from app.workers.command_loop import command_loop  # torch and transformers: the workers' imports, not ours
 
         started = time.monotonic()
         self._fit_error = None
