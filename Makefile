@@ -12,7 +12,6 @@ export RAY_TRAIN_V2_ENABLED := 1
 # the cluster image sets them): Serve reads them when its proxy and replicas start.
 export RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD ?= 0
 export RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP ?= 0
-export RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE ?= 1000
 
 .PHONY: setup model serve lint test unit bench sdk-compat postgres clean
 

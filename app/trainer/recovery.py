@@ -73,13 +73,26 @@ async def record_snapshot(
         await asyncio.to_thread(storage.delete, location)
 
 
-async def unfinished(journal: JournalStore, model_id: str) -> tuple[int, list[tuple[int, SequencedOp]]] | None:
-    """For a model a new trainer takes over: the seq_id its queue opens at, and the journaled operations from
-    there to queue again in order (those that finished, e.g. rejected at the ingress, as Skips that only advance
-    the order). None when the model cannot be rebuilt (no journal, or its creation never finished)."""
+@dataclass(frozen=True)
+class Takeover:
+    """How a new trainer takes over a live model: the seq_id its queue opens at, and the journaled operations from
+    there to queue again in order (those that finished, e.g. rejected at the ingress, as Skips that only advance the
+    order)."""
+
+    next_seq: int
+    queued: list[tuple[int, SequencedOp]]
+
+
+async def unfinished(journal: JournalStore, model_id: str) -> Takeover | CreateModel | None:
+    """What a new trainer does with a live model: take it over (its creation finished), or run its creation (journaled
+    but never finished: created while no trainer ran, or while this one started), or nothing yet (None: no journal,
+    so its creation is being journaled right now and its create call follows)."""
     entries = await journal.entries(model_id)
-    if not entries or entries[0].seq_id != 0 or entries[0].state != "completed":
+    if not entries or entries[0].seq_id != 0:
         return None
+    if entries[0].state != "completed":
+        creation = entries[0].op
+        return creation if isinstance(creation, CreateModel) else None
     pending = [e.seq_id for e in entries if e.state == "pending"]
     snapshots = await journal.snapshots_of(model_id)
     start = min(pending) if pending else max([e.seq_id for e in entries] + [s.seq_id for s in snapshots[:1]]) + 1
@@ -88,7 +101,7 @@ async def unfinished(journal: JournalStore, model_id: str) -> tuple[int, list[tu
         for e in entries
         if e.seq_id >= start and not isinstance(e.op, CreateModel)
     ]
-    return start, queued
+    return Takeover(start, queued)
 
 
 def resend(group: WorkerGroup, unanswered: dict[int, list[Command]]) -> dict[int, Awaitable[list[list]]]:

@@ -27,8 +27,17 @@ from app.request_log import log_request, outcome_of
 from app.storage.objects import ObjectStorage
 from app.trainer.history import HistoryRecorder
 from app.trainer.operations import CheckpointCommitter, Reply, first_error, first_failed_command, operation
-from app.trainer.recovery import PlannedSnapshot, SnapshotPolicy, rebuild, record_snapshot, resend, unfinished
+from app.trainer.recovery import (
+    PlannedSnapshot,
+    SnapshotPolicy,
+    Takeover,
+    rebuild,
+    record_snapshot,
+    resend,
+    unfinished,
+)
 from app.trainer.scheduling import SeqScheduler
+from app.trainer.single_flight import SingleFlight
 from app.training.batch import PackedBatch
 from app.workers.group import WorkerGroup
 
@@ -82,13 +91,14 @@ class TrainerService:
         self._generation = 0  # recoveries started: a run sent before the latest one is resent by it
         self._recovery: asyncio.Task | None = None
         self._resumed: set[asyncio.Task] = set()  # journaled operations rerun after a trainer restart
-        self._submitting: dict[str, asyncio.Future[None]] = {}  # request id -> done once its future is written
+        self._single_flight = SingleFlight()  # creates and submits by request id: a repeated call waits
         self._stopping = False  # from stop() on, nothing is sent and no future is failed: the next trainer reruns them
 
     async def start(self) -> None:
         """Start the workers, then (in the background) rebuild the models this trainer held before it restarted,
         from their snapshots and journals, and rerun their operations that never finished. Until a model is
-        rebuilt its operations wait; if it cannot be, they fail with the reason."""
+        rebuilt its operations wait; if it cannot be, they fail with the reason. Models still being created (a
+        client may create one while this trainer starts) are created."""
         await self._group.start()
         unfinished_ops: dict[str, list[tuple[int, SequencedOp]]] = {}
         for model_id in await self._metadata.live_model_ids_on(self.name):
@@ -100,9 +110,7 @@ class TrainerService:
         self._start_recovery()  # before anything is queued: dispatches wait for the rebuild from here on
         for model_id, queued in unfinished_ops.items():
             for seq_id, op in queued:
-                task = asyncio.create_task(self.submit(model_id, seq_id, op))
-                self._resumed.add(task)
-                task.add_done_callback(self._resumed.discard)
+                self._in_background(self.submit(model_id, seq_id, op))
         rerun = sum(not isinstance(op, Skip) for queued in unfinished_ops.values() for _, op in queued)
         logger.info(
             "trainer %s: rebuilding %d models; %d unfinished operations rerun", self.name, len(self._models), rerun
@@ -110,22 +118,23 @@ class TrainerService:
 
     async def _resume(self, model_id: str) -> list[tuple[int, SequencedOp]] | None:
         """Take over a model of the previous incarnation (the recovery rebuilds it): its queue opens where its
-        journal says; returns its journaled operations that never finished, to queue again in order. A model
-        without a journal (or whose creation never finished) is lost: its futures fail, and None."""
+        journal says; returns its journaled operations that never finished, to queue again in order. A model still
+        being created is created (again: the ingress's call may follow, and creating is idempotent), and None."""
         plan = await unfinished(self._journal, model_id)
-        if plan is None:
-            lost = ServerError(
-                f"trainer {self.name} restarted and model {model_id!r} has no journal to rebuild it from; "
-                "create the model again (or load a checkpoint) and resend"
-            )
-            if await self._futures.fail_pending_of([model_id], lost.to_body()):
-                logger.warning("model %s of trainer %s is lost: it has no journal", model_id, self.name)
+        if not isinstance(plan, Takeover):
+            if plan is not None:
+                self._in_background(self.create_model(model_id, plan))
+            logger.info("trainer %s: model %s is still being created", self.name, model_id)
             return None
-        next_seq, queued = plan
         self._models.add(model_id)
         await self._history.resume(model_id)
-        self._scheduler.open(model_id, next_seq=next_seq)
-        return queued
+        self._scheduler.open(model_id, next_seq=plan.next_seq)
+        return plan.queued
+
+    def _in_background(self, work: Awaitable[None]) -> None:  # rerun journaled work; the task is kept until it ends
+        task = asyncio.ensure_future(work)
+        self._resumed.add(task)
+        task.add_done_callback(self._resumed.discard)
 
     def check_health(self) -> None:
         self._group.check_health()
@@ -141,12 +150,18 @@ class TrainerService:
         return [rank_replies[0] for rank_replies in await self._group.call([Command(CommandKind.PING)])]
 
     async def create_model(self, model_id: str, create: CreateModel) -> None:
-        """Create the model (seq_id 0), and with `create.load` fill it from a checkpoint in the same step."""
+        """Create the model (seq_id 0), and with `create.load` fill it from a checkpoint in the same step. Asked
+        again (created at start, then by the ingress's own call), it waits for the first."""
+        await self._single_flight.run(create.request_id, lambda: self._create(model_id, create))
+
+    async def _create(self, model_id: str, create: CreateModel) -> None:
+        if model_id in self._models:
+            return
         commands = [Command(CommandKind.CREATE_MODEL, model_id, spec=create.spec)]
         if create.load is not None:
             commands.append(operation(create.load).command(model_id, create.load))
         try:
-            if model_id not in self._models and len(self._models) >= self._limits.max_models_per_base:
+            if len(self._models) >= self._limits.max_models_per_base:
                 raise LimitExceeded(
                     f"trainer {self.name} already holds limits.max_models_per_base="
                     f"{self._limits.max_models_per_base} models; unload one first",
@@ -184,19 +199,14 @@ class TrainerService:
         """Queue `user`'s `op`; returns once its future is written (success or failure). The same request again
         (Serve delivers a call the previous replica never answered after this one reran it from the journal)
         waits for the first."""
-        first = self._submitting.get(op.request_id)
-        if first is not None:
-            await asyncio.shield(first)
-            return
-        self._submitting[op.request_id] = done = asyncio.get_running_loop().create_future()
+        await self._single_flight.run(op.request_id, lambda: self._queue(model_id, seq_id, op, user))
+
+    async def _queue(self, model_id: str, seq_id: int, op: SequencedOp, user: str) -> None:
         try:
             written = await self._scheduler.submit(model_id, seq_id, (seq_id, op), user)
             await written
         except TinkerServeError as exc:
             await self._futures.fail_if_pending(op.request_id, exc.to_body())
-        finally:
-            del self._submitting[op.request_id]
-            done.set_result(None)
 
     async def cancel(self, model_id: str, seq_id: int, request_id: str) -> None:
         """A cancelled operation (its future already failed) never runs if it has not started; one that runs

@@ -47,7 +47,14 @@ def command_loop(config: dict) -> None:
         time.monotonic() - started,
     )
     while True:
-        message = ray.get(mailbox.next.remote(rank, 30.0))
+        try:
+            message = ray.get(mailbox.next.remote(rank, 30.0))
+        except ray.exceptions.ActorDiedError:
+            # The mailbox dies with the trainer replica that owns it. Ending the run (not failing it) lets Ray Train
+            # remove the group's placement group now; a failed run would start new workers, for nobody, whose
+            # placement group can outlive the run's controller.
+            logger.warning("rank %d: the trainer that owns this worker group is gone; ending the run", rank)
+            return
         if message is None:
             continue
         msg_id, commands = message

@@ -9,14 +9,18 @@ step in flight completes, and runs, checkpoints and finished futures survive."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sqlite3
+import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import numpy as np
+import pytest
 import ray
 import tinker
 from ray import serve
@@ -50,19 +54,34 @@ def _replica(deployment: str) -> dict:
     return replica
 
 
+@pytest.fixture(scope="module")
+def worker_pids() -> Iterator[Callable[[], list[int]]]:
+    """Asks the trainer for its worker pids through a Serve handle. Serve's routers run on their caller's event loop
+    here (deployments/serve_env.py), so the handle lives on a loop of its own, in a thread, for the whole module."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    async def ask() -> list[int]:
+        return await serve.get_deployment_handle(f"Trainer:{BASE_MODEL}", app_name="tinker").worker_pids.remote()
+
+    yield lambda: asyncio.run_coroutine_threadsafe(ask(), loop).result(timeout=60)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(timeout=10)
+
+
 def _kill(replica: dict) -> None:
     ray.kill(ray.get_actor(replica["name"], namespace=replica["namespace"]), no_restart=True)
 
 
-def test_a_killed_worker_loses_no_model_and_no_request(service_client):
+def test_a_killed_worker_loses_no_model_and_no_request(service_client, worker_pids):
     """SIGKILL a training worker in the middle of a pipelined 10-step run: the run finishes without a client error
     and its weights equal those of the same run undisturbed (the model is rebuilt from its snapshot, taken every 3
     steps here, and the journal since; in-flight requests are resent)."""
-    trainer = serve.get_deployment_handle(f"Trainer:{BASE_MODEL}", app_name="tinker")
     data = sft_datums(new_client(service_client, seed=40).get_tokenizer())
     undisturbed = _pipelined_run(new_client(service_client, seed=41), data, 10)
 
-    pids = trainer.worker_pids.remote().result()
+    pids = worker_pids()
     assert len(pids) == 2 and all(isinstance(p, int) for p in pids)
     started: list[float] = []
 
@@ -73,7 +92,7 @@ def test_a_killed_worker_loses_no_model_and_no_request(service_client):
     recovered = _pipelined_run(new_client(service_client, seed=41), data, 10, after=4, then=kill)
     assert started and time.monotonic() - started[0] < RESTART_BUDGET_S
     print(f"worker killed -> the run's last step answered in {time.monotonic() - started[0]:.1f} s")  # pytest -s
-    assert pids[1] not in trainer.worker_pids.remote().result()
+    assert pids[1] not in worker_pids()
     for got, want in zip(recovered, undisturbed, strict=True):
         np.testing.assert_array_equal(got, want)
 

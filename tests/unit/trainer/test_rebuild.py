@@ -30,7 +30,7 @@ from app.messages import (
 from app.storage.objects import ObjectStorage
 from app.storage.paths import snapshot_location
 from app.trainer.operations import operation
-from app.trainer.recovery import rebuild, unfinished
+from app.trainer.recovery import Takeover, rebuild, unfinished
 from app.training.batch import PackedBatch
 from app.training.engine import TrainingEngine, load_base_model
 from app.workers.execute import execute
@@ -133,22 +133,23 @@ def test_an_interrupted_snapshot_is_never_restored_and_the_rebuild_is_exact(tmp_
 
 def test_a_new_trainer_queues_what_never_finished_in_order(tmp_path: Path) -> None:
     """Pending operations rerun from the first of them; one the ingress rejected between them only advances the
-    order; a model whose creation never finished cannot be taken over."""
+    order; a model whose creation never finished is created, and one without a journal is left to its create call."""
 
     async def body(db: AsyncEngine) -> None:
         futures, journal = FutureStore(db), JournalStore(db)
         ids = [(await futures.create("op", "m", seq))[0] for seq in range(5)]
+        assert await unfinished(journal, "m") is None  # not journaled yet: its create call is on its way
         await journal.append("m", 0, CreateModel(ids[0], SPEC))
-        assert await unfinished(journal, "m") is None  # the creation is still pending
+        assert await unfinished(journal, "m") == CreateModel(ids[0], SPEC)  # the creation is still pending
         ops = [OptimStep(ids[seq], AdamParams(learning_rate=seq)) for seq in range(5)]
         for seq in range(1, 5):
             await journal.append("m", seq, ops[seq])
         for seq in (0, 1):
             await futures.complete(ids[seq], b"{}", JSON_CONTENT_TYPE)
         await futures.fail(ids[3], {"message": "rejected at the ingress"})
-        assert await unfinished(journal, "m") == (2, [(2, ops[2]), (3, Skip(ids[3])), (4, ops[4])])
+        assert await unfinished(journal, "m") == Takeover(2, [(2, ops[2]), (3, Skip(ids[3])), (4, ops[4])])
         for seq in (2, 4):
             await futures.complete(ids[seq], b"{}", JSON_CONTENT_TYPE)
-        assert await unfinished(journal, "m") == (5, [])
+        assert await unfinished(journal, "m") == Takeover(5, [])
 
     run_on_db(tmp_path / "meta.db", body)
