@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.api.deps import Services, ServicesDep, UserDep
 from app.api.quotas import check_sample_tokens
 from app.api.sampling import adapter_of
-from app.errors import LimitExceeded, NotFound, Overloaded, Relayed
+from app.errors import LimitExceeded, NotFound, Overloaded, Relayed, UserError
 from app.sampling.openai import Route
 
 router = APIRouter(prefix="/v1")
@@ -44,15 +44,18 @@ class ChatRequest(_Request):
 
 async def _model(services: Services, model: str, user: str) -> tuple[str, str | None]:
     """(base model, adapter location or None) of a base model name or a readable tinker:// checkpoint path."""
-    if model.startswith("tinker://"):
-        return await adapter_of(services, model, user, field="model")
-    if services.config.base_model(model) is not None and model in services.model_limits:
-        return model, None
     served = sorted(services.model_limits)
-    raise NotFound(
-        f"model {model!r} is not served here: name a base model ({served}) or a tinker:// sampler checkpoint path",
-        field="model",
-    )
+    if model.startswith("tinker://"):
+        base_model, location = await adapter_of(services, model, user, field="model")
+        if base_model not in served:
+            raise UserError(f"model {model!r} was trained on {base_model!r}, no longer served here", field="model")
+        return base_model, location
+    if model not in served:
+        raise NotFound(
+            f"model {model!r} is not served here: name a base model ({served}) or a tinker:// sampler checkpoint path",
+            field="model",
+        )
+    return model, None
 
 
 def _check_limits(services: Services, user: str, body: _Request, token_field: str, logprobs_field: str) -> int:
