@@ -28,6 +28,11 @@ class TinkerServeError(Exception):
             body["field"] = self.field
         return {**body, **self.details}
 
+    def to_openai_body(self) -> dict[str, Any]:
+        """The same error in OpenAI's shape (the /v1/ routes), `param` naming the field."""
+        kind = "server_error" if self.status_code >= 500 else "invalid_request_error"
+        return {"error": {"message": self.message, "type": kind, "param": self.field, "code": self.status_code}}
+
     def headers(self) -> dict[str, str]:
         """HTTP headers of the error response."""
         return {}
@@ -67,6 +72,22 @@ class InvalidToken(Unauthorized):
 
 class Forbidden(UserError):
     status_code = 403
+
+
+class Relayed(TinkerServeError):
+    """An error answer made elsewhere (vLLM's OpenAI layer), passed on with its status and body."""
+
+    def __init__(self, status_code: int, body: dict[str, Any]) -> None:
+        super().__init__(str(body))
+        self.status_code = status_code
+        self.category = "user" if status_code < 500 else "server"
+        self.body = body
+
+    def to_body(self) -> dict[str, Any]:
+        return self.body
+
+    def to_openai_body(self) -> dict[str, Any]:
+        return self.body
 
 
 class ServerError(TinkerServeError):

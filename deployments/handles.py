@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any, cast
 
 from ray.exceptions import RayActorError
@@ -21,6 +21,7 @@ from app.db.futures import FutureStore, Pending
 from app.errors import ServerError, UserError
 from app.messages import CreateModel, SequencedOp
 from app.retry import NO_RETRIES, RetryPolicy, call_with_retries
+from app.sampling.openai import Answer, Route
 from app.sampling.params import SampleArgs
 
 logger = logging.getLogger("tinker_serve.ingress")
@@ -161,6 +162,27 @@ class ServeSamplerClient(SamplerClient):
         if adapter_location:
             handle = handle.options(multiplexed_model_id=adapter_location)
         self._calls.track(base_model, request_id, lambda: handle.sample.remote(request_id, args))
+
+    async def openai(
+        self, base_model: str, adapter_location: str | None, route: Route, body: dict[str, Any]
+    ) -> AsyncGenerator[Answer | str, None]:
+        self._admitted[base_model] -= 1  # admitted (see admit); from here on it counts as in flight
+        self._calls.in_flight[base_model] += 1
+        try:
+            handle = self._calls.handle(base_model).options(stream=True, multiplexed_model_id=adapter_location or "")
+            response = cast(DeploymentResponseGenerator, handle.openai.remote(route, body))
+            try:
+                async for item in response:
+                    yield item
+            finally:  # done, or the client went away: stop the replica's work too
+                response.cancel()
+        finally:
+            self._calls.in_flight[base_model] -= 1
+
+    async def openai_models(self) -> list[dict[str, Any]]:
+        handles = self._calls.handles.values()
+        lists = await asyncio.gather(*(handle.openai_models.remote() for handle in handles))
+        return [card for models in lists for card in models["data"]]
 
     async def ready(self) -> dict[str, bool]:
         return await self._calls.ready()

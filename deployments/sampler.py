@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from app.db.schema import connect
 from app.db.stability import StabilityStore
 from app.db.usage import UsageStore
 from app.sampling.engine import SamplerEngine
+from app.sampling.openai import Answer, Route
 from app.sampling.params import SampleArgs
 from app.sampling.service import LoadedAdapter, SamplerService
 from app.storage.objects import ObjectStorage
@@ -105,6 +107,19 @@ class Sampler:
     async def sample(self, request_id: str, args: SampleArgs) -> None:
         adapter_location = serve.get_multiplexed_model_id() or None
         await self._service.sample(request_id, args, adapter_location, register=self._register)
+
+    async def openai_models(self) -> dict[str, Any]:
+        return await self._service.openai_models()
+
+    async def openai(self, route: Route, body: dict[str, Any]) -> AsyncIterator[Answer | str]:
+        """Streamed to the ingress: one (status, JSON body) answer, or the SSE lines of a streamed response."""
+        adapter_location = serve.get_multiplexed_model_id() or None
+        answer = await self._service.openai(route, body, adapter_location, self._register)
+        if isinstance(answer, tuple):
+            yield answer
+        else:
+            async for line in answer:
+                yield line
 
     async def ping(self) -> bool:
         return True

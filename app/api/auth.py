@@ -21,6 +21,8 @@ from app.errors import InvalidToken, Unauthorized
 OPEN_PATHS = frozenset({"/api/v1/healthz", "/ready", "/docs", "/openapi.json"})
 SIGNED_PREFIXES = ("/api/v1/downloads/", "/api/v1/traces/")  # a signature in the URL authorises these
 HUB_PREFIX = "/hub/"  # Hugging Face clients send their token as `Authorization: Bearer` (HF_TOKEN), never a key
+OPENAI_PREFIX = "/v1/"  # so do OpenAI clients (OPENAI_API_KEY), on the OpenAI-compatible routes
+BEARER_PREFIXES = (HUB_PREFIX, OPENAI_PREFIX)
 LOOPBACK_MODE = "any_tml_key_on_loopback"
 _TOUCH_EVERY_S = 60.0  # last_used_at is written at most this often per key and replica
 
@@ -49,7 +51,7 @@ def presented_key(request: Request, mode: str) -> str | None:
         return None
     key = request.headers.get("x-api-key", "")
     hub = request.url.path.startswith(HUB_PREFIX)
-    if hub and not key:
+    if not key and request.url.path.startswith(BEARER_PREFIXES):
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         key = token if scheme.lower() == "bearer" else ""
     if mode == LOOPBACK_MODE:
@@ -58,9 +60,15 @@ def presented_key(request: Request, mode: str) -> str | None:
             return key
         if hub and loopback and not key:
             return None
-        raise Unauthorized("send an X-API-Key starting with 'tml-' from 127.0.0.1 (any such key is accepted)")
+        raise Unauthorized(
+            "send an X-API-Key (or Authorization: Bearer on /v1/ and /hub/) starting with 'tml-' from 127.0.0.1 "
+            "(any such key is accepted)"
+        )
     if not key:
-        raise Unauthorized("send your API key in X-API-Key (TINKER_API_KEY; HF_TOKEN for the /hub routes)")
+        raise Unauthorized(
+            "send your API key in X-API-Key (TINKER_API_KEY; HF_TOKEN for the /hub routes; OPENAI_API_KEY, as "
+            "Authorization: Bearer, for the /v1/ routes)"
+        )
     return key
 
 

@@ -4,8 +4,11 @@ so routers stay free of Ray Serve."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import AsyncGenerator
+from typing import Any
 
 from app.messages import CreateModel, SequencedOp
+from app.sampling.openai import Answer, Route
 from app.sampling.params import SampleArgs
 
 
@@ -46,6 +49,17 @@ class SamplerClient(ABC):
     @abstractmethod
     def sample(self, base_model: str, request_id: str, adapter_location: str | None, args: SampleArgs) -> None:
         """Send an admitted sample; its admission lasts until the sampler finishes it."""
+
+    @abstractmethod
+    def openai(
+        self, base_model: str, adapter_location: str | None, route: Route, body: dict[str, Any]
+    ) -> AsyncGenerator[Answer | str, None]:
+        """An OpenAI request to vLLM's serving layer: one (status, JSON body) answer, or a stream's SSE lines.
+        Closing the iterator early cancels the request."""
+
+    @abstractmethod
+    async def openai_models(self) -> list[dict[str, Any]]:
+        """The model cards of every base model's samplers (OpenAI's /v1/models entries)."""
 
     @abstractmethod
     async def ready(self) -> dict[str, bool]:

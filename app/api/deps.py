@@ -36,6 +36,7 @@ from app.training.validation import ModelLimits
 # what reading another user's published checkpoint was for, by the request field that named it
 _PURPOSES = {
     "model_path": "sample",
+    "model": "sample",  # the OpenAI-compatible routes
     "path": "load",
     "source_path": "copy",
     "tinker_path": "weights_info",

@@ -13,7 +13,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from app.errors import TinkerServeError
+from app.api.auth import OPENAI_PREFIX  # errors on the OpenAI-compatible routes take OpenAI's shape
+from app.errors import TinkerServeError, UserError
 
 logger = logging.getLogger("tinker_serve.api")
 
@@ -33,12 +34,13 @@ def register_exception_handlers(app: FastAPI) -> None:
     async def _known(request: Request, exc: TinkerServeError) -> JSONResponse:
         if exc.status_code >= 500:
             logger.error("server error on %s: %s", request.url.path, exc.message)
-        return JSONResponse(exc.to_body(), status_code=exc.status_code, headers=exc.headers())
+        body = exc.to_openai_body() if request.url.path.startswith(OPENAI_PREFIX) else exc.to_body()
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers())
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, field = validation_message(exc.errors())
-        return JSONResponse({"error": message, "category": "user", "field": field}, status_code=400)
+        return await _known(request, UserError(message, field=field))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -15,6 +15,7 @@ from app.api import (
     futures,
     hub,
     models,
+    openai,
     rest,
     sampling,
     service,
@@ -63,6 +64,7 @@ def create_api() -> FastAPI:
         usage.router,
         downloads.router,
         hub.router,
+        openai.router,
     ):
         api.include_router(router)
     register_exception_handlers(api)

@@ -19,21 +19,21 @@ from app.sampling.params import sample_args
 router = APIRouter(prefix="/api/v1")
 
 
-async def _adapter_of(services: Services, model_path: str, user: str) -> tuple[str, str]:
+async def adapter_of(services: Services, model_path: str, user: str, field: str = "model_path") -> tuple[str, str]:
     """(base model, adapter location) of saved sampler weights or a training checkpoint (both hold a PEFT
-    adapter) that `user` may read; a user error if there is none."""
+    adapter) that `user` may read; a user error naming `field` if there is none."""
     record, run = await services.saved_by(
         model_path,
         user,
-        field="model_path",
+        field=field,
         kinds=("sampler_weights", "weights"),
         hint="sample from sampler_weights (save_weights_for_sampler) or weights (save_state)",
     )
     if run.role == "critic":
         raise UserError(
-            f"model_path {model_path!r} belongs to a critic, which predicts values and cannot be "
-            "sampled; sample from its policy",
-            field="model_path",
+            f"{field} {model_path!r} belongs to a critic, which predicts values and cannot be sampled; sample from "
+            "its policy",
+            field=field,
         )
     return run.base_model, record.location
 
@@ -44,7 +44,7 @@ async def create_sampling_session(body: CreateSamplingSessionRequest, services: 
         raise UserError("send exactly one of base_model and model_path", field="base_model")
     await services.session(body.session_id, user)
     if body.model_path is not None:
-        base_model, adapter_location = await _adapter_of(services, body.model_path, user)
+        base_model, adapter_location = await adapter_of(services, body.model_path, user)
     elif body.base_model is not None:  # always, after the exactly-one check above
         base_model, adapter_location = services.served_base_model(body.base_model).name, None
     session = await services.sampler_store.create(

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from vllm.outputs import CompletionOutput, RequestOutput
     from vllm.v1.engine.async_llm import AsyncLLM
 
+    from app.sampling.openai import OpenAIServer
+
 logger = logging.getLogger("tinker_serve.sampler")
 _VLLM_LORA_RANKS: tuple[MaxLoRARanks, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
@@ -79,6 +81,17 @@ class SamplerEngine:
         await llm.add_lora(zero)  # not pinned: with pin_lora, concurrent multi-adapter batches crashed vLLM (KeyError)
         logger.info("vLLM engine for %s ready in %.1f s", model_path, time.monotonic() - started)
         return cls(llm, zero)
+
+    @property
+    def base_adapter(self) -> LoRARequest:
+        """The all-zero adapter that base-model requests run through."""
+        return self._zero
+
+    def openai_server(self, served_name: str) -> OpenAIServer:
+        """vLLM's OpenAI serving layer over this engine."""
+        from app.sampling.openai import OpenAIServer
+
+        return OpenAIServer.start(self._llm, served_name)
 
     async def load_adapter(self, directory: str) -> LoRARequest:
         """Load a PEFT adapter directory under a new id. Our trainers wrote it, so a failure is the server's."""

@@ -8,7 +8,7 @@ import logging
 import shutil
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from app.errors import ServerError, TinkerServeError, UserError
 from app.metrics import server_metrics
 from app.request_log import log_request, outcome_of
 from app.sampling.engine import SamplerEngine
+from app.sampling.openai import Answer, OpenAIServer, Route
 from app.sampling.params import SampleArgs
 from app.sampling.response import SampleResult, encode_sample_response
 from app.storage.objects import ObjectStorage
@@ -59,6 +60,7 @@ class SamplerService:
         self._cache_dir = cache_dir
         self._max_cached = max_cached
         self._adapters: OrderedDict[str, LoadedAdapter] = OrderedDict()
+        self._openai: OpenAIServer = engine.openai_server(base_model)
 
     async def adapter(self, location: str) -> LoadedAdapter:
         """The adapter stored at `location` (locations never change, so one load serves for good). Downloads
@@ -79,6 +81,30 @@ class SamplerService:
             if not self._storage.is_local:  # vLLM reads the files again if it evicts the adapter itself
                 await asyncio.to_thread(shutil.rmtree, evicted.directory, ignore_errors=True)
         return loaded
+
+    async def openai_models(self) -> dict[str, Any]:
+        return await self._openai.models()
+
+    async def openai(
+        self, route: Route, body: dict[str, Any], adapter_location: str | None, register: AdapterLoader
+    ) -> Answer | AsyncIterator[str]:
+        """An OpenAI request (checked by the ingress) through vLLM's serving layer, with the adapter stored at
+        `adapter_location` (registered with Serve's multiplexing) or the base model's zero adapter."""
+        started = time.monotonic()
+        try:
+            lora = (await register(adapter_location)).lora if adapter_location else self._engine.base_adapter
+        except TinkerServeError as exc:
+            return exc.status_code, exc.to_openai_body()
+        answer = await self._openai.respond(route, body, lora)
+        log_request(
+            "ran",
+            op=f"openai_{route}",
+            base_model=self._base_model,
+            adapter=adapter_location,
+            status=answer[0] if isinstance(answer, tuple) else "streaming",
+            seconds=round(time.monotonic() - started, 4),
+        )
+        return answer
 
     async def sample(
         self, request_id: str, args: SampleArgs, adapter_location: str | None, register: AdapterLoader | None = None

@@ -154,6 +154,18 @@ def test_hub_routes_take_the_key_as_a_bearer_token() -> None:
         presented_key(api_request, "api_keys")
 
 
+def test_openai_routes_take_the_key_as_a_bearer_token() -> None:
+    """The openai client sends its api_key as `Authorization: Bearer`; X-API-Key works there too, and no key is
+    refused even on loopback."""
+    for path, mode in (("/v1/completions", "api_keys"), ("/v1/models", LOOPBACK)):
+        request = make_request(path=path)
+        request.scope["headers"].append((b"authorization", b"Bearer tml-secret-1"))
+        assert presented_key(request, mode) == "tml-secret-1"
+        assert presented_key(make_request(path=path, key="tml-secret-2"), mode) == "tml-secret-2"
+        with pytest.raises(Unauthorized, match="Bearer"):
+            presented_key(make_request(path=path), mode)
+
+
 def test_each_key_is_a_user_and_refused_once_revoked_or_expired(tmp_path: Path) -> None:
     async def body(db: AsyncEngine) -> None:
         keys = KeyStore(db)

@@ -11,7 +11,16 @@ from fastapi.testclient import TestClient
 from pydantic import BaseModel
 
 from app.api.errors import register_exception_handlers
-from app.errors import Gone, LimitExceeded, NotFound, Overloaded, ServerError, TinkerServeError, Unavailable
+from app.errors import (
+    Gone,
+    LimitExceeded,
+    NotFound,
+    Overloaded,
+    Relayed,
+    ServerError,
+    TinkerServeError,
+    Unavailable,
+)
 
 
 class Body(BaseModel):
@@ -25,6 +34,7 @@ ERRORS: dict[str, TinkerServeError] = {
     "unavailable": Unavailable("not ready", details={"trainers": {"t": False}}),
     "limit": LimitExceeded("too many", field="data"),
     "server": ServerError("worker died"),
+    "relayed": Relayed(422, {"error": {"message": "vLLM says no", "type": "X", "param": "stop", "code": 422}}),
 }
 
 
@@ -41,6 +51,14 @@ def client() -> TestClient:
 
     @api.post("/validate")
     async def validate(body: Body) -> dict:
+        return {"ok": body.seq_id}
+
+    @api.get("/v1/raise/{kind}")  # an OpenAI-compatible route
+    async def raise_openai(kind: str) -> dict:
+        raise ERRORS[kind]
+
+    @api.post("/v1/validate")
+    async def validate_openai(body: Body) -> dict:
         return {"ok": body.seq_id}
 
     return TestClient(api, raise_server_exceptions=False)
@@ -96,3 +114,20 @@ def test_internal_fault_is_logged_with_its_request_id_and_not_leaked(
     assert "secret-internal-detail" not in response.text and "KeyError" in body["error"]
     records = {id(r): r for r in caplog.records if r.name == "tinker_serve.api"}.values()  # once, or also propagated
     assert records and all("req-123" in r.getMessage() and r.exc_info is not None for r in records)
+
+
+def test_openai_routes_answer_in_openais_shape(client: TestClient) -> None:
+    response = client.get("/v1/raise/limit")
+    assert response.status_code == 400
+    assert response.json() == {
+        "error": {"message": "too many", "type": "invalid_request_error", "param": "data", "code": 400}
+    }
+    assert client.get("/v1/raise/server").json()["error"]["type"] == "server_error"
+    invalid = client.post("/v1/validate", json={"seq_id": "x"})
+    assert invalid.status_code == 400 and invalid.json()["error"]["param"] == "seq_id"
+
+
+def test_a_relayed_error_keeps_its_status_and_body(client: TestClient) -> None:
+    for path in ("/raise/relayed", "/v1/raise/relayed"):
+        response = client.get(path)
+        assert response.status_code == 422 and response.json() == ERRORS["relayed"].to_body()

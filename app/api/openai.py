@@ -1,0 +1,127 @@
+"""OpenAI-compatible routes: /v1/models, /v1/completions and /v1/chat/completions on a base model or a tinker://
+checkpoint the caller may read. The ingress checks the model and the limits; the base model's Sampler answers
+through vLLM's own OpenAI serving layer (app.sampling.openai), whose JSON or SSE stream is passed on as it is."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.api.deps import Services, ServicesDep, UserDep
+from app.api.quotas import check_sample_tokens
+from app.api.sampling import adapter_of
+from app.errors import LimitExceeded, NotFound, Overloaded, Relayed, UserError
+from app.sampling.openai import Route
+
+router = APIRouter(prefix="/v1")
+
+
+class _Request(BaseModel):
+    """The fields the ingress checks; every other field goes to vLLM as sent (vLLM validates the whole body)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    n: int = Field(1, ge=1)
+    max_tokens: int | None = Field(None, ge=1)
+    stream: bool = False
+
+
+class CompletionRequest(_Request):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = Field(None, ge=0)
+
+
+class ChatRequest(_Request):
+    messages: list[dict[str, Any]]
+    max_completion_tokens: int | None = Field(None, ge=1)
+    top_logprobs: int | None = Field(None, ge=0)
+
+
+async def _model(services: Services, model: str, user: str) -> tuple[str, str | None]:
+    """(base model, adapter location or None) of a base model name or a readable tinker:// checkpoint path."""
+    served = sorted(services.model_limits)
+    if model.startswith("tinker://"):
+        base_model, location = await adapter_of(services, model, user, field="model")
+        if base_model not in served:
+            raise UserError(f"model {model!r} was trained on {base_model!r}, no longer served here", field="model")
+        return base_model, location
+    if model not in served:
+        raise NotFound(
+            f"model {model!r} is not served here: name a base model ({served}) or a tinker:// sampler checkpoint path",
+            field="model",
+        )
+    return model, None
+
+
+def _check_limits(services: Services, user: str, body: _Request, token_field: str, logprobs_field: str) -> int:
+    """Check n, the token budget and logprobs against the limits and the user's token rate; the budget."""
+    limits = services.config.limits
+    if body.n > limits.max_num_samples:
+        raise LimitExceeded(f"n={body.n} exceeds limits.max_num_samples={limits.max_num_samples}", field="n")
+    max_tokens = getattr(body, token_field) or limits.default_sample_tokens
+    if max_tokens > limits.max_sample_tokens:
+        raise LimitExceeded(
+            f"{token_field}={max_tokens} exceeds limits.max_sample_tokens={limits.max_sample_tokens}", field=token_field
+        )
+    logprobs = getattr(body, logprobs_field)
+    if logprobs is not None and logprobs > limits.max_topk_logprobs:
+        raise LimitExceeded(
+            f"{logprobs_field}={logprobs} exceeds limits.max_topk_logprobs={limits.max_topk_logprobs}",
+            field=logprobs_field,
+        )
+    prompts = body.prompt if isinstance(body, CompletionRequest) and _is_batch(body.prompt) else [None]
+    check_sample_tokens(services, user, len(prompts) * body.n * max_tokens)
+    return max_tokens
+
+
+def _is_batch(prompt: object) -> bool:
+    return isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], int)
+
+
+async def _forward(services: Services, user: str, route: Route, body: _Request, token_field: str) -> Any:
+    base_model, adapter_location = await _model(services, body.model, user)
+    logprobs_field = "logprobs" if route == "completions" else "top_logprobs"
+    max_tokens = _check_limits(services, user, body, token_field, logprobs_field)
+    limit = services.config.limits.max_pending_samples
+    if not services.samplers.admit(base_model, limit):
+        raise Overloaded(f"{limit} samples are already queued for {base_model} (limits.max_pending_samples)")
+    payload = {**body.model_dump(exclude_unset=True), token_field: max_tokens}
+    stream = services.samplers.openai(base_model, adapter_location, route, payload)
+    first = await anext(stream)
+    if isinstance(first, tuple):
+        await stream.aclose()
+        status, answer = first
+        if status >= 400:
+            raise Relayed(status, answer)
+        return answer
+    return StreamingResponse(_chain(first, stream), media_type="text/event-stream")
+
+
+async def _chain(first: str, rest: AsyncGenerator[Any, None]) -> AsyncIterator[str]:
+    try:
+        yield first
+        async for line in rest:
+            yield line
+    finally:  # the client may have gone: the sampler stops too
+        await rest.aclose()
+
+
+@router.get("/models")
+async def list_models(services: ServicesDep, _: UserDep) -> dict:
+    return {"object": "list", "data": await services.samplers.openai_models()}
+
+
+@router.post("/completions")
+async def completions(body: CompletionRequest, services: ServicesDep, user: UserDep) -> Any:
+    return await _forward(services, user, "completions", body, "max_tokens")
+
+
+@router.post("/chat/completions")
+async def chat_completions(body: ChatRequest, services: ServicesDep, user: UserDep) -> Any:
+    token_field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    return await _forward(services, user, "chat", body, token_field)
