@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export RAY_TRAIN_V2_ENABLED := 1
 
-.PHONY: setup model serve lint test unit bench sdk-compat postgres clean
+.PHONY: setup model serve lint test unit bench sdk-compat postgres browser clean
 
 setup: $(STAMP)
 
@@ -58,7 +58,17 @@ postgres:
 	    echo "PostgreSQL server binaries missing: run 'sudo apt-get install -y postgresql', then make test" >&2; exit 1; \
 	  fi; }
 
-test: lint model sdk-compat postgres
+# The headless browser tests/integration/test_console.py drives the web console with: Debian's `chromium` and
+# `chromium-driver` (Selenium is pointed at /usr/bin/chromium and /usr/bin/chromedriver; nothing is downloaded).
+browser:
+	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; \
+	  else \
+	    echo "Chromium missing: run 'sudo apt-get install -y chromium chromium-driver', then make test" >&2; exit 1; \
+	  fi; }
+
+test: lint model sdk-compat postgres browser
 	$(PY) -m pytest tests -v -p no:cacheprovider
 
 bench: setup
