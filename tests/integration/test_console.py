@@ -10,6 +10,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -174,6 +175,22 @@ def test_the_console_shows_a_users_runs_live_and_publishes_checkpoints(
     browser.execute_script("document.getElementById('checkpoints').scrollIntoView()")
     time.sleep(0.3)
     screenshot(browser, "laptop-checkpoints")
+
+    # a new TTL through the page's dialog: 2 days
+    sampler_row = 'tr[data-checkpoint="sampler_weights/sampler-step-8"]'
+    browser.find_element(By.CSS_SELECTOR, f'{sampler_row} button[data-action="ttl"]').click()
+    wait_for(lambda: browser.execute_script("return document.getElementById('ttl-dialog').open"), "the TTL dialog")
+    amount = browser.find_element(By.ID, "ttl-amount")
+    amount.clear()
+    amount.send_keys("2")
+    screenshot(browser, "laptop-ttl-dialog")
+    asked = time.time()
+    browser.find_element(By.CSS_SELECTOR, '#ttl-form button[value="set"]').click()
+    wait_for(lambda: "in 2 days" in browser.find_element(By.CSS_SELECTOR, sampler_row).text, "the new expiry")
+    with raw_client(base_url, OWNER) as http:
+        listed = http.get(f"/api/v1/training_runs/{run_id}/checkpoints").json()["checkpoints"]
+    expires = {c["checkpoint_id"]: c.get("expires_at") for c in listed}["sampler_weights/sampler-step-8"]
+    assert abs(datetime.fromisoformat(expires).timestamp() - (asked + 2 * 86400)) < 60
 
     # a phone: the run page and the overview fit 390 px
     viewport(browser, PHONE)

@@ -59,7 +59,7 @@
     const s = (new Date(iso) - Date.now()) / 1000;
     if (s <= 0) return "expiring";
     if (s < 3600) return `in ${Math.ceil(s / 60)} min`;
-    if (s < 2 * 86400) return `in ${Math.round(s / 3600)} h`;
+    if (s < 36 * 3600) return `in ${Math.round(s / 3600)} h`;
     return `in ${Math.round(s / 86400)} days`;
   }
 
@@ -195,7 +195,7 @@
             `${replicaText(t.replicas)} · queue ${t.in_flight}`),
         ]),
         h("dt", {}, "Samplers"),
-        h("dd", { id: `sampler-${m.name}` }, dot(m.sampler.ready), `${replicaText(m.sampler.replicas)} ` +
+        h("dd", {}, dot(m.sampler.ready), `${replicaText(m.sampler.replicas)} ` +
           `(autoscale ${m.sampler.min_replicas}–${m.sampler.max_replicas}) · queue ${m.sampler.in_flight} / ${m.sampler.max_pending}`),
       ))),
       h("p", { class: "muted small" }, `Queues count this ingress replica's requests (of ${status.ingress_replicas}).`));
