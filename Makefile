@@ -13,7 +13,7 @@ export RAY_TRAIN_V2_ENABLED := 1
 export RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD ?= 0
 export RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP ?= 0
 
-.PHONY: setup model serve lint test unit bench sdk-compat postgres clean
+.PHONY: setup model serve lint test unit bench sdk-compat postgres browser clean
 
 setup: $(STAMP)
 
@@ -62,7 +62,17 @@ postgres:
 	    echo "PostgreSQL server binaries missing: run 'sudo apt-get install -y postgresql', then make test" >&2; exit 1; \
 	  fi; }
 
-test: lint model sdk-compat postgres
+# The headless browser tests/integration/test_console.py drives the web console with: Debian's `chromium` and
+# `chromium-driver` (Selenium is pointed at /usr/bin/chromium and /usr/bin/chromedriver; nothing is downloaded).
+browser:
+	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; \
+	  else \
+	    echo "Chromium missing: run 'sudo apt-get install -y chromium chromium-driver', then make test" >&2; exit 1; \
+	  fi; }
+
+test: lint model sdk-compat postgres browser
 	$(PY) -m pytest tests -v -p no:cacheprovider
 
 bench: setup

@@ -139,6 +139,9 @@ class ServeTrainerClient(TrainerClient):
     async def ready(self) -> dict[str, bool]:
         return await self._calls.ready()
 
+    def in_flight(self) -> dict[str, int]:
+        return {name: self._calls.in_flight[name] for name in self._calls.handles}
+
 
 class ServeSamplerClient(SamplerClient):
     """Requests for one adapter go, where possible, to replicas that already hold it (Serve multiplexing)."""
@@ -186,3 +189,6 @@ class ServeSamplerClient(SamplerClient):
 
     async def ready(self) -> dict[str, bool]:
         return await self._calls.ready()
+
+    def in_flight(self) -> dict[str, int]:
+        return {name: self._calls.in_flight[name] + self._admitted[name] for name in self._calls.handles}

@@ -44,6 +44,7 @@ from app.sweeps import sweep_forever
 from app.training.validation import ModelLimits
 from deployments.handles import ServeSamplerClient, ServeTrainerClient
 from deployments.logs import route_app_logs
+from deployments.status import ServeReplicaCounts
 
 logger = logging.getLogger("tinker_serve.ingress")
 
@@ -123,6 +124,7 @@ class Ingress:
             request_rate=RateLimiter(limits.requests_per_minute_per_key),
             sample_rate=RateLimiter(limits.sample_tokens_per_minute_per_user),
             url_signing_key=await shared_secret(db, "url_signing_key"),
+            replicas=ServeReplicaCounts(),
         )
         sampler_ttl = limits.ephemeral_sampler_ttl_seconds
         self._sweepers = [

@@ -6,8 +6,8 @@ the two equal), the tests and benchmarks call `apply()` before `ray.init`, and t
 the Ray containers. They are part of what Serve's own `RAY_SERVE_THROUGHPUT_OPTIMIZED` sets, less gRPC between
 handles and replicas (Serve then caps a replica's request at 4 MiB: a training batch is larger), direct ingress (it
 needs a port range per node) and buffered request logs (Serve flushes them only every 1000 lines or on an error, so a
-replica's log would trail its requests by minutes). bench/request_path.py measures them: through the proxy, `healthz` and `get_info`
-took about half the time with them (README, "Tests and benchmarks").
+replica's log would trail its requests by minutes). bench/request_path.py measures them: through the proxy,
+`healthz` and `get_info` took about half the time with them (README, "Tests and benchmarks").
 """
 
 from __future__ import annotations

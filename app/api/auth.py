@@ -18,7 +18,7 @@ from app.db.audit import AuditLog
 from app.db.keys import KEY_PREFIX, KeyRecord, KeyStore, key_hash
 from app.errors import InvalidToken, Unauthorized
 
-OPEN_PATHS = frozenset({"/api/v1/healthz", "/ready", "/docs", "/openapi.json"})
+OPEN_PATHS = frozenset({"/api/v1/healthz", "/ready", "/docs", "/openapi.json", "/console"})  # console: no data
 SIGNED_PREFIXES = ("/api/v1/downloads/", "/api/v1/traces/")  # a signature in the URL authorises these
 HUB_PREFIX = "/hub/"  # Hugging Face clients send their token as `Authorization: Bearer` (HF_TOKEN), never a key
 OPENAI_PREFIX = "/v1/"  # so do OpenAI clients (OPENAI_API_KEY), on the OpenAI-compatible routes

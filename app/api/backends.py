@@ -34,6 +34,10 @@ class TrainerClient(ABC):
     async def ready(self) -> dict[str, bool]:
         """Whether each trainer answers."""
 
+    @abstractmethod
+    def in_flight(self) -> dict[str, int]:
+        """Operations this ingress replica handed each trainer, queued or running there."""
+
 
 class SamplerClient(ABC):
     """Hands sampling work to a base model's samplers, preferring replicas that hold the adapter."""
@@ -64,3 +68,16 @@ class SamplerClient(ABC):
     @abstractmethod
     async def ready(self) -> dict[str, bool]:
         """Whether each base model's samplers answer."""
+
+    @abstractmethod
+    def in_flight(self) -> dict[str, int]:
+        """Samples this ingress replica admitted for each base model, waiting or running."""
+
+
+class ReplicaCounts(ABC):
+    """How many replicas each deployment of this application has (read from Serve in deployments.status)."""
+
+    @abstractmethod
+    async def replicas(self) -> dict[tuple[str, str], dict[str, int]]:
+        """Replicas by state (e.g. `{"RUNNING": 2}`) of each trainer and sampler, by (`trainer` or `sampler`, its
+        name: a trainer's, or the sampler's base model); {} when they cannot be read."""

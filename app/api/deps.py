@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import Depends, Query, Request
 
 from app.api.auth import Authenticator
-from app.api.backends import SamplerClient, TrainerClient
+from app.api.backends import ReplicaCounts, SamplerClient, TrainerClient
 from app.api.rates import RateLimiter
 from app.caches import remember
 from app.config import BaseModelConfig, ServerConfig
@@ -69,6 +69,7 @@ class Services:
     request_rate: RateLimiter  # requests a minute, per key
     sample_rate: RateLimiter  # sampled tokens a minute, per user
     url_signing_key: str  # signs download URLs; shared by every ingress replica (see app.db.settings)
+    replicas: ReplicaCounts | None = None  # the deployments' replicas (server_status); None: not known here
     _runs: dict[str, TrainingRun] = field(default_factory=dict)
     _sampling_sessions: dict[str, SamplingSession] = field(default_factory=dict)
     _owners: dict[str, str | None] = field(default_factory=dict)  # session id -> owner (owners never change)

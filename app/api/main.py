@@ -8,6 +8,7 @@ from app.api import (
     admin,
     apikeys,
     audit,
+    capacity,
     checkpoints,
     copies,
     custom_losses,
@@ -26,6 +27,7 @@ from app.api import (
 )
 from app.api.errors import register_exception_handlers
 from app.api.quotas import check_request_rate
+from app.console import install as install_console
 from app.errors import Unavailable
 
 
@@ -65,9 +67,11 @@ def create_api() -> FastAPI:
         downloads.router,
         hub.router,
         openai.router,
+        capacity.router,
     ):
         api.include_router(router)
     register_exception_handlers(api)
+    install_console(api)
 
     @api.get("/ready")
     async def ready(request: Request) -> dict:

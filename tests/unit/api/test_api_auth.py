@@ -73,7 +73,7 @@ def test_api_keys_mode_needs_a_key() -> None:
             presented_key(make_request(key=key), "api_keys")
 
 
-@pytest.mark.parametrize("path", ["/api/v1/healthz", "/ready", "/docs", "/openapi.json"])
+@pytest.mark.parametrize("path", ["/api/v1/healthz", "/ready", "/docs", "/openapi.json", "/console"])
 def test_open_paths_need_no_key(path: str) -> None:
     assert presented_key(make_request(path, key=None, client="10.1.2.3"), "api_keys") is None
     assert presented_key(make_request(path, key=None, client="10.1.2.3"), LOOPBACK) is None
