@@ -13,7 +13,7 @@ export RAY_TRAIN_V2_ENABLED := 1
 export RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD ?= 0
 export RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP ?= 0
 
-.PHONY: setup model serve lint test unit bench sdk-compat postgres browser clean
+.PHONY: setup model serve lint test unit bench bench-peer sdk-compat postgres browser clean
 
 setup: $(STAMP)
 
@@ -80,6 +80,16 @@ bench: setup
 	$(PY) bench/train_step.py
 	$(PY) bench/sample_throughput.py
 	$(PY) bench/ppo_iteration.py
+
+# Side by side with SkyRL's Tinker server (README, "Against the peer"): installs the peer (2.3 GB, PyPI) and
+# builds the two Qwen3 test models into PEER when missing, then runs both servers in turn. Override PEER,
+# REPEATS (default 3) or PEER_ARGS (e.g. --models tiny).
+PEER ?= /tmp/tinker-serve-peer
+REPEATS ?= 3
+bench-peer: setup
+	test -x $(PEER)/venv/bin/python || PEER=$(PEER) bench/peer/install_peer.sh $(PEER)/venv
+	test -f $(PEER)/models/small/config.json || $(PEER)/venv/bin/python bench/peer/build_models.py --out $(PEER)/models
+	PYTHONPATH=$(CURDIR) $(PY) bench/peer_compare.py --scratch $(PEER) --repeats $(REPEATS) $(PEER_ARGS)
 
 clean:
 	rm -rf state .ray_tmp $(OLD_SDK_VENV)
