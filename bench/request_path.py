@@ -6,7 +6,7 @@ Medians over repeats of each round's p50. Targets (issue 19): healthz <= 2 ms, g
     python bench/request_path.py [--requests 300] [--repeats 5]
 
 Serve's own settings matter most here; the script reports the RAY_SERVE_* variables it ran with (bench/server.py
-applies the project's defaults from app/serve_env.py, as `make serve` does).
+applies the project's defaults from deployments/serve_env.py, as `make serve` does).
 """
 
 from __future__ import annotations

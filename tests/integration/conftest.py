@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -86,8 +88,9 @@ def wait_ready(url: str, budget_s: float = 300) -> None:
         time.sleep(1)
 
 
-def replace_app(config: dict, url: str) -> None:
-    """Delete the shared Serve app and start one with `config` in its place (clients keep the same URL)."""
+def replace_app(config: dict, url: str, while_starting: Callable[[], None] | None = None) -> None:
+    """Delete the shared Serve app and start one with `config` in its place (clients keep the same URL);
+    `while_starting` runs once the new app's ingress answers, before the app is ready."""
     serve.delete("tinker", _blocking=False)  # the trainers' graceful shutdown waits up to 60 s for a submit
     deadline = time.monotonic() + 240  # left waiting, so this can take longer than serve's own wait
     while "tinker" in serve.status().applications:
@@ -97,7 +100,18 @@ def replace_app(config: dict, url: str) -> None:
     while ray.available_resources().get("CPU", 0) < ray.cluster_resources()["CPU"]:
         assert time.monotonic() < deadline, f"the deleted app still holds CPUs: {ray.util.placement_group_table()}"
         time.sleep(1)
-    serve.run(build_app(config), name="tinker", route_prefix="/")
+    app = build_app(config)
+    if while_starting is None:
+        serve.run(app, name="tinker", route_prefix="/")
+    else:  # serve.run returns once every deployment runs: in a thread, while this one waits for the ingress alone
+        deploying = threading.Thread(target=serve.run, args=(app,), kwargs={"name": "tinker", "route_prefix": "/"})
+        deploying.start()
+        deadline = time.monotonic() + 120
+        while httpx.get(f"{url}/api/v1/healthz", timeout=10).status_code != 200:
+            assert time.monotonic() < deadline, "the new app's ingress never answered"
+            time.sleep(0.2)
+        while_starting()
+        deploying.join(timeout=300)
     wait_ready(url)
 
 

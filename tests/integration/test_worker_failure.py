@@ -191,7 +191,7 @@ def test_sampler_replica_death_is_invisible_to_clients(service_client, state_dir
 def test_an_app_restart_mid_run_resumes_the_model(service_client, base_url: str, state_dir: Path):
     """The Serve app stops and starts again on the same state while a step is in flight: the client goes on with
     the same model by id, the step in flight completes, and the weights equal an undisturbed run's; finished
-    futures, runs and checkpoints survive."""
+    futures, runs and checkpoints survive. A model created while the new trainer starts is created and trains."""
     twin, tc = new_client(service_client, seed=43), new_client(service_client, seed=43)
     data = sft_datums(tc.get_tokenizer())
     for client in (twin, tc):
@@ -209,11 +209,20 @@ def test_an_app_restart_mid_run_resumes_the_model(service_client, base_url: str,
         tc.optim_step(ADAM)
 
         started = time.monotonic()
-        replace_app(server_config(state_dir), base_url)
+        created: list[tuple[str, tinker.TrainingClient]] = []
+
+        def create_while_the_trainer_starts() -> None:
+            trainer = serve.status().applications["tinker"].deployments[f"Trainer:{BASE_MODEL}"].status
+            created.append((trainer, new_client(service_client, seed=45)))  # returns once the model is created
+
+        replace_app(server_config(state_dir), base_url, while_starting=create_while_the_trainer_starts)
 
         assert _retrieve(http, finished.json()["request_id"]) == finished_result
         assert http.get(f"/api/v1/training_runs/{tc.model_id}").json()["last_snapshot_time"] is not None
     train_steps(tc, data, 1)
+    ((trainer_then, fresh),) = created
+    assert trainer_then != "HEALTHY", "the model was meant to be created while its trainer started"
+    assert fresh.forward_backward(data, "cross_entropy").result().metrics["loss:sum"] > 0
     print(f"app restarted -> the next step answered {time.monotonic() - started:.1f} s after the restart began")
     for got, want in zip(logprobs_of(tc.forward(data, "cross_entropy").result()), expected, strict=True):
         np.testing.assert_array_equal(got, want)
