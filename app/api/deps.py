@@ -181,8 +181,6 @@ class Services:
 
 # Dependencies are coroutines: FastAPI runs a plain `def` dependency on its thread pool, two thread hops per request
 # (bench/request_path.py: a keyed route took twice a keyless one's time through Serve's proxy).
-
-
 async def get_services(request: Request) -> Services:
     return request.app.state.services
 

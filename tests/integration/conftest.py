@@ -81,11 +81,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     )
 
 
-def wait_ready(url: str, budget_s: float = 300) -> None:
+def wait_ready(url: str, budget_s: float = 300, route: str = "/ready", every_s: float = 1.0) -> None:
+    """Until `route` answers 200: by default /ready, once every trainer and sampler answers."""
     deadline = time.monotonic() + budget_s
-    while httpx.get(f"{url}/ready", timeout=10).status_code != 200:
-        assert time.monotonic() < deadline, "the Serve app never became ready"
-        time.sleep(1)
+    while httpx.get(f"{url}{route}", timeout=10).status_code != 200:
+        assert time.monotonic() < deadline, f"the Serve app's {route} never answered 200 within {budget_s:g} s"
+        time.sleep(every_s)
 
 
 def replace_app(config: dict, url: str, while_starting: Callable[[], None] | None = None) -> None:
@@ -106,10 +107,7 @@ def replace_app(config: dict, url: str, while_starting: Callable[[], None] | Non
     else:  # serve.run returns once every deployment runs: in a thread, while this one waits for the ingress alone
         deploying = threading.Thread(target=serve.run, args=(app,), kwargs={"name": "tinker", "route_prefix": "/"})
         deploying.start()
-        deadline = time.monotonic() + 120
-        while httpx.get(f"{url}/api/v1/healthz", timeout=10).status_code != 200:
-            assert time.monotonic() < deadline, "the new app's ingress never answered"
-            time.sleep(0.2)
+        wait_ready(url, budget_s=120, route="/api/v1/healthz", every_s=0.2)  # the new app's ingress answers
         while_starting()
         deploying.join(timeout=300)
     wait_ready(url)
