@@ -119,10 +119,12 @@ def _retrieve(http: httpx.Client, request_id: str) -> dict:
     return http.post("/api/v1/retrieve_future", json={"request_id": request_id}).json()
 
 
-def _pending_futures(state_dir: Path, model_ids: list[str]) -> int:
+def _pending_futures(state_dir: Path, model_ids: list[str], state: str | None = "pending") -> int:
+    """The futures of these models in `state` (None: in any state)."""
     with sqlite3.connect(state_dir / "tinker_serve.db") as db:
         marks = ",".join("?" * len(model_ids))
-        query = f"SELECT count(*) FROM futures WHERE state = 'pending' AND model_id IN ({marks})"
+        in_state = "" if state is None else f"state = '{state}' AND "
+        query = f"SELECT count(*) FROM futures WHERE {in_state}model_id IN ({marks})"
         return db.execute(query, model_ids).fetchone()[0]
 
 
@@ -205,8 +207,13 @@ def test_an_app_restart_mid_run_resumes_the_model(service_client, base_url: str,
         # In flight across the restart. The SDK's own polls of these meet the proxy's 404 while no app is deployed
         # (a restart behind a load balancer would answer 503), so they are not awaited: the steps after them
         # can only run, and the weights only match, if the server finished them exactly once.
+        accepted = _pending_futures(state_dir, [tc.model_id], state=None)
         tc.forward_backward(data, "cross_entropy")
         tc.optim_step(ADAM)
+        deadline = time.monotonic() + 30  # both accepted (journaled) before the app goes: the SDK sends them later
+        while _pending_futures(state_dir, [tc.model_id], state=None) < accepted + 2:
+            assert time.monotonic() < deadline, "the two steps in flight never reached the server"
+            time.sleep(0.05)
 
         started = time.monotonic()
         created: list[tuple[str, tinker.TrainingClient]] = []
