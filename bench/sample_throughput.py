@@ -24,6 +24,7 @@ from server import APP_NAME, ROOT, start_server  # sets up sys.path and the envi
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # the raw engine's worker, like the replica's
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the model in the engine process, as in the replica
 
 import numpy as np
 import torch

@@ -17,9 +17,10 @@ from typing import Any
 
 from sqlalchemy import Row, insert, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.db.completions import CompletionLog, target_of
+from app.db.group_commit import group_commit
 from app.db.schema import futures, session_requests
 from app.db.wakeups import Wakeups
 from app.errors import NotFound
@@ -69,6 +70,7 @@ Outcome = Pending | Completed | Failed | Unknown
 class FutureStore:
     def __init__(self, db: AsyncEngine, *, poll_interval_s: float = 1.0) -> None:
         self._db = db
+        self._writes = group_commit(db)  # samples that finish together complete in one transaction
         self._wakeups: Wakeups[str] = Wakeups(poll_interval_s)
         self.completions = CompletionLog(db, poll_interval_s=poll_interval_s)
 
@@ -83,15 +85,18 @@ class FutureStore:
             "state": "pending",
             "created_at": time.time(),
         }
-        try:
-            async with self._db.begin() as conn:
-                await conn.execute(insert(futures).values(**row))
-                if model_id is not None:  # every model and sampler id starts with its session's id
-                    await conn.execute(
-                        insert(session_requests).values(
-                            request_id=request_id, session_id=model_id.split(":", 1)[0], created_at=row["created_at"]
-                        )
+
+        async def write(conn: AsyncConnection) -> None:
+            await conn.execute(insert(futures).values(**row))
+            if model_id is not None:  # every model and sampler id starts with its session's id
+                await conn.execute(
+                    insert(session_requests).values(
+                        request_id=request_id, session_id=model_id.split(":", 1)[0], created_at=row["created_at"]
                     )
+                )
+
+        try:
+            await self._writes.run(write)
             if kind == "sample" and model_id is not None and seq_id is not None:
                 self.completions.track(request_id, target_of(model_id, seq_id))
             return request_id, True
@@ -151,12 +156,16 @@ class FutureStore:
             .values(completed_at=time.time(), **values)
             .returning(futures.c.request_id, futures.c.kind, futures.c.model_id, futures.c.seq_id)
         )
-        async with self._db.begin() as conn:
+
+        async def write(conn: AsyncConnection) -> Sequence[Row]:
             rows = (await conn.execute(statement)).all()
             for row in _samples(rows):
                 target = target_of(row.model_id, row.seq_id)
                 size = len(payload) if isinstance(payload, bytes) else None
                 await self.completions.append(conn, target, row.request_id, state, size)
+            return rows
+
+        rows = await self._writes.run(write)
         for row in _samples(rows):
             self.completions.wake_target(target_of(row.model_id, row.seq_id))
         return rows

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 from sqlalchemy import func, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from app.db.group_commit import group_commit
 from app.db.owners import session_ids_of
 from app.db.schema import checkpoints, session_labels, training_runs, usage_hours
 
@@ -56,7 +57,8 @@ class UsageStore:
             raise ValueError(f"usage kinds are {KINDS}, got {sorted(counts)}")
         bucket = float(int((time.time() if at is None else at) // HOUR_S) * HOUR_S)
         dialect = postgresql if self._db.dialect.name == "postgresql" else sqlite
-        async with self._db.begin() as conn:
+
+        async def write(conn: AsyncConnection) -> None:
             for kind, tokens in sorted(counts.items()):
                 statement = dialect.insert(usage_hours).values(
                     bucket_start=bucket, session_id=session_id, base_model=base_model, kind=kind, token_count=tokens
@@ -67,6 +69,8 @@ class UsageStore:
                         set_={"token_count": usage_hours.c.token_count + statement.excluded.token_count},
                     )
                 )
+
+        await group_commit(self._db).run(write)  # with the futures its requests complete
 
     async def record(self, session_id: str, base_model: str, counts: dict[str, int]) -> None:
         """`add` for the request paths: a failure to count is logged, never the request's failure."""
