@@ -20,7 +20,7 @@ Write = Callable[[AsyncConnection], Awaitable[T]]
 
 class GroupCommit:
     def __init__(self, db: AsyncEngine) -> None:
-        self._db = db
+        self._db = weakref.ref(db)  # weak: group_commit's registry must not keep a disposed engine alive
         self._queue: list[tuple[Write[Any], asyncio.Future[Any]]] = []
         self._drain_task: asyncio.Task[None] | None = None
 
@@ -55,7 +55,10 @@ class GroupCommit:
             self._drain_task = None
 
     async def _commit(self, writes: list[Write[Any]]) -> list[Any]:
-        async with self._db.begin() as conn:
+        db = self._db()
+        if db is None:
+            raise RuntimeError("the database engine of these writes is gone")
+        async with db.begin() as conn:
             return [await write(conn) for write in writes]
 
 

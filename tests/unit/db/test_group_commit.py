@@ -1,9 +1,12 @@
-"""GroupCommit on SQLite and PostgreSQL: concurrent writes share a transaction, a failing write fails alone, and a
-cancelled caller strands nobody."""
+"""GroupCommit on SQLite and PostgreSQL: concurrent writes share a transaction, a failing write fails alone, a
+cancelled caller strands nobody, and the registry keeps no engine alive."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
+from pathlib import Path
 
 import pytest
 from sqlalchemy import event, insert, select
@@ -12,8 +15,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.db.futures import Completed, FutureStore
 from app.db.group_commit import GroupCommit, Write, group_commit
-from app.db.schema import schema_info
-from tests.conftest import run_on_db
+from app.db.schema import connect, schema_info
+from tests.conftest import run_on_db, sqlite_url
 
 
 def _insert(version: int) -> Write[int]:
@@ -91,3 +94,12 @@ def test_stores_share_one_group_commit_per_engine(db_url: str) -> None:
             assert isinstance(await store.get(request_id), Completed)
 
     run_on_db(db_url, body)
+
+
+def test_the_registry_lets_engines_go(tmp_path: Path) -> None:
+    db = connect(sqlite_url(tmp_path / "gone.sqlite"))
+    group_commit(db)
+    gone = weakref.ref(db)
+    del db
+    gc.collect()
+    assert gone() is None
