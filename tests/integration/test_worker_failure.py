@@ -32,6 +32,7 @@ from tests.integration.helpers import logprobs_of, new_client, sft_datums, train
 RESTART_BUDGET_S = 180.0  # Ray Train detects the death, restarts both ranks, reloads the base model
 ADAM = tinker.types.AdamParams(learning_rate=1e-2)
 SAMPLER_ATOL = 2e-4  # as in test_sampling: vLLM and the trainer agree to ~1e-5 in fp32
+SAMPLE_HAND_OFF_S = 1.0  # created sample futures to the Sampler holding them: milliseconds when idle
 
 
 def _pipelined_run(tc: tinker.TrainingClient, data: list, steps: int, after: int = -1, then=None) -> list[np.ndarray]:
@@ -128,10 +129,11 @@ def _pending_futures(state_dir: Path, model_ids: list[str], state: str | None = 
         return db.execute(query, model_ids).fetchone()[0]
 
 
-def _sample_in_flight(state_dir: Path, samplers: list[tinker.SamplingClient], count: int) -> list:
-    """`count` samples of 160 tokens from `samplers` in turn, returned once every one is sent (its future pending)."""
+def _sample_in_flight(state_dir: Path, samplers: list[tinker.SamplingClient], count: int, tokens: int = 160) -> list:
+    """`count` samples of `tokens` tokens from `samplers` in turn, returned once every one is sent (its future
+    pending)."""
     prompt = types.ModelInput.from_ints(samplers[0].get_tokenizer().encode("What is 12 + 7? The answer"))
-    params = types.SamplingParams(max_tokens=160, temperature=1.0)
+    params = types.SamplingParams(max_tokens=tokens, temperature=1.0)
     samples = [samplers[i % len(samplers)].sample(prompt, 1, params).future() for i in range(count)]
     sessions = [s._sampling_session_id for s in samplers]
     deadline = time.monotonic() + 30
@@ -147,7 +149,12 @@ def test_ingress_restart_loses_nothing(service_client, state_dir: Path):
     tc = new_client(service_client, seed=45)
     data = sft_datums(tc.get_tokenizer())
     before = tc.forward_backward(data, "cross_entropy").result().metrics["loss:sum"]
-    samples = _sample_in_flight(state_dir, [service_client.create_sampling_client(base_model=BASE_MODEL).result()], 4)
+    sampler = service_client.create_sampling_client(base_model=BASE_MODEL).result()
+    samples = _sample_in_flight(state_dir, [sampler], 4, tokens=800)
+    # The ingress hands each sample to the Sampler just after creating its future; a hand-off still under way when
+    # the ingress dies is lost (the future fails after limits.sample_timeout_seconds). This test is about work the
+    # Sampler already has: give the hand-offs time to land on a loaded machine (the samples run for seconds).
+    time.sleep(SAMPLE_HAND_OFF_S)
     in_flight = [tc.optim_step(ADAM), tc.forward(data, "cross_entropy")]
     replica = _replica("Ingress")
     _kill(replica)
