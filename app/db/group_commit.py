@@ -19,6 +19,8 @@ Write = Callable[[AsyncConnection], Awaitable[T]]
 
 
 class GroupCommit:
+    """One process's queue of writes to one database; `run` a write and await its result."""
+
     def __init__(self, db: AsyncEngine) -> None:
         self._db = weakref.ref(db)  # weak: group_commit's registry must not keep a disposed engine alive
         self._queue: list[tuple[Write[Any], asyncio.Future[Any]]] = []

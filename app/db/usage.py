@@ -70,7 +70,7 @@ class UsageStore:
                     )
                 )
 
-        await group_commit(self._db).run(write)  # with the futures its requests complete
+        await group_commit(self._db).run(write)  # in the same transaction as the futures that finish with it
 
     async def record(self, session_id: str, base_model: str, counts: dict[str, int]) -> None:
         """`add` for the request paths: a failure to count is logged, never the request's failure."""
