@@ -47,6 +47,7 @@ class RunStorage:
 class UsageStore:
     def __init__(self, db: AsyncEngine) -> None:
         self._db = db
+        self._writes = group_commit(db)  # counts share a transaction with the futures that finish with them
 
     async def add(self, session_id: str, base_model: str, counts: dict[str, int], at: float | None = None) -> None:
         """Add `counts` (kind -> tokens) to the session's row of the hour holding `at` (default now)."""
@@ -70,7 +71,7 @@ class UsageStore:
                     )
                 )
 
-        await group_commit(self._db).run(write)  # in the same transaction as the futures that finish with it
+        await self._writes.run(write)
 
     async def record(self, session_id: str, base_model: str, counts: dict[str, int]) -> None:
         """`add` for the request paths: a failure to count is logged, never the request's failure."""

@@ -120,13 +120,28 @@ def _retrieve(http: httpx.Client, request_id: str) -> dict:
     return http.post("/api/v1/retrieve_future", json={"request_id": request_id}).json()
 
 
-def _pending_futures(state_dir: Path, model_ids: list[str], state: str | None = "pending") -> int:
+def _count_futures(state_dir: Path, model_ids: list[str], state: str | None = "pending") -> int:
     """The futures of these models in `state` (None: in any state)."""
     with sqlite3.connect(state_dir / "tinker_serve.db") as db:
         marks = ",".join("?" * len(model_ids))
-        in_state = "" if state is None else f"state = '{state}' AND "
+        in_state = "" if state is None else "state = ? AND "
         query = f"SELECT count(*) FROM futures WHERE {in_state}model_id IN ({marks})"
-        return db.execute(query, model_ids).fetchone()[0]
+        return db.execute(query, ([] if state is None else [state]) + model_ids).fetchone()[0]
+
+
+def _wait_for_futures(
+    state_dir: Path,
+    model_ids: list[str],
+    count: int,
+    failure: str,
+    state: str | None = "pending",
+    still: Callable[[], bool] = lambda: True,
+) -> None:
+    """Until `count` futures of these models are in `state`: within 30 s, and while `still()` holds."""
+    deadline = time.monotonic() + 30
+    while _count_futures(state_dir, model_ids, state) < count:
+        assert time.monotonic() < deadline and still(), failure
+        time.sleep(0.05)
 
 
 def _sample_in_flight(state_dir: Path, samplers: list[tinker.SamplingClient], count: int, tokens: int = 160) -> list:
@@ -136,10 +151,11 @@ def _sample_in_flight(state_dir: Path, samplers: list[tinker.SamplingClient], co
     params = types.SamplingParams(max_tokens=tokens, temperature=1.0)
     samples = [samplers[i % len(samplers)].sample(prompt, 1, params).future() for i in range(count)]
     sessions = [s._sampling_session_id for s in samplers]
-    deadline = time.monotonic() + 30
-    while _pending_futures(state_dir, sessions) < count:
-        assert time.monotonic() < deadline and not any(f.done() for f in samples)
-        time.sleep(0.05)
+
+    def none_finished() -> bool:
+        return not any(f.done() for f in samples)
+
+    _wait_for_futures(state_dir, sessions, count, "the samples were not all pending together", still=none_finished)
     return samples
 
 
@@ -189,7 +205,7 @@ def test_sampler_replica_death_is_invisible_to_clients(service_client, state_dir
     results = [f.result(timeout=RESTART_BUDGET_S) for f in in_flight]  # no client error
     print(f"\n{len(results)} samples answered {time.monotonic() - killed:.1f} s after the sampler replica died")
     assert all(len(r.sequences) == 1 and r.sequences[0].tokens for r in results)
-    assert _pending_futures(state_dir, [adapter._sampling_session_id, base._sampling_session_id]) == 0
+    assert _count_futures(state_dir, [adapter._sampling_session_id, base._sampling_session_id]) == 0
     assert _replica(f"Sampler:{BASE_MODEL}")["name"] != victim["name"]
 
     after = adapter.sample(prompt, 1, types.SamplingParams(max_tokens=12, temperature=1.0)).result().sequences[0]
@@ -214,13 +230,13 @@ def test_an_app_restart_mid_run_resumes_the_model(service_client, base_url: str,
         # In flight across the restart. The SDK's own polls of these meet the proxy's 404 while no app is deployed
         # (a restart behind a load balancer would answer 503), so they are not awaited: the steps after them
         # can only run, and the weights only match, if the server finished them exactly once.
-        accepted = _pending_futures(state_dir, [tc.model_id], state=None)
+        accepted = _count_futures(state_dir, [tc.model_id], state=None)
         tc.forward_backward(data, "cross_entropy")
         tc.optim_step(ADAM)
-        deadline = time.monotonic() + 30  # both accepted (journaled) before the app goes: the SDK sends them later
-        while _pending_futures(state_dir, [tc.model_id], state=None) < accepted + 2:
-            assert time.monotonic() < deadline, "the two steps in flight never reached the server"
-            time.sleep(0.05)
+        # both accepted (journaled) before the app goes: the SDK sends them from its own thread, later
+        _wait_for_futures(
+            state_dir, [tc.model_id], accepted + 2, "the two steps in flight never reached the server", state=None
+        )
 
         started = time.monotonic()
         created: list[tuple[str, tinker.TrainingClient]] = []
