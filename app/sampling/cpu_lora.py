@@ -4,7 +4,8 @@ vLLM 0.32's `PunicaWrapperCPU` applies every LoRA layer with plain torch ops tha
 matrix (`weights[indices]`: tokens x rank x hidden floats) and then contract it per token with `einsum`. On the peer
 workload that was 38-41% of an engine step (README, "The engine's profile"). A batch holds few adapters, so the
 same product is one `x @ W.T` per adapter over that adapter's rows. The contract is vLLM's, index for index: an
-index of -1 selects the last slot, as vLLM's gather does, and the output slices and `add_inputs` are the same.
+index of -1 selects the last slot, as vLLM's gather does, and the output slices and `add_inputs` are the same. Every
+argument is required: vLLM 0.32's callers pass them all, and its own defaults differ between the two forms.
 
 vLLM loads `install` in each of its processes as a general plugin (pyproject's `vllm.general_plugins` entry point);
 a Sampler `env` of `VLLM_PLUGINS=""` keeps vLLM's own ops.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -43,7 +45,7 @@ def bgmv_shrink(
     lora_a_weights: torch.Tensor,
     output_tensor: torch.Tensor,
     lora_indices_tensor: torch.Tensor,
-    scaling: float = 1.0,
+    scaling: float,
 ) -> None:
     """`output[:, :rank] = scaling * inputs @ A[index].T`, per token."""
     out = per_adapter_matmul(inputs, lora_a_weights, lora_indices_tensor, output_tensor.dtype)
@@ -55,7 +57,7 @@ def bgmv_expand(
     lora_b_weights: torch.Tensor,
     output_tensor: torch.Tensor,
     lora_indices_tensor: torch.Tensor,
-    add_inputs: bool = True,
+    add_inputs: bool,
 ) -> None:
     """`output[:, :n] (+)= inputs @ B[index].T` on the columns both have; a single row goes to every row."""
     out = per_adapter_matmul(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype)
@@ -73,7 +75,7 @@ def bgmv_expand_slice(
     lora_indices_tensor: torch.Tensor,
     slice_offset: int,
     slice_size: int,
-    add_inputs: bool = True,
+    add_inputs: bool,
 ) -> None:
     """`output[:, offset:offset + size] (+)= inputs @ B[index].T`, per token."""
     out = per_adapter_matmul(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype)
@@ -83,62 +85,31 @@ def bgmv_expand_slice(
         output_tensor[:, slice_offset : slice_offset + slice_size] = out
 
 
-def _token_indices(lora_indices_tensor: torch.Tensor, seq_len_tensor: torch.Tensor) -> torch.Tensor:
-    """Each sequence's adapter index repeated for each of its tokens."""
-    return torch.repeat_interleave(lora_indices_tensor, seq_len_tensor)
+def _per_sequence(op: Callable[..., None]) -> Callable[..., None]:
+    """The prefill (`sgmv_*`) form of a decode op: vLLM passes one adapter index per sequence, in its prefill
+    metadata (starts, lengths, indices, batches, longest, tokens), between the output and the op's own arguments."""
+
+    def prefill(
+        inputs: torch.Tensor,
+        lora_weights: torch.Tensor,
+        output_tensor: torch.Tensor,
+        b_seq_start_loc: torch.Tensor,
+        seq_len_tensor: torch.Tensor,
+        lora_indices_tensor: torch.Tensor,
+        batches: int,
+        max_seq_length: int,
+        token_nums: int,
+        *op_args: Any,
+    ) -> None:
+        op(inputs, lora_weights, output_tensor, torch.repeat_interleave(lora_indices_tensor, seq_len_tensor), *op_args)
+
+    prefill.__name__ = prefill.__qualname__ = "s" + op.__name__[1:]
+    return prefill
 
 
-def sgmv_shrink(
-    inputs: torch.Tensor,
-    lora_a_weights: torch.Tensor,
-    output_tensor: torch.Tensor,
-    b_seq_start_loc: torch.Tensor,
-    seq_len_tensor: torch.Tensor,
-    lora_indices_tensor: torch.Tensor,
-    batches: int,
-    max_seq_length: int,
-    token_nums: int,
-    scaling: float,
-) -> None:
-    """`bgmv_shrink` over prefill sequences (one adapter index per sequence)."""
-    indices = _token_indices(lora_indices_tensor, seq_len_tensor)
-    bgmv_shrink(inputs, lora_a_weights, output_tensor, indices, scaling)
-
-
-def sgmv_expand(
-    inputs: torch.Tensor,
-    lora_b_weights: torch.Tensor,
-    output_tensor: torch.Tensor,
-    b_seq_start_loc: torch.Tensor,
-    seq_len_tensor: torch.Tensor,
-    lora_indices_tensor: torch.Tensor,
-    batches: int,
-    max_seq_length: int,
-    token_nums: int,
-    add_inputs: bool = False,
-) -> None:
-    """`bgmv_expand` over prefill sequences."""
-    indices = _token_indices(lora_indices_tensor, seq_len_tensor)
-    bgmv_expand(inputs, lora_b_weights, output_tensor, indices, add_inputs)
-
-
-def sgmv_expand_slice(
-    inputs: torch.Tensor,
-    lora_b_weights: torch.Tensor,
-    output_tensor: torch.Tensor,
-    b_seq_start_loc: torch.Tensor,
-    seq_len_tensor: torch.Tensor,
-    lora_indices_tensor: torch.Tensor,
-    batches: int,
-    max_seq_length: int,
-    token_nums: int,
-    slice_offset: int,
-    slice_size: int,
-    add_inputs: bool = False,
-) -> None:
-    """`bgmv_expand_slice` over prefill sequences."""
-    indices = _token_indices(lora_indices_tensor, seq_len_tensor)
-    bgmv_expand_slice(inputs, lora_b_weights, output_tensor, indices, slice_offset, slice_size, add_inputs)
+sgmv_shrink = _per_sequence(bgmv_shrink)
+sgmv_expand = _per_sequence(bgmv_expand)
+sgmv_expand_slice = _per_sequence(bgmv_expand_slice)
 
 
 OPS: dict[str, Callable[..., None]] = {

@@ -56,7 +56,7 @@ def test_prefill_ops_match_vllm(weights: tuple[torch.Tensor, torch.Tensor]) -> N
     x = torch.randn(TOKENS, HIDDEN)
     shrunk = assert_same("sgmv_shrink", torch.zeros(TOKENS, RANK), x, lora_a, *meta, 2.0)
     assert_same("sgmv_expand", torch.randn(TOKENS, OUT), shrunk, lora_b, *meta, True)
-    assert_same("sgmv_expand_slice", torch.randn(TOKENS, 3 * OUT), shrunk, lora_b, *meta, OUT, OUT)
+    assert_same("sgmv_expand_slice", torch.randn(TOKENS, 3 * OUT), shrunk, lora_b, *meta, OUT, OUT, False)
 
 
 def test_a_single_row_is_added_to_every_output_row(weights: tuple[torch.Tensor, torch.Tensor]) -> None:
