@@ -37,7 +37,7 @@ class LimitsConfig(_Strict):
     max_datums_per_request: int = Field(1024, ge=1)
     max_tokens_per_datum: int = Field(2048, ge=2)
     max_request_bytes: int = Field(64 * 2**20, ge=1024)
-    max_lora_rank: int = Field(32, ge=1)  # also the samplers' LoRA width: on CPU, each doubling halves sampling speed
+    max_lora_rank: int = Field(32, ge=1)  # also the samplers' LoRA width (vLLM pads every adapter to it)
     max_models_per_base: int = Field(64, ge=1)
     fwdbwd_max_chunk_len: int = Field(1024, ge=1)  # advertised to clients in client/config
     long_poll_seconds: float = Field(20.0, gt=0, le=40)  # the SDK's poll timeout is 45 s

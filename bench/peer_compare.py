@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 HERE = ROOT / "bench" / "peer"
 # skyrl-cpu.md's tuned JAX backend: 8 adapter slots at rank 8, micro-batches of 8, samples padded to 32 sequences
 PEER_BACKEND = {"max_lora_adapters": 8, "max_lora_rank": 8, "train_micro_batch_size": 8, "sample_max_num_sequences": 32}
-OUR_MAX_LORA_RANK = 8  # the peer's tuned adapter width (ours samples ~2x slower per doubling on CPU)
+OUR_MAX_LORA_RANK = 8  # the peer's tuned adapter width (vLLM pads every adapter to max_lora_rank)
 SERVERS = ("peer", "ours")
 # (row, path in the client's JSON, unit, True when higher is better)
 ROWS: list[tuple[str, tuple[str, ...], str, bool]] = [
