@@ -21,10 +21,10 @@ import uuid
 
 from server import APP_NAME, ROOT, start_server  # sets up sys.path and the environment first
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")  # the raw engine's worker, like the replica's
-os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the model in the engine process, as in the replica
+from app.sampling.cpu_env import CPU_ENGINE_ENV
+
+# before torch and vLLM read it: the in-process engine runs as the replica's does (a variable already set wins)
+os.environ.update({"OMP_NUM_THREADS": "1", **CPU_ENGINE_ENV, **os.environ})
 
 import numpy as np
 import torch

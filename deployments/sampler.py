@@ -16,6 +16,7 @@ from app.db.migrate import migrate
 from app.db.schema import connect
 from app.db.stability import StabilityStore
 from app.db.usage import UsageStore
+from app.sampling.cpu_env import CPU_ENGINE_ENV
 from app.sampling.engine import SamplerEngine
 from app.sampling.openai import Answer, Route
 from app.sampling.params import SampleArgs
@@ -25,20 +26,12 @@ from deployments.logs import route_app_logs, serve_log_file_kept
 
 logger = logging.getLogger("tinker_serve.sampler")
 
-_CPU_ENV = {
-    "TORCH_COMPILE_DISABLE": "1",  # else the first logprobs request compiles for 15-30 s
-    "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # "auto" pins every engine on a node to core 0
-    # the model runs in vLLM's engine process: its multiprocess executor adds a worker process whose shared-memory
-    # queues busy-wait for 1 s after every message, so engine and worker each hold a core while sampling
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-}
-
 
 class Sampler:
     @classmethod
     def deployment_options(cls, config: ServerConfig, base_name: str) -> dict[str, Any]:
         sampler = config.configured_base_model(base_name).sampler
-        env = {**({} if sampler.num_gpus else _CPU_ENV), **sampler.env}
+        env = {**({} if sampler.num_gpus else CPU_ENGINE_ENV), **sampler.env}
         return {
             "name": f"Sampler:{base_name}",
             "autoscaling_config": {
