@@ -40,6 +40,14 @@ def per_adapter_matmul(
     return out
 
 
+def _store(target: torch.Tensor, values: torch.Tensor, add: bool) -> None:
+    """Add `values` to the view `target` of an op's output, or overwrite it (broadcasting a single row)."""
+    if add:
+        target.add_(values)
+    else:
+        target.copy_(values)
+
+
 def bgmv_shrink(
     inputs: torch.Tensor,
     lora_a_weights: torch.Tensor,
@@ -62,10 +70,7 @@ def bgmv_expand(
     """`output[:, :n] (+)= inputs @ B[index].T` on the columns both have; a single row goes to every row."""
     out = per_adapter_matmul(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype)
     cols = min(out.shape[1], output_tensor.shape[1])  # adapter and model may pad their outputs differently
-    if add_inputs:
-        output_tensor[:, :cols] += out[: output_tensor.shape[0], :cols]
-    else:
-        output_tensor[:, :cols] = out[: output_tensor.shape[0], :cols]
+    _store(output_tensor[:, :cols], out[: output_tensor.shape[0], :cols], add_inputs)
 
 
 def bgmv_expand_slice(
@@ -79,10 +84,7 @@ def bgmv_expand_slice(
 ) -> None:
     """`output[:, offset:offset + size] (+)= inputs @ B[index].T`, per token."""
     out = per_adapter_matmul(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype)
-    if add_inputs:
-        output_tensor[:, slice_offset : slice_offset + slice_size] += out
-    else:
-        output_tensor[:, slice_offset : slice_offset + slice_size] = out
+    _store(output_tensor[:, slice_offset : slice_offset + slice_size], out, add_inputs)
 
 
 def _per_sequence(op: Callable[..., None]) -> Callable[..., None]:
