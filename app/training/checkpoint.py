@@ -131,4 +131,16 @@ def load_state(
     if value_head is not None:
         value_head.load_state_dict(load_file(str(directory / VALUE_HEAD_FILE), device=str(device)))
     if optimizer is not None:
-        optimizer.load_state_dict(torch.load(directory / OPTIMIZER_FILE, map_location=device, weights_only=True))
+        _load_optimizer_state(optimizer, torch.load(directory / OPTIMIZER_FILE, map_location=device, weights_only=True))
+
+
+_IMPLEMENTATION_FLAGS = ("fused", "foreach")
+
+
+def _load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Load saved optimizer state, keeping how this optimizer runs: a state dict carries its implementation flags
+    (a checkpoint from before AdamW was fused says foreach), and those are this server's choice, not the state's."""
+    flags = [{k: group[k] for k in _IMPLEMENTATION_FLAGS if k in group} for group in optimizer.param_groups]
+    optimizer.load_state_dict(state)
+    for group, kept in zip(optimizer.param_groups, flags, strict=True):
+        group.update(kept)

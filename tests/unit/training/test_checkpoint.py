@@ -89,3 +89,21 @@ def test_mismatched_and_missing_checkpoints(engine: TrainingEngine, tmp_path: Pa
     engine.save_adapter("mm-policy", tmp_path / "sampler")  # sampler weights are not a training checkpoint
     with pytest.raises(NotFound):
         engine.load_state("mm-policy", tmp_path / "sampler", with_optimizer=False)
+
+
+def test_a_checkpoint_saved_before_adamw_was_fused_restores_fused_and_steps_the_same(
+    engine: TrainingEngine, tmp_path: Path
+) -> None:
+    engine.create_model("foreach-src", POLICY)
+    step(engine, "foreach-src", critic=False)
+    engine.save_state("foreach-src", tmp_path / "old")
+    saved = torch.load(tmp_path / "old" / "optimizer.pt", weights_only=True)
+    for group in saved["param_groups"]:  # as AdamW(foreach=True) wrote it
+        group.update(fused=None, foreach=True)
+    torch.save(saved, tmp_path / "old" / "optimizer.pt")
+
+    engine.create_model("foreach-restored", AdapterSpec(**{**POLICY.__dict__, "seed": 97}))
+    engine.load_state("foreach-restored", tmp_path / "old", with_optimizer=True)
+    restored = engine._models["foreach-restored"].optimizer
+    assert [(g["fused"], g["foreach"]) for g in restored.param_groups] == [(True, None)]
+    np.testing.assert_array_equal(step(engine, "foreach-restored", False), step(engine, "foreach-src", False))
