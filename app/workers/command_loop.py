@@ -46,20 +46,21 @@ def command_loop(config: dict) -> None:
         config["base_path"],
         time.monotonic() - started,
     )
+    answer = None  # the last message's (msg_id, results), sent with the call that takes the next one
     while True:
         try:
-            message = ray.get(mailbox.next.remote(rank, 30.0))
+            message = ray.get(mailbox.next.remote(rank, 30.0, answer))
         except ray.exceptions.ActorDiedError:
             # The mailbox dies with the trainer replica that owns it. Ending the run (not failing it) lets Ray Train
             # remove the group's placement group now; a failed run would start new workers, for nobody, whose
             # placement group can outlive the run's controller.
             logger.warning("rank %d: the trainer that owns this worker group is gone; ending the run", rank)
             return
+        answer = None
         if message is None:
             continue
         msg_id, commands = message
         if commands == STOP:
             snapshots.flush()
             return
-        results = [execute(engine, storage, snapshots, cmd) for cmd in commands]
-        mailbox.reply.remote(msg_id, rank, results)
+        answer = (msg_id, [execute(engine, storage, snapshots, cmd) for cmd in commands])

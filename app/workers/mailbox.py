@@ -59,7 +59,11 @@ class Mailbox:
             queue.put_nowait((msg_id, commands))
         return await fut
 
-    async def next(self, rank: int, timeout_s: float) -> tuple[int, Any] | None:
+    async def next(self, rank: int, timeout_s: float, answer: tuple[int, Any] | None = None) -> tuple[int, Any] | None:
+        """The rank's next message (msg_id, commands), or None after `timeout_s`. `answer`: the (msg_id, result) of
+        the message the rank ran last, delivered first, so a rank makes one call per message rather than two."""
+        if answer is not None:
+            await self.reply(answer[0], rank, answer[1])
         try:
             msg_id, commands = await asyncio.wait_for(self._queues[rank].get(), timeout_s)
         except TimeoutError:

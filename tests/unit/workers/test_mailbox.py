@@ -47,6 +47,23 @@ def test_messages_stay_in_order_per_rank() -> None:
     asyncio.run(main())
 
 
+def test_next_delivers_the_answer_to_the_last_message_first() -> None:
+    async def main() -> None:
+        box = await _registered(2)
+        first, second = (asyncio.create_task(box.call(i, f"m{i}")) for i in (1, 2))
+        await asyncio.sleep(0)
+        assert [await box.next(rank, 1.0) for rank in range(2)] == [(1, "m1")] * 2
+        assert await box.next(0, 1.0, answer=(1, "r0")) == (2, "m2")
+        assert not first.done()  # rank 1 has not answered yet
+        assert await box.next(1, 1.0, answer=(1, "r1")) == (2, "m2")
+        assert await asyncio.wait_for(first, 1.0) == ["r0", "r1"]
+        for rank in range(2):  # the answer still arrives when no message follows in time
+            assert await box.next(rank, 0.01, answer=(2, f"s{rank}")) is None
+        assert await asyncio.wait_for(second, 1.0) == ["s0", "s1"]
+
+    asyncio.run(main())
+
+
 def test_reregistering_with_new_identity_fails_pending_calls() -> None:
     async def main() -> None:
         box = await _registered(2)
