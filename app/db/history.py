@@ -3,13 +3,15 @@ metrics it returned; kept after the model is unloaded, bounded per run (the olde
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import delete, func, insert, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from app.db.group_commit import group_commit
 from app.db.schema import run_history
 
 
@@ -38,20 +40,23 @@ class HistoryPoint:
 class HistoryStore:
     def __init__(self, db: AsyncEngine, max_points_per_run: int) -> None:
         self._db = db
+        self._writes = group_commit(db)
         self._max_points = max_points_per_run
 
     async def add(self, model_id: str, point: HistoryPoint) -> None:
         """Record a finished operation (a rerun after a restart is recorded already), dropping the run's oldest
-        points beyond the bound."""
-        try:
-            async with self._db.begin() as conn:
-                await conn.execute(insert(run_history).values(model_id=model_id, **_row(point)))
-                if point.seq_id % 64 == 0:  # trimming is one query every 64 operations
-                    await self._trim(conn, model_id)
-        except IntegrityError:
-            pass
+        points beyond the bound. It commits with this process's other writes of the moment (app.db.group_commit):
+        the trainer completes the operation's future alongside, in the same transaction."""
 
-    async def _trim(self, conn: Any, model_id: str) -> None:
+        async def write(conn: AsyncConnection) -> None:
+            await conn.execute(insert(run_history).values(model_id=model_id, **_row(point)))
+            if point.seq_id % 64 == 0:  # trimming is one query every 64 operations
+                await self._trim(conn, model_id)
+
+        with contextlib.suppress(IntegrityError):
+            await self._writes.run(write)
+
+    async def _trim(self, conn: AsyncConnection, model_id: str) -> None:
         newest = (
             select(run_history.c.seq_id)
             .where(run_history.c.model_id == model_id)

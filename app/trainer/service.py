@@ -382,8 +382,8 @@ class TrainerService:
             await self._futures.fail(op.request_id, error)
             return error
         reply = await operation(op).reply(model_id, op, per_rank, self._committer)
-        await self._futures.complete(op.request_id, reply.payload, reply.content_type)
-        await self._history.record(model_id, seq_id, op, reply)
+        complete = self._futures.complete(op.request_id, reply.payload, reply.content_type)
+        await asyncio.gather(complete, self._history.record(model_id, seq_id, op, reply))  # one commit (group_commit)
         return None
 
     def _record(self, work: list[SequencedOp], seconds: float) -> None:
