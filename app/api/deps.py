@@ -73,7 +73,6 @@ class Services:
     _runs: dict[str, TrainingRun] = field(default_factory=dict)
     _sampling_sessions: dict[str, SamplingSession] = field(default_factory=dict)
     _owners: dict[str, str | None] = field(default_factory=dict)  # session id -> owner (owners never change)
-    _future_sessions: dict[str, str] = field(default_factory=dict)  # request id -> its session
 
     def served_base_model(self, name: str) -> BaseModelConfig:
         """The configured base model called `name`; a user error listing the served ones otherwise."""
@@ -102,13 +101,8 @@ class Services:
 
     async def future(self, request_id: str, user: str) -> None:
         """Check that a future is `user`'s; another user's answers as an unknown one does."""
-        session_id = self._future_sessions.get(request_id)
-        if session_id is None:
-            session_id = await self.futures.session_of(request_id)
-            if session_id is None:
-                raise future_not_found(request_id)
-            remember(self._future_sessions, request_id, session_id)
-        if not await self.owns(user, session_id):
+        session_id = await self.futures.session_of(request_id)  # cached there
+        if session_id is None or not await self.owns(user, session_id):
             raise future_not_found(request_id)
 
     async def _run(self, model_id: str) -> TrainingRun:

@@ -19,6 +19,7 @@ from sqlalchemy import Row, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from app.caches import remember
 from app.db.completions import CompletionLog, target_of
 from app.db.group_commit import group_commit
 from app.db.schema import futures, session_requests
@@ -73,6 +74,7 @@ class FutureStore:
         self._writes = group_commit(db)  # samples that finish together complete in one transaction
         self._wakeups: Wakeups[str] = Wakeups(poll_interval_s)
         self.completions = CompletionLog(db, poll_interval_s=poll_interval_s)
+        self._sessions: dict[str, str] = {}  # request id -> its session: futures made or looked up here
 
     async def create(self, kind: str, model_id: str | None = None, seq_id: int | None = None) -> tuple[str, bool]:
         """A new pending future; for a repeated (model_id, seq_id) the existing id and False."""
@@ -91,12 +93,14 @@ class FutureStore:
             if model_id is not None:  # every model and sampler id starts with its session's id
                 await conn.execute(
                     insert(session_requests).values(
-                        request_id=request_id, session_id=model_id.split(":", 1)[0], created_at=row["created_at"]
+                        request_id=request_id, session_id=_session_of(model_id), created_at=row["created_at"]
                     )
                 )
 
         try:
             await self._writes.run(write)
+            if model_id is not None:  # its client polls it next: the ownership check needs no read
+                remember(self._sessions, request_id, _session_of(model_id))
             if kind == "sample" and model_id is not None and seq_id is not None:
                 self.completions.track(request_id, target_of(model_id, seq_id))
             return request_id, True
@@ -178,9 +182,12 @@ class FutureStore:
     async def session_of(self, request_id: str) -> str | None:
         """The session a future belongs to (None: no such future). Every future's model_id is a model, sampling
         session or custom loss id, and those start with their session id and a colon."""
+        session_id = self._sessions.get(request_id)
+        if session_id is not None:
+            return session_id
         async with self._db.connect() as conn:
             model_id = await conn.scalar(select(futures.c.model_id).where(futures.c.request_id == request_id))
-        return None if model_id is None else str(model_id).split(":", 1)[0]
+        return None if model_id is None else remember(self._sessions, request_id, _session_of(str(model_id)))
 
     async def get(self, request_id: str) -> Outcome:
         async with self._db.connect() as conn:
@@ -204,3 +211,8 @@ class FutureStore:
         return await self._wakeups.poll(
             request_id, lambda: self.get(request_id), lambda outcome: not isinstance(outcome, Pending), timeout_s
         )
+
+
+def _session_of(model_id: str) -> str:
+    """Every model, sampling session and custom loss id starts with its session's id and a colon."""
+    return model_id.split(":", 1)[0]
