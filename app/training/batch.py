@@ -1,6 +1,6 @@
 """Datums of one forward/forward_backward request packed as flat numpy arrays.
 
-A batch travels from the ingress to the workers through the object store; flat arrays keep that cheap.
+A batch travels from the ingress to the workers (a large one through the object store); flat arrays keep that cheap.
 Datum i owns rows ``offsets[i]:offsets[i+1]`` of ``tokens`` and of every array in ``loss_inputs``.
 """
 
@@ -20,6 +20,11 @@ class PackedBatch:
     @property
     def num_datums(self) -> int:
         return len(self.offsets) - 1
+
+    @property
+    def nbytes(self) -> int:
+        """The arrays' size in bytes."""
+        return self.tokens.nbytes + self.offsets.nbytes + sum(a.nbytes for a in self.loss_inputs.values())
 
     @property
     def lengths(self) -> np.ndarray:

@@ -24,9 +24,13 @@ import ray
 from app.config import WorkerGroupConfig
 from app.errors import ServerError
 from app.messages import Command, CommandKind
+from app.training.batch import PackedBatch
 from app.workers.mailbox import Mailbox
 
 logger = logging.getLogger("tinker_serve.trainer")
+# Below Ray's inlining limit for call arguments and return values (max_direct_call_object_size, 100 KiB): larger ones
+# would go through the object store anyway, once more for every rank that takes the message.
+INLINE_BATCH_BYTES = 64 * 1024
 
 
 class WorkerGroup(ABC):
@@ -177,10 +181,12 @@ class TorchTrainerGroup(WorkerGroup):
 
     @staticmethod
     def _ship(cmd: Command) -> Command:
-        """Put batches into the object store once; every rank reads its shard from there."""
-        if cmd.fwdbwd is None:
+        """Put a large batch into the object store once; every rank reads its shard from there. A small one travels
+        inside the message, which Ray inlines in the calls: no object store round trip before a rank starts."""
+        args = cmd.fwdbwd
+        if args is None or not isinstance(args.batch, PackedBatch) or args.batch.nbytes <= INLINE_BATCH_BYTES:
             return cmd
-        return replace(cmd, fwdbwd=replace(cmd.fwdbwd, batch=ray.put(cmd.fwdbwd.batch)))
+        return replace(cmd, fwdbwd=replace(args, batch=ray.put(args.batch)))
 
     async def cancel(self, request_id: str) -> bool:
         return await self._mailbox.cancel.remote(request_id, Command(CommandKind.PING))
