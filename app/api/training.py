@@ -7,9 +7,10 @@ user error and the trainer is told to skip that seq_id, so the model's order nev
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ValidationError
@@ -31,6 +32,7 @@ from app.messages import (
 from app.protocol import wire
 from app.protocol.codec import decode_forward_backward, peek_sequence
 from app.request_log import log_request, outcome_of
+from app.training.batch import PackedBatch
 from app.training.custom_loss import CustomLossProgram
 from app.training.losses import CUSTOM, get_loss
 from app.training.provenance import behaviour_inputs, referenced_sequences
@@ -71,7 +73,9 @@ async def sequenced(
             trainer=run.trainer,
             outcome=outcome_of(error),
         )
-        await services.journal.append(model_id, seq_id, op)  # before the trainer has it: a restart reruns it
+        await asyncio.gather(  # one commit: the journal before the trainer has it (a restart reruns it), and usage
+            services.journal.append(model_id, seq_id, op), _count_usage(services, run, op)
+        )
         try:
             services.trainers.submit(run.trainer, model_id, seq_id, op, user)
         except TinkerServeError as exc:  # no trainer to send it to: the future must not stay pending
@@ -109,11 +113,17 @@ async def forward_backward(request: Request, services: ServicesDep, user: UserDe
             server_side = behaviour_inputs(decoded, records)
             user_side = {k: v for k, v in batch.loss_inputs.items() if k != "logprobs"}  # not used: records rule
             batch = replace(batch, loss_inputs={**user_side, **server_side})
-        await services.usage.record(run.session_id, run.base_model, {"training": len(batch.tokens)})
         args = ForwardBackwardArgs(loss.name, loss.config, decoded.forward_only, batch, custom)
         return ForwardBackward(request_id, args)
 
     return await sequenced(services, user, "forward_backward", decoded.model_id, decoded.seq_id, build)
+
+
+async def _count_usage(services: Services, run: TrainingRun, op: SequencedOp) -> None:
+    """A forward(_backward)'s tokens count as the session's training usage."""
+    if isinstance(op, ForwardBackward):
+        tokens = len(cast(PackedBatch, op.args.batch).tokens)  # the ingress's op holds its batch
+        await services.usage.record(run.session_id, run.base_model, {"training": tokens})
 
 
 def _params(model: type[_P], raw: dict, name: str) -> _P:

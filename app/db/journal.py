@@ -10,6 +10,7 @@ whole, and the journal keeps what follows that one (plus the creation, seq_id 0,
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import time
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from sqlalchemy import and_, delete, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.db.group_commit import group_commit
 from app.db.schema import futures, journal, snapshots
 from app.messages import CreateModel, SequencedOp
 
@@ -42,6 +44,7 @@ class Snapshot:
 class JournalStore:
     def __init__(self, db: AsyncEngine) -> None:
         self._db = db
+        self._writes = group_commit(db)
 
     async def append(self, model_id: str, seq_id: int, op: CreateModel | SequencedOp) -> None:
         """Record an accepted operation; a retried one (same seq_id) is recorded already."""
@@ -52,11 +55,8 @@ class JournalStore:
             "op": pickle.dumps(op, protocol=5),  # only this server writes and reads it
             "created_at": time.time(),
         }
-        try:
-            async with self._db.begin() as conn:
-                await conn.execute(insert(journal).values(**row))
-        except IntegrityError:
-            pass
+        with contextlib.suppress(IntegrityError):  # shares a commit with the process's other writes of the moment
+            await self._writes.run(lambda conn: conn.execute(insert(journal).values(**row)))
 
     async def entries(self, model_id: str) -> list[JournalEntry]:
         """The model's journal in seq_id order, each with its future's state."""
