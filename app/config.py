@@ -13,6 +13,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from app.models.precision import DtypeSetting
+
 API_KEYS_ENV = "TINKER_SERVE_API_KEYS"
 DATABASE_URL_ENV = "TINKER_SERVE_DATABASE_URL"  # when database_url is not set (secrets stay out of config)
 STORAGE_URI_ENV = "TINKER_SERVE_STORAGE_URI"  # when storage_uri is not set
@@ -109,14 +111,29 @@ ROLES = ("policy", "critic")  # a policy scores tokens with the LM head; a criti
 
 
 class WorkerGroupConfig(_Strict):
-    """The shape of one trainer's Ray Train worker group (data parallel: datums split across workers), and how its
-    Trainer feeds it (fair share across users: app.trainer.fair_share)."""
+    """The shape of one trainer's Ray Train worker group (data parallel: datums split across workers; the frozen base
+    replicated or sharded across them), how its ranks hold the base, and how its Trainer feeds it (fair share across
+    users: app.trainer.fair_share)."""
 
     num_workers: int = Field(2, ge=1)
     cpus_per_worker: float = Field(1.0, gt=0)
     use_gpu: bool = False
     torch_threads_per_worker: int = Field(1, ge=1)
     resources: dict[str, float] = Field(default_factory=dict)  # custom Ray resources per worker (node placement)
+    # the base model's weights: auto is bfloat16 on GPUs and on CPUs with bfloat16 matrix instructions (AMX,
+    # AVX512-BF16), else float32 (app.models.precision); adapters, value heads and optimizer state stay float32
+    dtype: DtypeSetting = "auto"
+    # fsdp: each rank holds 1/num_workers of the base (FSDP2), gathering one layer's weights at a time; replicate:
+    # every rank holds all of it (no gathers: a little faster when it fits)
+    sharding: Literal["replicate", "fsdp"] = "fsdp"
+    shard_group_size: int | None = Field(None, ge=1)  # fsdp within groups of this many ranks, replicated across
+    # groups (hybrid sharding, e.g. the GPUs of one node); None: one group of all ranks
+    # keep only each decoder layer's input for the backward and recompute the rest (about 1/3 more compute for a
+    # fraction of the activation memory: what long contexts need)
+    activation_checkpointing: bool = True
+    # a rank runs its datums in forward/backward passes of at most this many (padded) tokens, accumulating
+    # gradients: a request's activation memory is one pass's, however many datums it has
+    micro_batch_tokens: int = Field(16384, ge=1)
     # runs of operations sent to the workers and not yet answered: 2 hides the command round trip; the rest wait in
     # the Trainer, where the next run is chosen fairly across users (large: every run is sent as it becomes ready)
     max_dispatched_runs: int = Field(2, ge=1)
@@ -132,6 +149,8 @@ class WorkerGroupConfig(_Strict):
     @model_validator(mode="after")
     def _check(self) -> WorkerGroupConfig:
         _check_custom_resources(self.resources)
+        if self.shard_group_size is not None and self.num_workers % self.shard_group_size:
+            raise ValueError(f"shard_group_size {self.shard_group_size} must divide num_workers {self.num_workers}")
         return self
 
 
@@ -140,7 +159,7 @@ class BaseModelConfig(_Strict):
 
     name: str  # what clients pass as base_model
     path: str  # local directory or Hugging Face id
-    embedded_preset: Literal["tiny", "small"] | None = None  # build into `path` if missing
+    embedded_preset: Literal["tiny", "small", "qwen3-0.6b"] | None = None  # build into `path` if missing
     trainer: WorkerGroupConfig = WorkerGroupConfig()  # policies, and critics unless critic_trainer is set
     critic_trainer: WorkerGroupConfig | None = None  # critics on a worker group of their own
     max_context_length: int = Field(2048, ge=2)

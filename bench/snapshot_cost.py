@@ -22,9 +22,10 @@ from server import ROOT  # sets up sys.path and the environment first
 from app.messages import AdamParams, AdapterSpec
 from app.models.embedded import build_embedded_model
 from app.storage.objects import ObjectStorage
+from app.training.base_model import load_base_model
 from app.training.batch import PackedBatch
 from app.training.checkpoint import write_captured
-from app.training.engine import TrainingEngine, load_base_model
+from app.training.engine import TrainingEngine
 
 
 def batch(n: int, length: int, vocab: int) -> PackedBatch:

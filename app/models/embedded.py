@@ -15,7 +15,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from app.models import hub_cache
 
@@ -41,7 +41,7 @@ CHAT_TEMPLATE = (
 
 @dataclass(frozen=True)
 class Preset:
-    """Qwen2 shape of one embedded model (head_dim = hidden_size / num_attention_heads)."""
+    """The shape of one embedded model: a Qwen2 (head_dim = hidden_size / num_attention_heads) or a Qwen3."""
 
     hidden_size: int
     num_hidden_layers: int
@@ -49,6 +49,16 @@ class Preset:
     num_key_value_heads: int
     intermediate_size: int
     max_position_embeddings: int = 2048
+    head_dim: int | None = None  # Qwen3 only
+    architecture: Literal["qwen2", "qwen3"] = "qwen2"
+    dtype: Literal["float32", "bfloat16"] = "float32"  # of the weights on disk
+
+    def config_fields(self) -> dict[str, object]:
+        """The fields the architecture's config class takes."""
+        fields = asdict(self)
+        for name in ("architecture", "dtype", *(("head_dim",) if self.head_dim is None else ())):
+            fields.pop(name)
+        return fields
 
 
 PRESETS: dict[str, Preset] = {
@@ -56,6 +66,10 @@ PRESETS: dict[str, Preset] = {
                    intermediate_size=256),
     "small": Preset(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
                     intermediate_size=1536),
+    # Qwen3-0.6B's shape with this tokenizer's vocabulary (0.44B parameters, 0.9 GB): a realistic size for benchmarks
+    "qwen3-0.6b": Preset(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                         intermediate_size=3072, max_position_embeddings=40960, head_dim=128, architecture="qwen3",
+                         dtype="bfloat16"),
 }
 
 _NOUNS = """cat dog bird fish horse farmer teacher student doctor child friend mother father sister brother
@@ -158,16 +172,18 @@ def _fix_permissions(path: Path) -> None:
 def _write_model(preset: str, seed: int, out: Path) -> dict[str, object]:
     """Write tokenizer, config and random weights into `out`; return the marker contents."""
     import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
+    shape = PRESETS[preset]
+    config_class, model_class = {"qwen2": (Qwen2Config, Qwen2ForCausalLM),
+                                 "qwen3": (Qwen3Config, Qwen3ForCausalLM)}[shape.architecture]
     tokenizer = build_tokenizer(seed)
     tokenizer.save_pretrained(out)
     eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
-    config = Qwen2Config(vocab_size=len(tokenizer), tie_word_embeddings=True, dtype="float32",
-                         bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id, **asdict(PRESETS[preset]))
+    config = config_class(vocab_size=len(tokenizer), tie_word_embeddings=True, dtype=shape.dtype,
+                          bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id, **shape.config_fields())
     torch.manual_seed(seed)
-    # transformers decorates .to() with functools.wraps, whose typeshed type mypy does not bind as a method
-    model = Qwen2ForCausalLM(config).to(torch.float32).eval()  # type: ignore[arg-type]
+    model = model_class(config).to(getattr(torch, shape.dtype)).eval()
     with torch.no_grad():
         model.model.norm.weight.mul_(FINAL_NORM_GAIN)
     model.generation_config = GenerationConfig(bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id)

@@ -7,6 +7,7 @@ are sums, so SUM is exact).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -14,7 +15,6 @@ from typing import cast
 import numpy as np
 import torch
 import torch.distributed as dist
-from transformers import AutoModelForCausalLM
 
 from app.errors import NotFound, UserError
 from app.messages import AdapterSpec, OptimParams, ShardOutput
@@ -26,16 +26,14 @@ from app.training.logprobs import target_logprobs
 from app.training.lora import AdapterPool
 from app.training.losses import get_loss
 from app.training.losses.functions import LOSS_FUNCTIONS, LOSS_STATS
+from app.training.micro_batches import micro_batches
 from app.training.optim import apply_step, make_optimizer
+
+DEFAULT_MICRO_BATCH_TOKENS = 16384
 
 
 def shard_indices(num_datums: int, rank: int, world_size: int) -> np.ndarray:
     return np.arange(rank, num_datums, world_size, dtype=np.int64)
-
-
-def load_base_model(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu") -> torch.nn.Module:
-    model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    return model.to(device).eval()
 
 
 @dataclass
@@ -50,10 +48,23 @@ class _Model:
 
 
 class TrainingEngine:
-    def __init__(self, base: torch.nn.Module, *, rank: int = 0, world_size: int = 1, device: str = "cpu") -> None:
+    def __init__(
+        self,
+        base: torch.nn.Module,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        device: str = "cpu",
+        micro_batch_tokens: int = DEFAULT_MICRO_BATCH_TOKENS,
+        sharded: bool = False,
+    ) -> None:
+        """`base`: loaded by app.training.base_model (on `device`, or sharded with `shard_base`: then `sharded`, and
+        every rank runs as many passes as the busiest one)."""
         self.rank = rank
         self.world_size = world_size
         self.device = torch.device(device)
+        self.micro_batch_tokens = micro_batch_tokens
+        self.sharded = sharded
         self.pool = AdapterPool(base)
         self._models: dict[str, _Model] = {}
         self._next_name = 0
@@ -111,51 +122,75 @@ class TrainingEngine:
         forward_only: bool,
         custom: CustomLossProgram | None = None,
     ) -> ShardOutput:
-        """Run this rank's shard; gradients accumulate until optim_step. A policy outputs `logprobs` of
-        the target tokens, a critic `values`; both `elementwise_loss` when the loss's inputs were sent.
-        A custom loss (`custom`, loss_fn "custom") runs through its interpreter and reports its own metrics."""
+        """Run this rank's shard, in micro-batches of at most `micro_batch_tokens` padded tokens; gradients accumulate
+        until optim_step. A policy outputs `logprobs` of the target tokens, a critic `values`; both `elementwise_loss`
+        when the loss's inputs were sent. A custom loss (`custom`, loss_fn "custom") runs through its interpreter and
+        reports its own metrics. A loss that fails on this rank's data still runs its (zero) backward, so ranks of a
+        sharded base stay in step; the error is raised after the last pass."""
         model = self._activate(model_id)
-        if custom is not None:
-            return self._custom_forward_backward(model_id, custom, batch, forward_only)
-        spec = get_loss(loss_fn)
+        loss = _LossStep(loss_fn, config, custom, self.device)
         indices = shard_indices(batch.num_datums, self.rank, self.world_size)
         shard = batch.select(indices)
-        if shard.num_datums == 0:
-            return ShardOutput(indices, shard.offsets, {}, 0.0)
-        with torch.set_grad_enabled(not forward_only):
-            input_ids, mask = self._padded(shard)
-            # Every host-to-device copy before the forward: a blocking copy waits for the work queued ahead of it.
-            loss_inputs = self._loss_inputs(shard) if spec.required_inputs <= shard.loss_inputs.keys() else None
-            if model.value_head is None:
-                output_name, prediction = "logprobs", self._target_logprobs(shard, input_ids, mask)
-            else:
-                output_name, prediction = "values", self._values(model.value_head, shard, input_ids, mask)
-            outputs = {output_name: prediction}
-            loss, stats = torch.zeros(()), {}
-            if loss_inputs is not None:  # a critic's forward may ask for values only
-                inputs, datum_ids = loss_inputs
-                loss, outputs["elementwise_loss"] = LOSS_FUNCTIONS[loss_fn](prediction, inputs, config, datum_ids)
-                stats = LOSS_STATS[loss_fn](prediction, inputs, config) if loss_fn in LOSS_STATS else {}
-                if not forward_only:
-                    loss.backward()
-        arrays = {k: v.detach().to(torch.float32).cpu().numpy() for k, v in outputs.items()}
-        return ShardOutput(indices, shard.offsets, arrays, float(loss.detach()), stats)
+        runs = micro_batches(shard.lengths, self.micro_batch_tokens)
+        parts: list[tuple[dict[str, np.ndarray], float, dict[str, tuple[float, float]]]] = []
+        error: Exception | None = None
+        for i in range(self._passes(batch, len(runs))):
+            if i >= len(runs):
+                self._idle_pass(model, forward_only)
+                continue
+            part = shard.select(np.arange(runs[i].start, runs[i].stop))
+            outputs, loss_sum, stats, failure = self._pass(model, part, loss, forward_only)
+            parts.append((outputs, loss_sum, stats))
+            error = error or failure
+        if error is not None:
+            raise error
+        return ShardOutput(indices, shard.offsets, *_joined(parts))
 
-    def _custom_forward_backward(
-        self, model_id: str, program: CustomLossProgram, batch: PackedBatch, forward_only: bool
-    ) -> ShardOutput:
-        indices = shard_indices(batch.num_datums, self.rank, self.world_size)
-        shard = batch.select(indices)
-        if shard.num_datums == 0:
-            return ShardOutput(indices, shard.offsets, {}, 0.0)
+    def _passes(self, batch: PackedBatch, own: int) -> int:
+        """How many passes this rank runs: its micro-batches; with a sharded base, the most any rank has."""
+        if not self.sharded:
+            return own
+        lengths, world = batch.lengths, self.world_size
+        return max(len(micro_batches(lengths[r::world], self.micro_batch_tokens)) for r in range(world))
+
+    def _pass(
+        self, model: _Model, part: PackedBatch, loss: _LossStep, forward_only: bool
+    ) -> tuple[dict[str, np.ndarray], float, dict[str, tuple[float, float]], Exception | None]:
+        """One micro-batch's forward (and backward): its outputs, loss, metrics, and the loss's error if it failed."""
         with torch.set_grad_enabled(not forward_only):
-            inputs = {name: torch.from_numpy(shard.loss_inputs[name]).to(self.device) for name in program.input_names}
-            logprobs = self._target_logprobs(shard, *self._padded(shard))
-            loss, stats = run_custom_loss(program, logprobs, inputs, shard.offsets)
+            input_ids, mask = self._padded(part)
+            # Every host-to-device copy before the forward: a blocking copy waits for the work queued ahead of it.
+            finish = loss.prepare(part)
+            if model.value_head is None:
+                name, prediction = "logprobs", self._target_logprobs(part, input_ids, mask)
+            else:
+                name, prediction = "values", self._values(model.value_head, part, input_ids, mask)
+            outputs, total, error = {name: prediction}, prediction.new_zeros(()), None
+            stats: Stats = {}
+            if finish is not None:  # a critic's forward may ask for values only
+                try:
+                    total, extra, stats = finish(prediction)
+                    outputs.update(extra)
+                except Exception as exc:  # noqa: BLE001 - raised once every pass has run
+                    error, total = exc, prediction.sum() * 0
+                # a failed loss backpropagates its zero only where other ranks wait for this rank's gathers
+                if not forward_only and (error is None or self.sharded):
+                    total.backward()
+        arrays = {k: v.detach().to(torch.float32).cpu().numpy() for k, v in outputs.items()}
+        return arrays, float(total.detach()), stats, error
+
+    def _idle_pass(self, model: _Model, forward_only: bool) -> None:
+        """A one-token pass with a zero loss, through the same modules as a real one: with a sharded base, a rank
+        with fewer micro-batches than another still joins each weight gather."""
+        input_ids = torch.zeros((1, 1), dtype=torch.long, device=self.device)
+        mask = torch.ones_like(input_ids)
+        with torch.set_grad_enabled(not forward_only):
+            if model.value_head is None:
+                out = self._logits(input_ids, mask)
+            else:
+                out = model.value_head(self._hidden(input_ids, mask).float())
             if not forward_only:
-                loss.backward()
-        outputs = {"logprobs": logprobs.detach().cpu().numpy()}
-        return ShardOutput(indices, shard.offsets, outputs, float(loss.detach()), stats)
+                (out.float().sum() * 0).backward()
 
     def _padded(self, shard: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """The shard's datums as right-padded input ids and their attention mask, both [N, max_len]."""
@@ -167,26 +202,31 @@ class TrainingEngine:
             mask[i, : lengths[i]] = 1
         return input_ids.to(self.device), mask.to(self.device)
 
-    def _loss_inputs(self, shard: PackedBatch) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """The loss's inputs but target_tokens, and the datum index of every token, on the device."""
-        inputs = {k: torch.from_numpy(v).to(self.device) for k, v in shard.loss_inputs.items() if k != "target_tokens"}
-        datum_ids = torch.repeat_interleave(torch.arange(shard.num_datums), torch.from_numpy(shard.lengths))
-        return inputs, datum_ids.to(self.device)
+    def _logits(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.pool.model(input_ids=input_ids, attention_mask=mask, use_cache=False).logits
 
     def _target_logprobs(self, shard: PackedBatch, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Log-probabilities of target_tokens, flat over the shard: [T] or [T, K]."""
         targets = torch.from_numpy(shard.loss_inputs["target_tokens"]).to(self.device).long()
-        logits = self.pool.model(input_ids=input_ids, attention_mask=mask).logits
-        return target_logprobs(_unpadded(logits, shard.lengths), targets)
+        return target_logprobs(_unpadded(self._logits(input_ids, mask), shard.lengths), targets)
+
+    def _hidden(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The backbone's final hidden states [N, L, hidden]. The call goes through the whole model, as a policy's
+        does (a sharded base gathers its outer weights there), with the LM head applied to the last position only."""
+        captured: list[torch.Tensor] = []
+        backbone = cast(torch.nn.Module, self.pool.model.get_base_model().base_model)  # a submodule, not a tensor
+        hook = backbone.register_forward_hook(lambda _m, _args, out: captured.append(out.last_hidden_state))
+        try:
+            self.pool.model(input_ids=input_ids, attention_mask=mask, use_cache=False, logits_to_keep=1)
+        finally:
+            hook.remove()
+        return captured[0]
 
     def _values(
         self, head: torch.nn.Linear, shard: PackedBatch, input_ids: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:
-        """The critic's value of each position (after reading that token), flat over the shard: [T].
-        Runs the adapted backbone only, skipping the vocabulary projection."""
-        backbone = cast(torch.nn.Module, self.pool.model.get_base_model().base_model)  # a submodule, not a tensor
-        hidden = backbone(input_ids=input_ids, attention_mask=mask).last_hidden_state
-        return head(_unpadded(hidden, shard.lengths).float()).squeeze(-1)
+        """The critic's value of each position (after reading that token), flat over the shard: [T]."""
+        return head(_unpadded(self._hidden(input_ids, mask), shard.lengths).float()).squeeze(-1)
 
     def optim_step(self, model_id: str, hp: OptimParams) -> dict[str, float]:
         model = self._activate(model_id)
@@ -258,6 +298,62 @@ class TrainingEngine:
         if model.value_head is not None:
             state.update({f"value_head.{n}": p.detach().clone() for n, p in model.value_head.named_parameters()})
         return state
+
+
+Stats = dict[str, tuple[float, float]]  # a loss's metrics: name -> (sum, count)
+LossResult = tuple[torch.Tensor, dict[str, torch.Tensor], Stats]  # the summed loss, extra outputs, metrics
+
+
+class _LossStep:
+    """The loss of one forward(_backward) request, applied to it micro-batch by micro-batch."""
+
+    def __init__(
+        self, loss_fn: str, config: dict[str, float], custom: CustomLossProgram | None, device: torch.device
+    ) -> None:
+        self._loss_fn = loss_fn
+        self._config = config
+        self._custom = custom
+        self._required = None if custom is not None else get_loss(loss_fn).required_inputs
+        self._device = device
+
+    def prepare(self, part: PackedBatch) -> Callable[[torch.Tensor], LossResult] | None:
+        """Copy the part's loss inputs to the device; returns what computes the loss from the model's predictions
+        (None: the inputs were not sent, so there is no loss)."""
+        custom = self._custom
+        if custom is not None:
+            named = {name: torch.from_numpy(part.loss_inputs[name]).to(self._device) for name in custom.input_names}
+
+            def run_program(prediction: torch.Tensor) -> LossResult:
+                loss, stats = run_custom_loss(custom, prediction, named, part.offsets)
+                return loss, {}, stats
+
+            return run_program
+        if self._required is None or not self._required <= part.loss_inputs.keys():
+            return None
+        inputs = {k: torch.from_numpy(v).to(self._device) for k, v in part.loss_inputs.items() if k != "target_tokens"}
+        datum_ids = torch.repeat_interleave(torch.arange(part.num_datums), torch.from_numpy(part.lengths))
+        datum_ids = datum_ids.to(self._device)
+
+        def finish(prediction: torch.Tensor) -> LossResult:
+            loss, elementwise = LOSS_FUNCTIONS[self._loss_fn](prediction, inputs, self._config, datum_ids)
+            stats = LOSS_STATS[self._loss_fn](prediction, inputs, self._config) if self._loss_fn in LOSS_STATS else {}
+            return loss, {"elementwise_loss": elementwise}, stats
+
+        return finish
+
+
+def _joined(
+    parts: list[tuple[dict[str, np.ndarray], float, Stats]],
+) -> tuple[dict[str, np.ndarray], float, Stats]:
+    """The micro-batches' outputs concatenated in datum order, their losses summed, their metrics merged."""
+    names = parts[0][0].keys() if parts else ()
+    outputs = {name: np.concatenate([p[0][name] for p in parts]) for name in names}
+    stats: Stats = {}
+    for _, _, part_stats in parts:
+        for name, (total, count) in part_stats.items():
+            before = stats.get(name, (0.0, 0.0))
+            stats[name] = (before[0] + total, before[1] + count)
+    return outputs, float(sum(p[1] for p in parts)), stats
 
 
 def _unpadded(padded: torch.Tensor, lengths: np.ndarray) -> torch.Tensor:

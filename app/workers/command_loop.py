@@ -11,8 +11,11 @@ import ray
 import ray.train
 import torch
 
+from app.config import WorkerGroupConfig
+from app.models.precision import resolve_dtype
 from app.storage.objects import ObjectStorage
-from app.training.engine import TrainingEngine, load_base_model
+from app.training.base_model import TORCH_DTYPES, load_base_model, recompute_activations, shard_base
+from app.training.engine import TrainingEngine
 from app.workers.execute import execute
 from app.workers.mailbox import STOP
 from app.workers.snapshots import SnapshotWriter
@@ -21,16 +24,30 @@ logger = logging.getLogger("tinker_serve.worker")
 
 
 def command_loop(config: dict) -> None:
-    """Runs on every rank. `config`: mailbox (actor handle), base_path (absolute), storage_uri, threads, use_gpu."""
+    """Runs on every rank. `config`: mailbox (actor handle), base_path (absolute), storage_uri, and the worker
+    group's settings (app.config.WorkerGroupConfig as a dict, under "shape")."""
     from ray.train.torch import get_device  # loaded already: a TorchTrainer runs this loop
 
     ctx = ray.train.get_context()
     rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
-    torch.set_num_threads(config["threads"])
+    shape = WorkerGroupConfig.model_validate(config["shape"])
+    torch.set_num_threads(shape.torch_threads_per_worker)
     started = time.monotonic()
-    device = str(get_device()) if config["use_gpu"] else "cpu"
+    device = str(get_device()) if shape.use_gpu else "cpu"
+    dtype = resolve_dtype(shape.dtype, shape.use_gpu)
+    sharded = shape.sharding == "fsdp" and world_size > 1
+    base = load_base_model(config["base_path"], TORCH_DTYPES[dtype], device="cpu" if sharded else device)
+    if shape.activation_checkpointing:
+        recompute_activations(base)
+    if sharded:
+        shard_base(base, torch.device(device).type, shape.shard_group_size)
     engine = TrainingEngine(
-        load_base_model(config["base_path"], device=device), rank=rank, world_size=world_size, device=device
+        base,
+        rank=rank,
+        world_size=world_size,
+        device=device,
+        micro_batch_tokens=shape.micro_batch_tokens,
+        sharded=sharded,
     )
     storage = ObjectStorage(config["storage_uri"])
     snapshots = SnapshotWriter(storage)
@@ -38,12 +55,15 @@ def command_loop(config: dict) -> None:
     identity = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
     ray.get(mailbox.register.remote(rank, identity))
     logger.info(
-        "rank %d/%d ready on %s (%s): base model %s loaded in %.1f s",
+        "rank %d/%d ready on %s (%s): base model %s loaded in %s%s%s in %.1f s",
         rank,
         world_size,
         device,
         identity,
         config["base_path"],
+        dtype,
+        ", sharded (fsdp)" if sharded else "",
+        ", recomputing activations" if shape.activation_checkpointing else "",
         time.monotonic() - started,
     )
     answer = None  # the last message's (msg_id, results), sent with the call that takes the next one

@@ -114,8 +114,7 @@ class TorchTrainerGroup(WorkerGroup):
                 "mailbox": self._mailbox,
                 "base_path": self._base_path,
                 "storage_uri": self._checkpoint_uri,
-                "threads": self._shape.torch_threads_per_worker,
-                "use_gpu": self._shape.use_gpu,
+                "shape": self._shape.model_dump(),
             },
             scaling_config=ScalingConfig(
                 num_workers=self.world_size,

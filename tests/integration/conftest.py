@@ -16,7 +16,7 @@ import tinker
 from ray import serve
 
 from app.models.embedded import build_embedded_model
-from app.training.engine import load_base_model
+from app.training.base_model import load_base_model
 from deployments.builder import build_app
 from tests.conftest import TINY_MODEL
 from tests.s3 import S3_ENV

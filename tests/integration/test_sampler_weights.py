@@ -9,7 +9,7 @@ import tinker
 import torch
 from peft import PeftModel
 
-from app.training.engine import load_base_model
+from app.training.base_model import load_base_model
 from tests.conftest import TINY_MODEL
 from tests.integration.helpers import logprobs_of, new_client, packed, sft_datums, stored_directory, train_steps
 

@@ -31,8 +31,9 @@ from app.storage.objects import ObjectStorage
 from app.storage.paths import snapshot_location
 from app.trainer.operations import operation
 from app.trainer.recovery import Takeover, rebuild, unfinished
+from app.training.base_model import load_base_model
 from app.training.batch import PackedBatch
-from app.training.engine import TrainingEngine, load_base_model
+from app.training.engine import TrainingEngine
 from app.workers.execute import execute
 from app.workers.group import WorkerGroup
 from app.workers.snapshots import SnapshotWriter

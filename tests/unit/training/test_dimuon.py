@@ -9,8 +9,9 @@ import torch
 
 from app.errors import UserError
 from app.messages import AdamParams, AdapterSpec, DimuonParams
+from app.training.base_model import load_base_model
 from app.training.dimuon import Dimuon, direction, orthogonalize
-from app.training.engine import TrainingEngine, load_base_model
+from app.training.engine import TrainingEngine
 from app.training.optim import apply_step, make_optimizer
 from tests.conftest import TINY_MODEL
 from tests.unit.training.test_engine import make_batch
