@@ -134,6 +134,9 @@ class WorkerGroupConfig(_Strict):
     # a rank runs its datums in forward/backward passes of at most this many (padded) tokens, accumulating
     # gradients: a request's activation memory is one pass's, however many datums it has
     micro_batch_tokens: int = Field(16384, ge=1)
+    # with a bfloat16 base: forward passes under bf16 autocast, the LoRA matmuls included (adapter weights, gradients
+    # and optimizer state stay float32); faster, and the adapters' products are rounded to bf16 (README, "Precision")
+    autocast: bool = False
     # runs of operations sent to the workers and not yet answered: 2 hides the command round trip; the rest wait in
     # the Trainer, where the next run is chosen fairly across users (large: every run is sent as it becomes ready)
     max_dispatched_runs: int = Field(2, ge=1)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -57,15 +57,18 @@ class TrainingEngine:
         device: str = "cpu",
         micro_batch_tokens: int = DEFAULT_MICRO_BATCH_TOKENS,
         sharded: bool = False,
+        autocast: bool = False,
     ) -> None:
         """`base`: loaded by app.training.base_model (on `device`, or sharded with `shard_base`: then `sharded`, and
-        every rank runs as many passes as the busiest one)."""
+        every rank runs as many passes as the busiest one). `autocast`: forward passes run under bf16 autocast,
+        the adapters' matmuls included (their weights, gradients and optimizer state stay float32)."""
         self.rank = rank
         self.world_size = world_size
         self.device = torch.device(device)
         self.micro_batch_tokens = micro_batch_tokens
         self.sharded = sharded
-        self.pool = AdapterPool(base)
+        self._autocast = autocast
+        self.pool = AdapterPool(base, cast_inputs=not autocast)
         self._models: dict[str, _Model] = {}
         self._next_name = 0
 
@@ -202,8 +205,13 @@ class TrainingEngine:
             mask[i, : lengths[i]] = 1
         return input_ids.to(self.device), mask.to(self.device)
 
+    def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, **kwargs: Any) -> Any:
+        """The adapted model's forward (no KV cache: nothing is generated)."""
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self._autocast):
+            return self.pool.model(input_ids=input_ids, attention_mask=mask, use_cache=False, **kwargs)
+
     def _logits(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return self.pool.model(input_ids=input_ids, attention_mask=mask, use_cache=False).logits
+        return self._forward(input_ids, mask).logits
 
     def _target_logprobs(self, shard: PackedBatch, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Log-probabilities of target_tokens, flat over the shard: [T] or [T, K]."""
@@ -217,7 +225,7 @@ class TrainingEngine:
         backbone = cast(torch.nn.Module, self.pool.model.get_base_model().base_model)  # a submodule, not a tensor
         hook = backbone.register_forward_hook(lambda _m, _args, out: captured.append(out.last_hidden_state))
         try:
-            self.pool.model(input_ids=input_ids, attention_mask=mask, use_cache=False, logits_to_keep=1)
+            self._forward(input_ids, mask, logits_to_keep=1)
         finally:
             hook.remove()
         return captured[0]

@@ -1,12 +1,12 @@
 """Log-probabilities of target tokens from a [T, V] block of logits, in float32.
 
-On the CPU (float32 logits) this is the plain autograd expression: logsumexp and a gather. On a GPU the logits are
-bfloat16, and that expression keeps a float32 copy of all of them for the backward pass and builds the gradient out of
-several more [T, V] float32 tensors: with Qwen2.5's 151936-token vocabulary, 16 x 512 tokens on an H100 peaked at
-40.6 GiB (bench/gpu_lora_step.py). There the fused log-softmax and softmax kernels run over blocks of rows instead: the
-saved tensor is the logits themselves (the model made them anyway), the forward reads them once, and the backward
-recomputes a block's softmax and writes the gradient in the logits' dtype (23.5 GiB, and 18 ms less kernel time per
-step). Equal to the CPU expression up to float32 rounding.
+For float32 logits on the CPU this is the plain autograd expression: logsumexp and a gather. For bfloat16 logits (a
+bf16 base, on a GPU or a CPU) that expression keeps a float32 copy of all of them for the backward pass and builds the
+gradient out of several more [T, V] float32 tensors: with Qwen2.5's 151936-token vocabulary, 16 x 512 tokens on an
+H100 peaked at 40.6 GiB (bench/gpu_lora_step.py). There the fused log-softmax and softmax kernels run over blocks of
+rows instead: the saved tensor is the logits themselves (the model made them anyway), the forward reads them once,
+and the backward recomputes a block's softmax and writes the gradient in the logits' dtype (23.5 GiB, and 18 ms less
+kernel time per step). Equal to the plain expression up to float32 rounding.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class _BlockedTargetLogprobs(torch.autograd.Function):
 
 def target_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """float32 log-softmax of `logits` [T, V] at `targets` ([T] or [T, K] token ids): [T] or [T, K]."""
-    if logits.device.type == "cpu":
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
         flat_logits = logits.float()
         log_norm = torch.logsumexp(flat_logits, dim=-1)
         if targets.dim() == 1:

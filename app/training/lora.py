@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
+from peft.tuners.tuners_utils import BaseTunerLayer
 
 from app.messages import AdapterSpec
 
@@ -22,11 +23,14 @@ def peft_config(spec: AdapterSpec) -> LoraConfig:
 
 
 class AdapterPool:
-    """One frozen base model with any number of named LoRA adapters; one is active at a time."""
+    """One frozen base model with any number of named LoRA adapters; one is active at a time. Adapters are float32
+    whatever the base's dtype (PEFT upcasts them); PEFT casts each adapted layer's input to float32 too, unless
+    `cast_inputs` is off (forward passes under bf16 autocast then run the adapters' matmuls in bf16)."""
 
-    def __init__(self, base: torch.nn.Module) -> None:
+    def __init__(self, base: torch.nn.Module, cast_inputs: bool = True) -> None:
         for p in base.parameters():
             p.requires_grad_(False)
+        self._cast_inputs = cast_inputs
         placeholder = LoraConfig(r=1, target_modules=["q_proj"], lora_dropout=0.0)
         self.model: PeftModel = get_peft_model(base, placeholder, adapter_name=_PLACEHOLDER)
 
@@ -35,6 +39,10 @@ class AdapterPool:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(spec.seed)
             self.model.add_adapter(name, peft_config(spec))
+        if not self._cast_inputs:  # layers the adapter wrapped just now included
+            for module in self.model.modules():
+                if isinstance(module, BaseTunerLayer):
+                    setattr(module, "cast_input_dtype_enabled", False)  # noqa: B010 (mypy reads it as a submodule)
         return [p for n, p in self.model.named_parameters() if f".{name}." in n]
 
     def remove(self, name: str) -> None:

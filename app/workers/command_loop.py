@@ -48,6 +48,7 @@ def command_loop(config: dict) -> None:
         device=device,
         micro_batch_tokens=shape.micro_batch_tokens,
         sharded=sharded,
+        autocast=shape.autocast and dtype == "bfloat16",
     )
     storage = ObjectStorage(config["storage_uri"])
     snapshots = SnapshotWriter(storage)
