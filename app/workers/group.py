@@ -107,7 +107,10 @@ class TorchTrainerGroup(WorkerGroup):
         self._fit_error = None
         # ray.remote's keyword overload lists task options only; max_concurrency is an actor option
         as_actor = ray.remote(num_cpus=0, max_concurrency=10_000)  # type: ignore[call-overload]
-        self._mailbox = as_actor(Mailbox).remote(self.world_size)
+        # named (uniquely: the previous replica's may live on a while), so an operator or a test can ask it what
+        # the ranks are running
+        mailbox = as_actor(Mailbox).options(name=f"mailbox-{uuid.uuid4().hex[:8]}:{self._name}")
+        self._mailbox = mailbox.remote(self.world_size)
         trainer = TorchTrainer(
             command_loop,
             train_loop_config={
