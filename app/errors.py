@@ -74,6 +74,11 @@ class Forbidden(UserError):
     status_code = 403
 
 
+class TooLargeForWorkers(UserError):
+    """The operation was running each time the training workers died (killed for memory, most likely), as often as
+    limits.max_worker_deaths_per_operation allows: it is not run again, since unchanged it would kill them again."""
+
+
 class Relayed(TinkerServeError):
     """An error answer made elsewhere (vLLM's OpenAI layer), passed on with its status and body."""
 
