@@ -66,6 +66,7 @@ class Trainer:
             f"{cfg.state_dir}/ray_train",
             checkpoint_uri=cfg.checkpoint_uri,
             command_timeout_s=cfg.limits.command_timeout_seconds,
+            startup_timeout_s=cfg.limits.worker_start_timeout_seconds,
         )
         model_config = read_model_config(base.path)
         # the workers run the base model in float32 (app.training.engine.load_base_model), without checkpointing

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import threading
 import time
 import uuid
@@ -31,6 +32,12 @@ logger = logging.getLogger("tinker_serve.trainer")
 # Below Ray's inlining limit for call arguments and return values (max_direct_call_object_size, 100 KiB): larger ones
 # would go through the object store anyway, once more for every rank that takes the message.
 INLINE_BATCH_BYTES = 64 * 1024
+# How long Ray Train's controller waits for a worker group's placement group before it fails the start (default 60 s;
+# a restart under memory pressure raced it). Verified in Ray 2.60 (train v2): WorkerGroup reads it from os.environ in
+# the controller actor (_internal/execution/worker_group/worker_group.py), and DataParallelTrainer.fit() starts that
+# actor with runtime_env env_vars holding every variable of ENV_VARS_TO_PROPAGATE set in the process calling fit(),
+# this one (_internal/constants.py get_env_vars_to_propagate, api/data_parallel_trainer.py).
+WORKER_GROUP_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 
 
 class WorkerGroup(ABC):
@@ -132,6 +139,7 @@ class TorchTrainerGroup(WorkerGroup):
                 failure_config=FailureConfig(max_failures=self._max_failures),
             ),
         )
+        os.environ[WORKER_GROUP_START_TIMEOUT_ENV] = str(self._startup_timeout_s)  # fit() hands it to Ray Train
         self._fit_thread = threading.Thread(target=self._run_fit, args=(trainer,), daemon=True, name="torchtrainer-fit")
         self._fit_thread.start()
         await self.wait_ready()
