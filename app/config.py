@@ -44,6 +44,12 @@ class LimitsConfig(_Strict):
     fwdbwd_max_chunk_len: int = Field(1024, ge=1)  # advertised to clients in client/config
     long_poll_seconds: float = Field(20.0, gt=0, le=40)  # the SDK's poll timeout is 45 s
     command_timeout_seconds: float = Field(900.0, gt=0)  # one worker message, start-up excluded
+    # a worker group's start or restart: Ray Train's wait for its resources (it would give up after 60 s) and each
+    # rank's loading of the base model
+    worker_start_timeout_seconds: float = Field(600.0, gt=0)
+    # an operation running each time the training workers died this often (killed for memory, most likely) fails
+    # with a user error instead of being resent to kill them again (app.trainer.worker_deaths)
+    max_worker_deaths_per_operation: int = Field(2, ge=1)
     seq_gap_timeout_seconds: float = Field(330.0, gt=0)  # then a seq_id that never arrived is skipped
     max_num_samples: int = Field(64, ge=1)  # asample num_samples
     max_sample_tokens: int = Field(4096, ge=1)  # asample sampling_params.max_tokens

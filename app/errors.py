@@ -74,6 +74,11 @@ class Forbidden(UserError):
     status_code = 403
 
 
+class TooLargeForWorkers(UserError):
+    """The operation was running each time the training workers died (killed for memory, most likely), as often as
+    limits.max_worker_deaths_per_operation allows: it is not run again, since unchanged it would kill them again."""
+
+
 class Relayed(TinkerServeError):
     """An error answer made elsewhere (vLLM's OpenAI layer), passed on with its status and body."""
 
@@ -114,7 +119,13 @@ class Unavailable(ServerError):
 
 
 class GroupRestarted(ServerError):
-    """The worker group restarted while the command was in flight; the models it held in memory are gone."""
+    """The worker group restarted while the command was in flight; the models it held in memory are gone.
+    `running`: the request ids of the commands the ranks were running then (taken, not answered), which may be what
+    killed them. An instance attribute, not a class one: Ray's wrapper of a remote error finds it on the cause."""
+
+    def __init__(self, message: str, *, running: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.running = running
 
 
 def require(condition: bool, message: str, *, field: str | None = None) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 from typing import Any
 
 from app.config import ServerConfig, redacted
@@ -17,6 +18,7 @@ from app.db.migrate import migrate
 from app.db.schema import connect
 from app.messages import CreateModel, SequencedOp
 from app.storage.objects import ObjectStorage
+from app.trainer.memory_estimate import estimate_activation_bytes, read_model_config
 from app.trainer.service import TrainerService
 from app.workers.group import TorchTrainerGroup
 from deployments.logs import route_app_logs
@@ -64,6 +66,14 @@ class Trainer:
             f"{cfg.state_dir}/ray_train",
             checkpoint_uri=cfg.checkpoint_uri,
             command_timeout_s=cfg.limits.command_timeout_seconds,
+            startup_timeout_s=cfg.limits.worker_start_timeout_seconds,
+        )
+        model_config = read_model_config(base.path)
+        # the workers run the base model in float32 (app.training.engine.load_base_model), without checkpointing
+        activation_bytes = (
+            None
+            if model_config is None
+            else partial(estimate_activation_bytes, model_config, dtype_bytes=4, checkpointing=False)
         )
         self._service = TrainerService(
             trainer,
@@ -76,6 +86,7 @@ class Trainer:
             JournalStore(db),
             HistoryStore(db, cfg.limits.max_history_points_per_run),
             shape,
+            activation_bytes,
         )
         await self._service.start()
         logger.info("trainer %s ready in %.1f s", trainer, time.monotonic() - started)

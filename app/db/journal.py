@@ -13,9 +13,10 @@ from __future__ import annotations
 import contextlib
 import pickle
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 
-from sqlalchemy import and_, delete, insert, select
+from sqlalchemy import and_, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -32,6 +33,7 @@ class JournalEntry:
     request_id: str
     op: CreateModel | SequencedOp
     state: str  # its future's: pending | completed | failed
+    worker_deaths: int = 0  # how often the training workers died while it ran
 
 
 @dataclass(frozen=True)
@@ -61,14 +63,30 @@ class JournalStore:
     async def entries(self, model_id: str) -> list[JournalEntry]:
         """The model's journal in seq_id order, each with its future's state."""
         query = (
-            select(journal.c.seq_id, journal.c.request_id, journal.c.op, futures.c.state)
+            select(journal.c.seq_id, journal.c.request_id, journal.c.op, journal.c.worker_deaths, futures.c.state)
             .join(futures, futures.c.request_id == journal.c.request_id, isouter=True)
             .where(journal.c.model_id == model_id)
             .order_by(journal.c.seq_id)
         )
         async with self._db.connect() as conn:
             rows = (await conn.execute(query)).all()
-        return [JournalEntry(r.seq_id, r.request_id, pickle.loads(r.op), r.state or "failed") for r in rows]
+        return [
+            JournalEntry(r.seq_id, r.request_id, pickle.loads(r.op), r.state or "failed", r.worker_deaths) for r in rows
+        ]
+
+    async def charge_worker_death(self, request_ids: Collection[str]) -> dict[str, int]:
+        """Count a death of the training workers against each of these operations (they were running); returns how
+        many each has been charged so far (an operation no longer journaled is left out)."""
+        if not request_ids:
+            return {}
+        async with self._db.begin() as conn:
+            await conn.execute(
+                update(journal)
+                .where(journal.c.request_id.in_(request_ids))
+                .values(worker_deaths=journal.c.worker_deaths + 1)
+            )
+            query = select(journal.c.request_id, journal.c.worker_deaths).where(journal.c.request_id.in_(request_ids))
+            return {r.request_id: r.worker_deaths for r in await conn.execute(query)}
 
     async def snapshots_of(self, model_id: str) -> list[Snapshot]:
         """The model's snapshots, newest first."""

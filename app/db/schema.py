@@ -223,6 +223,8 @@ journal = Table(
     Column("request_id", String(64), nullable=False),  # its future: completed ones are replayed, pending ones rerun
     Column("op", LargeBinary, nullable=False),  # the operation (app.messages), pickled by this server
     Column("created_at", Float, nullable=False),
+    # how often the training workers died while it ran: at limits.max_worker_deaths_per_operation it fails
+    Column("worker_deaths", Integer, nullable=False, server_default="0"),
 )
 
 snapshots = Table(

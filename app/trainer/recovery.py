@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from dataclasses import dataclass, field
 
 from app.db.journal import KEPT_SNAPSHOTS, JournalEntry, JournalStore, Snapshot
-from app.errors import ServerError
+from app.errors import GroupRestarted, ServerError, TinkerServeError
 from app.messages import Command, CommandKind, CreateModel, LoadCheckpoint, OptimStep, SequencedOp, Skip
 from app.metrics import server_metrics
 from app.storage.objects import ObjectStorage
@@ -77,16 +77,19 @@ async def record_snapshot(
 class Takeover:
     """How a new trainer takes over a live model: the seq_id its queue opens at, and the journaled operations from
     there to queue again in order (those that finished, e.g. rejected at the ingress, as Skips that only advance the
-    order)."""
+    order). `given_up`: unfinished ones that were running at as many deaths of the workers as allowed, to fail instead
+    of rerunning (queued as Skips: app.trainer.worker_deaths)."""
 
     next_seq: int
     queued: list[tuple[int, SequencedOp]]
+    given_up: list[JournalEntry] = field(default_factory=list)
 
 
-async def unfinished(journal: JournalStore, model_id: str) -> Takeover | CreateModel | None:
+async def unfinished(journal: JournalStore, model_id: str, max_worker_deaths: int) -> Takeover | CreateModel | None:
     """What a new trainer does with a live model: take it over (its creation finished), or run its creation (journaled
     but never finished: created while no trainer ran, or while this one started), or nothing yet (None: no journal,
-    so its creation is being journaled right now and its create call follows)."""
+    so its creation is being journaled right now and its create call follows). An unfinished operation charged with
+    `max_worker_deaths` deaths of the workers is given up."""
     entries = await journal.entries(model_id)
     if not entries or entries[0].seq_id != 0:
         return None
@@ -96,12 +99,14 @@ async def unfinished(journal: JournalStore, model_id: str) -> Takeover | CreateM
     pending = [e.seq_id for e in entries if e.state == "pending"]
     snapshots = await journal.snapshots_of(model_id)
     start = min(pending) if pending else max([e.seq_id for e in entries] + [s.seq_id for s in snapshots[:1]]) + 1
+    given_up = [e for e in entries if e.state == "pending" and e.worker_deaths >= max_worker_deaths]
+    rerun = {e.seq_id for e in entries if e.state == "pending"} - {e.seq_id for e in given_up}
     queued: list[tuple[int, SequencedOp]] = [
-        (e.seq_id, e.op if e.state == "pending" else Skip(e.request_id))
+        (e.seq_id, e.op if e.seq_id in rerun else Skip(e.request_id))
         for e in entries
         if e.seq_id >= start and not isinstance(e.op, CreateModel)
     ]
-    return Takeover(start, queued)
+    return Takeover(start, queued, given_up)
 
 
 def resend(group: WorkerGroup, unanswered: dict[int, list[Command]]) -> dict[int, Awaitable[list[list]]]:
@@ -142,6 +147,22 @@ async def rebuild(group: WorkerGroup, journal: JournalStore, model_id: str) -> i
             error[1],
         )
     raise ServerError(f"model {model_id!r} could not be rebuilt from its snapshots and journal")
+
+
+async def rebuild_all(
+    group: WorkerGroup, journal: JournalStore, model_ids: Collection[str], lose: Callable[[str, Exception], None]
+) -> int:
+    """Rebuild every model, in model_id order, and `lose` those that cannot be, with the reason; returns how many
+    operations were replayed. A restart of the group meanwhile (GroupRestarted) ends it."""
+    replayed = 0
+    for model_id in sorted(model_ids):
+        try:
+            replayed += await rebuild(group, journal, model_id)
+        except GroupRestarted:
+            raise
+        except TinkerServeError as exc:
+            lose(model_id, exc)
+    return replayed
 
 
 def _rebuild_commands(

@@ -10,7 +10,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Collection, Sequence
 from dataclasses import replace
 from typing import cast
 
@@ -31,13 +31,14 @@ from app.trainer.recovery import (
     PlannedSnapshot,
     SnapshotPolicy,
     Takeover,
-    rebuild,
+    rebuild_all,
     record_snapshot,
     resend,
     unfinished,
 )
 from app.trainer.scheduling import SeqScheduler
 from app.trainer.single_flight import SingleFlight
+from app.trainer.worker_deaths import ActivationBytes, WorkerDeaths
 from app.training.batch import PackedBatch
 from app.workers.group import WorkerGroup
 
@@ -59,8 +60,10 @@ class TrainerService:
         journal: JournalStore,
         history: HistoryStore,
         shape: WorkerGroupConfig | None = None,
+        activation_bytes: ActivationBytes | None = None,
     ) -> None:
-        """`shape`: the worker group's config: the fair share's dispatch depth and op cost, the snapshot policy."""
+        """`shape`: the worker group's config: the fair share's dispatch depth and op cost, the snapshot policy.
+        `activation_bytes`: about the memory an operation needs (app.trainer.worker_deaths); None: unknown."""
         shape = shape or WorkerGroupConfig()
         self.name = name
         self._metadata = metadata
@@ -70,6 +73,7 @@ class TrainerService:
         self._snapshots = SnapshotPolicy(shape.snapshot_every_steps, shape.snapshot_every_seconds)
         self._committer = CheckpointCommitter(checkpoints, storage)
         self._limits = limits
+        self._deaths = WorkerDeaths(journal, futures, limits, group.world_size, activation_bytes)
         self._group = group
         self._futures = futures
         self._fixed_op_cost = shape.fixed_op_cost_tokens
@@ -81,13 +85,13 @@ class TrainerService:
             extra_credit=shape.fixed_op_cost_tokens,  # an optim_step leaves with its forward_backward
         )
         self._models: set[str] = set()
-        self._running: set[str] = set()  # request ids sent to the workers whose outcome is not written yet
+        self._running: dict[str, tuple[str, SequencedOp]] = {}  # id -> (model_id, op) sent, outcome not written
         self._cancelled: set[str] = set()  # of those, the cancelled ones: their outcome is discarded
         self._writes: set[asyncio.Task] = set()  # runs' outcomes being written (strong references)
         # runs sent to the workers and not answered, by dispatch number: a restarted group gets them again, in order
         self._dispatch_numbers = itertools.count()
         self._unanswered: dict[int, list[Command]] = {}
-        self._resent: dict[int, Awaitable[list[list]]] = {}
+        self._sent: dict[int, tuple[Awaitable[list[list]] | None, int]] = {}  # (latest sending, the recovery before)
         self._generation = 0  # recoveries started: a run sent before the latest one is resent by it
         self._recovery: asyncio.Task | None = None
         self._resumed: set[asyncio.Task] = set()  # journaled operations rerun after a trainer restart
@@ -120,12 +124,14 @@ class TrainerService:
         """Take over a model of the previous incarnation (the recovery rebuilds it): its queue opens where its
         journal says; returns its journaled operations that never finished, to queue again in order. A model still
         being created is created (again: the ingress's call may follow, and creating is idempotent), and None."""
-        plan = await unfinished(self._journal, model_id)
+        plan = await unfinished(self._journal, model_id, self._deaths.limit)
         if not isinstance(plan, Takeover):
             if plan is not None:
                 self._in_background(self.create_model(model_id, plan))
             logger.info("trainer %s: model %s is still being created", self.name, model_id)
             return None
+        for entry in plan.given_up:
+            await self._deaths.give_up(model_id, cast(SequencedOp, entry.op), entry.worker_deaths)
         self._models.add(model_id)
         await self._history.resume(model_id)
         self._scheduler.open(model_id, next_seq=plan.next_seq)
@@ -243,15 +249,15 @@ class TrainerService:
         if snapshot is not None:
             commands.insert(snapshot.index, Command(CommandKind.SNAPSHOT, model_id, location=snapshot.location))
         number = next(self._dispatch_numbers)
-        pending = None
         if work:
             self._unanswered[number] = commands
             pending = self._group.send(commands) if self._recovery is None and not self._stopping else None
-        self._running.update(op.request_id for _, op in work)
+            self._sent[number] = (pending, self._generation)
+        self._running.update((op.request_id, (model_id, op)) for _, op in work)
         server_metrics().queue_depth.set(
             self._scheduler.waiting(model_id), tags={"trainer": self.name, "model_id": model_id}
         )
-        return self._replies(model_id, len(run), work, number, pending, snapshot)
+        return self._replies(model_id, len(run), work, number, snapshot)
 
     async def _replies(
         self,
@@ -259,20 +265,19 @@ class TrainerService:
         run_length: int,
         work: Sequence[Queued],
         number: int,
-        pending: Awaitable[list[list]] | None,
         snapshot: PlannedSnapshot | None,
     ) -> list[Awaitable[None]]:
         started = time.monotonic()
         try:
-            replies = await self._answers(number, pending) if work else []
+            replies = await self._answers(number) if work else []
         except Exception:
             ids = {op.request_id for _, op in work}
-            self._running -= ids
+            self._running = {request_id: sent for request_id, sent in self._running.items() if request_id not in ids}
             self._cancelled -= ids
             raise
         finally:
             self._unanswered.pop(number, None)
-            self._resent.pop(number, None)
+            self._sent.pop(number, None)
         seconds = time.monotonic() - started
         if snapshot is not None:
             replies = [r[: snapshot.index] + r[snapshot.index + 1 :] for r in replies]
@@ -282,16 +287,16 @@ class TrainerService:
         task.add_done_callback(self._writes.discard)
         return [task] * run_length
 
-    async def _answers(self, number: int, pending: Awaitable[list[list]] | None) -> list[list]:
+    async def _answers(self, number: int) -> list[list]:
         """The replies to run `number`: through any restarts of the group, after which the recovery resends it."""
-        generation = self._generation
         while True:
+            pending, generation = self._sent.pop(number)
             if pending is not None:
                 try:
                     return await pending
-                except GroupRestarted:
+                except GroupRestarted as exc:
                     if generation == self._generation:  # no recovery since this was sent: start one
-                        self._start_recovery()
+                        self._start_recovery(exc.running)
                 except Exception:
                     if not self._stopping:
                         raise
@@ -299,25 +304,25 @@ class TrainerService:
                 await asyncio.get_running_loop().create_future()
             if self._recovery is not None:
                 await asyncio.shield(self._recovery)
-            generation = self._generation
-            pending = self._resent.pop(number)
 
-    def _start_recovery(self) -> None:
+    def _start_recovery(self, running: Collection[str] = ()) -> None:
         self._generation += 1
-        self._recovery = asyncio.create_task(self._recover())
+        self._recovery = asyncio.create_task(self._recover(self._generation, running))
 
-    async def _recover(self) -> None:
-        """Rebuild every model on the restarted workers, then resend the unanswered runs in their order. Models
-        that cannot be rebuilt are closed with the reason; if the group does not come back, all of them."""
+    async def _recover(self, generation: int, running: Collection[str]) -> None:
+        """Charge the death to the operations that were `running`, rebuild every model on the restarted workers, then
+        resend the unanswered runs in their order (less what was given up). Models that cannot be rebuilt are closed
+        with the reason; if the group does not come back, all of them."""
         started = time.monotonic()
         replayed = 0
         try:
             logger.warning("trainer %s: its workers are new; rebuilding %d models", self.name, len(self._models))
+            self._cancelled |= await self._deaths.charge(self._unanswered.values(), running, self._running)
             await asyncio.gather(*self._writes, return_exceptions=True)  # what finished is in the journal's states
             for attempt in range(1, _REBUILD_ATTEMPTS + 1):
                 await self._group.wait_ready()
                 try:
-                    replayed += await self._rebuild_all()
+                    replayed += await rebuild_all(self._group, self._journal, self._models, self._lose_model)
                     break
                 except GroupRestarted:  # again, while rebuilding
                     if attempt == _REBUILD_ATTEMPTS:
@@ -327,7 +332,7 @@ class TrainerService:
                 self._lose_model(model_id, exc)
             raise
         finally:
-            self._resent.update(resend(self._group, self._unanswered))
+            self._sent.update({n: (sent, generation) for n, sent in resend(self._group, self._unanswered).items()})
             self._recovery = None
         seconds = time.monotonic() - started
         server_metrics().recoveries.observe(seconds, tags={"trainer": self.name})
@@ -340,21 +345,10 @@ class TrainerService:
             replayed,
         )
 
-    async def _rebuild_all(self) -> int:
-        replayed = 0
-        for model_id in sorted(self._models):
-            try:
-                replayed += await rebuild(self._group, self._journal, model_id)
-            except GroupRestarted:
-                raise
-            except TinkerServeError as exc:
-                self._lose_model(model_id, exc)
-        return replayed
-
     async def _write_outcomes(self, model_id: str, work: Sequence[Queued], replies: list[list], seconds: float) -> None:
         self._record([op for _, op in work], seconds)
         for i, (seq_id, op) in enumerate(work):
-            self._running.discard(op.request_id)
+            self._running.pop(op.request_id, None)
             if op.request_id in self._cancelled:  # its future says cancelled already
                 self._cancelled.discard(op.request_id)
                 continue

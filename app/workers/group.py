@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import threading
 import time
 import uuid
@@ -31,6 +32,12 @@ logger = logging.getLogger("tinker_serve.trainer")
 # Below Ray's inlining limit for call arguments and return values (max_direct_call_object_size, 100 KiB): larger ones
 # would go through the object store anyway, once more for every rank that takes the message.
 INLINE_BATCH_BYTES = 64 * 1024
+# How long Ray Train's controller waits for a worker group's placement group before it fails the start (default 60 s;
+# a restart under memory pressure raced it). Verified in Ray 2.60 (train v2): WorkerGroup reads it from os.environ in
+# the controller actor (_internal/execution/worker_group/worker_group.py), and DataParallelTrainer.fit() starts that
+# actor with runtime_env env_vars holding every variable of ENV_VARS_TO_PROPAGATE set in the process calling fit(),
+# this one (_internal/constants.py get_env_vars_to_propagate, api/data_parallel_trainer.py).
+WORKER_GROUP_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 
 
 class WorkerGroup(ABC):
@@ -107,7 +114,10 @@ class TorchTrainerGroup(WorkerGroup):
         self._fit_error = None
         # ray.remote's keyword overload lists task options only; max_concurrency is an actor option
         as_actor = ray.remote(num_cpus=0, max_concurrency=10_000)  # type: ignore[call-overload]
-        self._mailbox = as_actor(Mailbox).remote(self.world_size)
+        # named (uniquely: the previous replica's may live on a while), so an operator or a test can ask it what
+        # the ranks are running
+        mailbox = as_actor(Mailbox).options(name=f"mailbox-{uuid.uuid4().hex[:8]}:{self._name}")
+        self._mailbox = mailbox.remote(self.world_size)
         trainer = TorchTrainer(
             command_loop,
             train_loop_config={
@@ -128,6 +138,7 @@ class TorchTrainerGroup(WorkerGroup):
                 failure_config=FailureConfig(max_failures=self._max_failures),
             ),
         )
+        os.environ[WORKER_GROUP_START_TIMEOUT_ENV] = str(self._startup_timeout_s)  # fit() hands it to Ray Train
         self._fit_thread = threading.Thread(target=self._run_fit, args=(trainer,), daemon=True, name="torchtrainer-fit")
         self._fit_thread.start()
         await self.wait_ready()

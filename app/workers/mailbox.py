@@ -4,7 +4,8 @@ A message no rank has taken yet can still have commands replaced (a cancelled op
 once the first rank takes it, every rank runs the same commands.
 
 Ranks register with a per-process identity. When a rank re-registers with a new identity (the group
-restarted), every pending message fails with GroupRestarted instead of hanging.
+restarted), every pending message fails with GroupRestarted instead of hanging, naming the request ids of the
+commands the ranks were running when they died (what may have killed them: app.trainer.worker_deaths).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class Mailbox:
         self._queues: dict[int, asyncio.Queue] = {r: asyncio.Queue() for r in range(world_size)}
         self._pending: dict[int, tuple[asyncio.Future, dict[int, Any]]] = {}
         self._untaken: dict[int, list[Any]] = {}  # messages no rank has taken yet: msg_id -> its commands
+        self._taken: dict[int, tuple[int, Any]] = {}  # rank -> the message (msg_id, commands) it took, unanswered
         self._restarts = 0
 
     async def register(self, rank: int, identity: str) -> None:
@@ -32,20 +34,33 @@ class Mailbox:
         if previous is not None and previous != identity:
             self._restarts += 1
             self._identities = {rank: identity}
+            running = await self.running()
             for fut, _ in self._pending.values():
                 if not fut.done():
                     fut.set_exception(
                         GroupRestarted(
                             "a training worker restarted while this request ran; models on this trainer were lost. "
-                            "Recreate the model or load a checkpoint, then retry"
+                            "Recreate the model or load a checkpoint, then retry",
+                            running=running,
                         )
                     )
             self._pending.clear()
             self._untaken.clear()
+            self._taken.clear()
             self._queues = {r: asyncio.Queue() for r in range(self._world_size)}
 
     async def status(self) -> dict[str, int]:
         return {"registered": len(self._identities), "world_size": self._world_size, "restarts": self._restarts}
+
+    async def identities(self) -> dict[int, str]:
+        """The identity each registered rank gave (its command loop's `{pid}-{nonce}`)."""
+        return dict(self._identities)
+
+    async def running(self) -> tuple[str, ...]:
+        """The request ids of the commands in the messages some rank has taken and not answered, oldest first."""
+        messages = dict(sorted(self._taken.values(), key=lambda taken: taken[0]))
+        ids = (getattr(command, "request_id", "") for commands in messages.values() for command in commands)
+        return tuple(dict.fromkeys(request_id for request_id in ids if request_id))
 
     async def call(self, msg_id: int, commands: Any, generation: int | None = None) -> list[Any]:
         """Send `commands` to every rank; returns the replies ordered by rank. A sender that knows the group as of
@@ -69,6 +84,8 @@ class Mailbox:
         except TimeoutError:
             return None
         self._untaken.pop(msg_id, None)
+        if msg_id in self._pending:  # not a stop
+            self._taken[rank] = (msg_id, commands)
         return msg_id, commands
 
     async def cancel(self, request_id: str, replacement: Any) -> bool:
@@ -82,6 +99,8 @@ class Mailbox:
         return found
 
     async def reply(self, msg_id: int, rank: int, result: Any) -> None:
+        if self._taken.get(rank, (None,))[0] == msg_id:
+            del self._taken[rank]
         entry = self._pending.get(msg_id)
         if entry is None:
             return  # the message was failed by a restart

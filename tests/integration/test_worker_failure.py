@@ -26,7 +26,7 @@ import tinker
 from ray import serve
 from tinker import types
 
-from tests.integration.conftest import BASE_MODEL, MAX_PENDING_SAMPLES, replace_app, server_config
+from tests.integration.conftest import BASE_MODEL, MAX_PENDING_SAMPLES, MAX_TOKENS, replace_app, server_config
 from tests.integration.helpers import logprobs_of, new_client, sft_datums, train_steps, trainer_logprobs
 
 RESTART_BUDGET_S = 180.0  # Ray Train detects the death, restarts both ranks, reloads the base model
@@ -114,6 +114,102 @@ def test_a_killed_trainer_replica_loses_no_model_and_no_request(service_client):
     print(f"trainer replica killed -> the run's last step answered in {time.monotonic() - started[0]:.1f} s")
     for got, want in zip(recovered, undisturbed, strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+def _mailbox() -> ray.actor.ActorHandle:
+    """The mailbox actor of the policy trainer's worker group (app.workers.group names it)."""
+    (mailbox,) = [
+        a
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["name"].startswith("mailbox-") and a["name"].endswith(f":{BASE_MODEL}")
+    ]
+    return ray.get_actor(mailbox["name"], namespace=mailbox["namespace"])
+
+
+def _until(condition: Callable[[], bool], failure: str, budget_s: float = RESTART_BUDGET_S) -> None:
+    deadline = time.monotonic() + budget_s
+    while not condition():
+        assert time.monotonic() < deadline, failure
+        time.sleep(0.05)
+
+
+def _kill_while_it_runs(mailbox: ray.actor.ActorHandle, request_id: str) -> None:
+    """SIGKILL every rank of the worker group once one has taken the operation `request_id`; returns once the group
+    restarted (its mailbox no longer says what the dead ranks were running)."""
+    restarts = ray.get(mailbox.status.remote())["restarts"]
+    _until(lambda: request_id in ray.get(mailbox.running.remote()), "the operation never ran")
+    for identity in ray.get(mailbox.identities.remote()).values():
+        os.kill(int(identity.split("-")[0]), signal.SIGKILL)
+    _until(lambda: ray.get(mailbox.status.remote())["restarts"] > restarts, "the workers never restarted")
+
+
+def _long_datums(count: int) -> list[types.Datum]:
+    """`count` datums of the longest length the server takes (random tokens): one forward_backward of 96 of them
+    runs for seconds on the tiny model."""
+    rng = np.random.default_rng(0)
+    datums = []
+    for _ in range(count):
+        ids = rng.integers(3, 2048, MAX_TOKENS + 1).tolist()
+        datums.append(
+            types.Datum(
+                model_input=types.ModelInput.from_ints(ids[:-1]),
+                loss_fn_inputs={"target_tokens": ids[1:], "weights": [1.0] * MAX_TOKENS},
+            )
+        )
+    return datums
+
+
+def test_an_operation_that_kills_the_workers_fails_and_the_rest_goes_on(base_url, service_client, state_dir: Path):
+    """Both training workers are SIGKILLed each time one forward_backward runs (as Ray's memory monitor kills the
+    workers of a step too large for them): after the second death it fails with a user error that names it and what
+    to change, instead of being resent forever. Its model's next steps succeed, without gradients from it (equal to
+    a twin that never sent it), and another model, training throughout, ends equal to an undisturbed twin.
+
+    Runs after the Trainer replica kill: Ray Train restarts a worker group twice per replica (max_failures)."""
+    other, other_twin = new_client(service_client, seed=49), new_client(service_client, seed=49)
+    data = sft_datums(other.get_tokenizer())
+    train_steps(other_twin, data, 3)
+    expected_other = logprobs_of(other_twin.forward(data, "cross_entropy").result())
+    train_steps(other, data, 1)
+    big_twin = new_client(service_client, seed=50)
+    train_steps(big_twin, data, 1)
+    expected_big = logprobs_of(big_twin.forward(data, "cross_entropy").result())
+
+    own = tinker.ServiceClient(base_url=base_url, api_key="tml-integration-tests")
+    big = new_client(own, seed=50)
+    # this client sends the whole batch as one request, one operation (as a client ignoring the advertised chunk
+    # length would): a single operation that runs for seconds
+    big.holder._client_config = big.holder._client_config.model_copy(update={"fwdbwd_max_chunk_len": 1024})
+    mailbox = _mailbox()
+    started = time.monotonic()
+    doomed = big.forward_backward(_long_datums(96), "cross_entropy")
+    in_flight = [other.forward_backward(data, "cross_entropy"), other.optim_step(ADAM)]  # queued behind it
+    _wait_for_futures(state_dir, [big.model_id], 1, "the forward_backward never reached the server")
+    with sqlite3.connect(state_dir / "tinker_serve.db") as db:
+        query = "SELECT request_id FROM futures WHERE model_id = ? AND state = 'pending'"
+        (request_id,) = db.execute(query, (big.model_id,)).fetchone()
+    for _ in range(2):
+        _kill_while_it_runs(mailbox, request_id)
+
+    with pytest.raises(tinker.RequestFailedError) as failed:
+        doomed.result(timeout=RESTART_BUDGET_S)
+    print(f"\nkilled twice -> failed {time.monotonic() - started:.1f} s after it was sent: {failed.value.message}")
+    assert failed.value.category == "user"
+    assert (  # the SDK's message wraps the server's
+        "forward_backward of 24576 tokens (12288 on the busiest rank, padding included) was running when the training "
+        "workers died twice (killed for memory, most likely); it was not run again and the model has no gradients "
+        "from it. Its activations need about 864 MiB per rank. Send fewer tokens per request" in failed.value.message
+    )
+    with sqlite3.connect(state_dir / "tinker_serve.db") as db:
+        assert db.execute("SELECT worker_deaths FROM journal WHERE request_id = ?", (request_id,)).fetchone() == (2,)
+
+    train_steps(big, data, 1)  # the model goes on, with no gradients from the operation given up
+    assert all(f.result() is not None for f in in_flight)  # the other model's step, resent after each rebuild
+    train_steps(other, data, 1)
+    for client, expected in ((big, expected_big), (other, expected_other)):
+        for got, want in zip(logprobs_of(client.forward(data, "cross_entropy").result()), expected, strict=True):
+            np.testing.assert_array_equal(got, want)
+    own.close("success").result()
 
 
 def _retrieve(http: httpx.Client, request_id: str) -> dict:

@@ -56,3 +56,21 @@ def test_journal_snapshots_and_pruning(db_url: str) -> None:
         assert [e.state for e in await journal.entries("other")] == ["failed"]  # no future: never ran
 
     run_on_db(db_url, body)
+
+
+def test_worker_deaths_are_counted_per_operation(db_url: str) -> None:
+    """Each charge counts once against each operation named (in its journal row, where a new trainer reads it);
+    unknown ids are left out, and entries report the count."""
+
+    async def body(db: AsyncEngine) -> None:
+        futures, journal = FutureStore(db), JournalStore(db)
+        ids = [(await futures.create("op", "m", seq))[0] for seq in range(3)]
+        await journal.append("m", 0, CreateModel(ids[0], AdapterSpec(rank=4, seed=1)))
+        for seq in (1, 2):
+            await journal.append("m", seq, OptimStep(ids[seq], AdamParams(learning_rate=seq)))
+        assert await journal.charge_worker_death([]) == {}
+        assert await journal.charge_worker_death([ids[1], ids[2], "unknown"]) == {ids[1]: 1, ids[2]: 1}
+        assert await journal.charge_worker_death([ids[1]]) == {ids[1]: 2}
+        assert [(e.seq_id, e.worker_deaths) for e in await journal.entries("m")] == [(0, 0), (1, 2), (2, 1)]
+
+    run_on_db(db_url, body)

@@ -133,24 +133,30 @@ def test_an_interrupted_snapshot_is_never_restored_and_the_rebuild_is_exact(tmp_
 
 
 def test_a_new_trainer_queues_what_never_finished_in_order(tmp_path: Path) -> None:
-    """Pending operations rerun from the first of them; one the ingress rejected between them only advances the
-    order; a model whose creation never finished is created, and one without a journal is left to its create call."""
+    """Pending operations rerun from the first of them; one the ingress rejected between them, or one that was running
+    each time the workers died as often as allowed, only advances the order; a model whose creation never finished is
+    created, and one without a journal is left to its create call."""
 
     async def body(db: AsyncEngine) -> None:
         futures, journal = FutureStore(db), JournalStore(db)
         ids = [(await futures.create("op", "m", seq))[0] for seq in range(5)]
-        assert await unfinished(journal, "m") is None  # not journaled yet: its create call is on its way
+        assert await unfinished(journal, "m", 2) is None  # not journaled yet: its create call is on its way
         await journal.append("m", 0, CreateModel(ids[0], SPEC))
-        assert await unfinished(journal, "m") == CreateModel(ids[0], SPEC)  # the creation is still pending
+        assert await unfinished(journal, "m", 2) == CreateModel(ids[0], SPEC)  # the creation is still pending
         ops = [OptimStep(ids[seq], AdamParams(learning_rate=seq)) for seq in range(5)]
         for seq in range(1, 5):
             await journal.append("m", seq, ops[seq])
         for seq in (0, 1):
             await futures.complete(ids[seq], b"{}", JSON_CONTENT_TYPE)
         await futures.fail(ids[3], {"message": "rejected at the ingress"})
-        assert await unfinished(journal, "m") == Takeover(2, [(2, ops[2]), (3, Skip(ids[3])), (4, ops[4])])
+        assert await unfinished(journal, "m", 2) == Takeover(2, [(2, ops[2]), (3, Skip(ids[3])), (4, ops[4])])
+        await journal.charge_worker_death([ids[2], ids[4]])
+        await journal.charge_worker_death([ids[4]])  # running at as many deaths as allowed: given up, not rerun
+        plan = await unfinished(journal, "m", 2)
+        assert isinstance(plan, Takeover) and plan.queued == [(2, ops[2]), (3, Skip(ids[3])), (4, Skip(ids[4]))]
+        assert [(e.op, e.worker_deaths) for e in plan.given_up] == [(ops[4], 2)]
         for seq in (2, 4):
             await futures.complete(ids[seq], b"{}", JSON_CONTENT_TYPE)
-        assert await unfinished(journal, "m") == Takeover(5, [])
+        assert await unfinished(journal, "m", 2) == Takeover(5, [])
 
     run_on_db(tmp_path / "meta.db", body)

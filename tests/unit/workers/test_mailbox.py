@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import pickle
 
 import pytest
 
@@ -28,6 +29,7 @@ def test_call_fans_out_and_orders_replies_by_rank() -> None:
             await box.reply(11, rank, f"reply-{rank}")
         assert await asyncio.wait_for(call, 1.0) == ["reply-0", "reply-1", "reply-2"]
         assert await box.status() == {"registered": 3, "world_size": 3, "restarts": 0}
+        assert await box.identities() == {0: "proc-0", 1: "proc-1", 2: "proc-2"}
 
     asyncio.run(main())
 
@@ -137,3 +139,43 @@ def test_cancel_replaces_commands_only_while_no_rank_has_taken_them() -> None:
         await asyncio.gather(*calls)
 
     asyncio.run(main())
+
+
+class _Cmd:
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+
+
+def test_a_restart_names_the_commands_the_ranks_were_running() -> None:
+    """Taken and unanswered by some rank: running. Answered by every rank that took it, or taken by none: not."""
+
+    async def main() -> None:
+        box = await _registered(2)
+        messages = {1: [_Cmd("done")], 2: [_Cmd("a"), _Cmd("")], 3: [_Cmd("b")], 4: [_Cmd("queued")]}
+        calls = [asyncio.create_task(box.call(i, cmds)) for i, cmds in messages.items()]
+        await asyncio.sleep(0)
+        assert await box.running() == ()
+        for rank in range(2):  # both run message 1 and answer it
+            assert (await box.next(rank, 1.0))[0] == 1
+        assert await box.running() == ("done",)
+        assert (await box.next(0, 1.0, answer=(1, "r0")))[0] == 2
+        assert (await box.next(1, 1.0, answer=(1, "r1")))[0] == 2
+        assert await box.running() == ("a",)  # a command serving no request has no id to name
+        assert (await box.next(0, 1.0, answer=(2, "r0")))[0] == 3  # rank 0 is ahead; rank 1 still runs message 2
+        assert await box.running() == ("a", "b")  # oldest first
+        await box.register(1, "proc-1-restarted")
+        assert await calls[0] == ["r0", "r1"]
+        for call in calls[1:]:  # every pending message, message 4 that no rank took included
+            with pytest.raises(GroupRestarted) as info:
+                await asyncio.wait_for(call, 1.0)
+            assert info.value.running == ("a", "b")
+        assert await box.running() == ()
+
+    asyncio.run(main())
+
+
+def test_group_restarted_keeps_what_was_running_across_pickling() -> None:
+    """Ray pickles the error from the mailbox actor to the trainer; its Tinker error body is unchanged by it."""
+    error = pickle.loads(pickle.dumps(GroupRestarted("gone", running=("a", "b"))))
+    assert error.running == ("a", "b") and error.to_body() == {"error": "gone", "category": "server"}
+    assert GroupRestarted("stale").running == ()

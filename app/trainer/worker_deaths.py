@@ -1,0 +1,137 @@
+"""An operation that kills the training workers (too large for a rank's memory, most likely) fails instead of being
+resent to kill them again, forever.
+
+Each death of the workers is charged to the operations they were running (the mailbox names them); the journal counts
+the charges (app.db.journal), so a replaced Trainer replica knows them too. One charged
+limits.max_worker_deaths_per_operation times fails with a user error saying what to change.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import cast
+
+import numpy as np
+
+from app.config import LimitsConfig
+from app.db.futures import FutureStore
+from app.db.journal import JournalStore
+from app.errors import TooLargeForWorkers
+from app.messages import Command, CommandKind, ForwardBackward, SequencedOp
+from app.request_log import log_request
+from app.trainer.operations import operation
+from app.training.batch import PackedBatch
+
+logger = logging.getLogger("tinker_serve.trainer")
+
+# About the bytes of activations a forward(_backward) of this many tokens (padding included) needs on a rank;
+# `backward`: with its backward (app.trainer.memory_estimate, for the trainer's base model and dtype)
+ActivationBytes = Callable[..., int]
+
+
+class WorkerDeaths:
+    """A trainer's charging of worker deaths, and its giving up on the operations charged `limit` times
+    (limits.max_worker_deaths_per_operation)."""
+
+    def __init__(
+        self,
+        journal: JournalStore,
+        futures: FutureStore,
+        limits: LimitsConfig,
+        world_size: int,
+        activation_bytes: ActivationBytes | None,
+    ) -> None:
+        self.limit = limits.max_worker_deaths_per_operation
+        self._journal = journal
+        self._futures = futures
+        self._world_size = world_size
+        self._activation_bytes = activation_bytes
+
+    async def charge(
+        self, runs: Iterable[list[Command]], running: Collection[str], ops: Mapping[str, tuple[str, SequencedOp]]
+    ) -> set[str]:
+        """Charge a death to the operations that were `running` in `runs` (the messages sent and not answered), and
+        give up on those charged `limit` times: their commands in `runs` become no-ops (not resent) and their futures
+        fail. `ops`: request id -> (model_id, op) of each operation sent. Returns the ids of those given up."""
+        runs = list(runs)
+        charged = [request_id for commands in runs for request_id in blamed(commands, running)]
+        given_up: set[str] = set()
+        for request_id, deaths in (await self._journal.charge_worker_death(charged)).items():
+            if request_id in ops and deaths >= self.limit:
+                await self.give_up(*ops[request_id], deaths)
+                given_up.add(request_id)
+        for commands in runs:
+            commands[:] = [Command(CommandKind.PING) if c.request_id in given_up else c for c in commands]
+        return given_up
+
+    async def give_up(self, model_id: str, op: SequencedOp, deaths: int) -> None:
+        """Fail an operation that was running each time the workers died, `deaths` times, saying what to change; its
+        journal entry fails with its future, so no rebuild replays it and no new trainer reruns it."""
+        error = too_large(op, deaths, self._world_size, self._activation_bytes)
+        await self._futures.fail(op.request_id, error.to_body())
+        log_request(
+            "given_up",
+            op=operation(op).name(op),
+            model_id=model_id,
+            tinker_request_id=op.request_id,
+            worker_deaths=deaths,
+            outcome="user_error",
+        )
+        logger.warning("model %s: %s", model_id, error.message)
+
+
+def blamed(commands: Sequence[Command], running: Collection[str]) -> list[str]:
+    """Of a run's commands (one message to the ranks), the request ids a death of the workers is charged to: of those
+    that were running, the forward(_backward)s if any (they hold the activations, what outgrows a rank's memory),
+    else every one."""
+    ran = [c for c in commands if c.request_id and c.request_id in running]
+    forwards = [c for c in ran if c.kind == CommandKind.FORWARD_BACKWARD]
+    return [c.request_id for c in forwards or ran]
+
+
+def busiest_rank_tokens(lengths: np.ndarray, world_size: int) -> int:
+    """The tokens the busiest rank runs through the model: rank r takes datums r, r + world_size, ...
+    (app.training.engine.shard_indices) and pads them to its longest."""
+    shards = [lengths[rank::world_size] for rank in range(world_size)]
+    return max((len(shard) * int(shard.max()) for shard in shards if len(shard)), default=0)
+
+
+def too_large(
+    op: SequencedOp, deaths: int, world_size: int, activation_bytes: ActivationBytes | None
+) -> TooLargeForWorkers:
+    """The error of `op`, given up after the workers died `deaths` times while it ran: what happened, about what it
+    needs, and what to change."""
+    name = operation(op).name(op)
+    died = f"was running when the training workers died {_times(deaths)} (killed for memory, most likely)"
+    if not isinstance(op, ForwardBackward):
+        return TooLargeForWorkers(
+            f"{name} {died}; it was not run again. The server's logs say why the workers died (Ray's memory monitor "
+            "names the worker it kills)"
+        )
+    batch = cast(PackedBatch, op.args.batch)
+    per_rank = busiest_rank_tokens(batch.lengths, world_size)
+    backward = not op.args.forward_only
+    gradients = " and the model has no gradients from it" if backward else ""
+    sentences = [
+        f"{name} of {int(batch.offsets[-1])} tokens ({per_rank} on the busiest rank, padding included) {died}; it "
+        f"was not run again{gradients}."
+    ]
+    if activation_bytes is not None:
+        sentences.append(f"Its activations need about {_size(activation_bytes(per_rank, backward=backward))} per rank.")
+    sentences.append(
+        "Send fewer tokens per request (split the batch into several forward_backward calls before optim_step), use "
+        "more ranks (trainer.num_workers), or set trainer.sharding: fsdp and trainer.activation_checkpointing: true"
+        if backward
+        else "Send fewer tokens per request (split the batch into several forward calls) or use more ranks "
+        "(trainer.num_workers)"
+    )
+    return TooLargeForWorkers(" ".join(sentences), field="data")
+
+
+def _times(count: int) -> str:
+    return {1: "once", 2: "twice"}.get(count, f"{count} times")
+
+
+def _size(num_bytes: int) -> str:
+    return f"{num_bytes / 2**30:.1f} GiB" if num_bytes >= 2**30 else f"{max(1, round(num_bytes / 2**20))} MiB"

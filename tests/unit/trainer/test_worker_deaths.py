@@ -1,0 +1,189 @@
+"""An operation that kills the training workers: which operations a death is charged to, the error of one given up,
+and a TrainerService whose workers die each time one operation runs (a real engine, journal and futures): that
+operation fails after two deaths with what to change, and everything else, on its model and another, goes on."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.config import LimitsConfig
+from app.db.checkpoints import CheckpointStore
+from app.db.futures import Completed, Failed, FutureStore
+from app.db.history import HistoryStore
+from app.db.journal import JournalStore
+from app.db.metadata import MetadataStore
+from app.errors import GroupRestarted
+from app.messages import (
+    AdamParams,
+    Command,
+    CommandKind,
+    CreateModel,
+    ForwardBackward,
+    ForwardBackwardArgs,
+    OptimStep,
+    SequencedOp,
+)
+from app.storage.objects import ObjectStorage
+from app.trainer.service import TrainerService
+from app.trainer.worker_deaths import blamed, busiest_rank_tokens, too_large
+from app.training.batch import PackedBatch
+from app.training.engine import TrainingEngine, load_base_model
+from tests.conftest import TINY_MODEL, run_on_db
+from tests.unit.trainer.test_rebuild import SPEC, InProcessGroup, _batch
+
+
+def _command(kind: CommandKind, request_id: str) -> Command:
+    return Command(kind, "m", request_id=request_id)
+
+
+def test_a_death_is_charged_to_the_forwards_that_were_running_else_to_every_operation() -> None:
+    fb, fwd, step = (
+        _command(CommandKind.FORWARD_BACKWARD, "fb"),
+        _command(CommandKind.FORWARD_BACKWARD, "fwd"),
+        _command(CommandKind.OPTIM_STEP, "step"),
+    )
+    snapshot = Command(CommandKind.SNAPSHOT, "m", location="x")  # serves no request
+    assert blamed([fb, step, fwd, snapshot], {"fb", "step", "fwd"}) == ["fb", "fwd"]
+    assert blamed([step, snapshot], {"step"}) == ["step"]
+    assert blamed([fb, step], {"other"}) == []  # not running: not charged
+
+
+def test_the_busiest_rank_runs_its_datums_padded_to_its_longest() -> None:
+    lengths = np.array([10, 3, 7, 2, 1])  # rank 0: 10, 7, 1 -> 3 x 10; rank 1: 3, 2 -> 2 x 3
+    assert busiest_rank_tokens(lengths, 2) == 30
+    assert busiest_rank_tokens(lengths, 8) == 10
+    assert busiest_rank_tokens(lengths, 1) == 50
+
+
+def _fwdbwd(request_id: str, lengths: list[int], forward_only: bool = False) -> ForwardBackward:
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    batch = PackedBatch(np.zeros(offsets[-1], dtype=np.int64), offsets, {})
+    return ForwardBackward(request_id, ForwardBackwardArgs("cross_entropy", {}, forward_only, batch))
+
+
+def test_the_error_says_what_happened_what_it_needs_and_what_to_change() -> None:
+    def estimate(tokens: int, backward: bool) -> int:
+        return tokens * (3 * 2**20 if backward else 2**20)
+
+    error = too_large(_fwdbwd("r", [1000, 500, 800, 100]), 2, 2, estimate)  # rank 0: 1000, 800; rank 1: 500, 100
+    assert error.category == "user" and error.status_code == 400 and error.field == "data"
+    assert error.message == (
+        "forward_backward of 2400 tokens (2000 on the busiest rank, padding included) was running when the training "
+        "workers died twice (killed for memory, most likely); it was not run again and the model has no gradients "
+        "from it. Its activations need about 5.9 GiB per rank. Send fewer tokens per request (split the batch into "
+        "several forward_backward calls before optim_step), use more ranks (trainer.num_workers), or set "
+        "trainer.sharding: fsdp and trainer.activation_checkpointing: true"
+    )
+    forward = too_large(_fwdbwd("r", [100]), 3, 1, None)  # no estimate: the size is left out
+    assert forward.message.startswith("forward_backward of 100 tokens (100 on the busiest rank")
+    assert "died 3 times" in forward.message and "need" not in forward.message
+    forward = too_large(_fwdbwd("r", [100], forward_only=True), 2, 1, estimate).message
+    assert forward.startswith("forward of 100 tokens") and "about 100 MiB per rank" in forward
+    assert forward.endswith("(split the batch into several forward calls) or use more ranks (trainer.num_workers)")
+    step = too_large(OptimStep("r", AdamParams()), 1, 2, estimate).message
+    assert step.startswith("optim_step was running when the training workers died once (killed for memory")
+
+
+class DyingGroup(InProcessGroup):
+    """Workers that die each time they take a message with a command of `killers`, and come back (wait_ready) with
+    no models, as a restarted Ray Train group does."""
+
+    def __init__(self, storage: ObjectStorage) -> None:
+        super().__init__(storage)
+        self.killers: set[str] = set()
+        self.deaths = 0
+        self._down: tuple[str, ...] | None = None  # what the ranks were running when they died, until they are back
+
+    def send(self, commands: list[Command]) -> Awaitable[list[list[Any]]]:
+        run = super().send(commands)
+
+        async def dying() -> list[list[Any]]:
+            running = tuple(c.request_id for c in commands if c.request_id)
+            if self._down is None and self.killers & set(running):
+                self.deaths += 1
+                self._down = running
+            if self._down is not None:
+                run.close()  # never awaited: the message did not run
+                raise GroupRestarted("restarted", running=self._down)
+            return await run
+
+        return dying()
+
+    async def wait_ready(self) -> None:
+        if self._down is not None:
+            self._down = None
+            self.engine = TrainingEngine(load_base_model(str(TINY_MODEL)))
+
+
+def test_an_operation_that_kills_the_workers_fails_and_everything_else_goes_on(tmp_path: Path) -> None:
+    storage = ObjectStorage(str(tmp_path / "store"))
+
+    async def body(db: AsyncEngine) -> None:
+        futures, journal = FutureStore(db), JournalStore(db)
+        group = DyingGroup(storage)
+        service = TrainerService(
+            "t",
+            LimitsConfig(),
+            group,
+            futures,
+            MetadataStore(db),
+            CheckpointStore(db),
+            storage,
+            journal,
+            HistoryStore(db, 100),
+            activation_bytes=lambda tokens, backward: tokens * 2**20,
+        )
+        await service.start()
+
+        async def accept(model_id: str, seq_id: int, make: Callable[[str], SequencedOp]) -> tuple[str, asyncio.Task]:
+            """What the ingress does: create the future, journal the operation, submit it (not awaited)."""
+            request_id = (await futures.create("op", model_id, seq_id))[0]
+            op = make(request_id)
+            await journal.append(model_id, seq_id, op)
+            return request_id, asyncio.create_task(service.submit(model_id, seq_id, op))
+
+        def fwdbwd(seed: int) -> Callable[[str], SequencedOp]:
+            return lambda request_id: ForwardBackward(
+                request_id, ForwardBackwardArgs("cross_entropy", {}, False, _batch(seed))
+            )
+
+        def step(request_id: str) -> SequencedOp:
+            return OptimStep(request_id, AdamParams(learning_rate=1e-2))
+
+        for model_id in ("a", "b"):
+            request_id = (await futures.create("create", model_id, 0))[0]
+            await journal.append(model_id, 0, CreateModel(request_id, SPEC))
+            await service.create_model(model_id, CreateModel(request_id, SPEC))
+        b_first = [await accept("b", 1, fwdbwd(1)), await accept("b", 2, step)]
+        await asyncio.gather(*(task for _, task in b_first))
+        killer = (await futures.create("op", "a", 1))[0]
+        group.killers.add(killer)
+        await journal.append("a", 1, fwdbwd(2)(killer))
+        sent = [
+            (killer, asyncio.create_task(service.submit("a", 1, fwdbwd(2)(killer)))),
+            await accept("a", 2, step),
+            await accept("b", 3, fwdbwd(3)),
+            await accept("b", 4, step),
+        ]
+        await asyncio.wait_for(asyncio.gather(*(task for _, task in sent)), 60)
+        after = [await accept("a", 3, fwdbwd(4)), await accept("a", 4, step), await accept("b", 5, fwdbwd(5))]
+        await asyncio.wait_for(asyncio.gather(*(task for _, task in after)), 60)
+
+        assert group.deaths == 2
+        failed = await futures.get(killer)
+        assert isinstance(failed, Failed) and failed.error["category"] == "user"
+        assert failed.error["error"].startswith("forward_backward of 12 tokens (14 on the busiest rank")
+        assert "died twice" in failed.error["error"] and "about 14 MiB per rank" in failed.error["error"]
+        others = [request_id for request_id, _ in b_first + sent[1:] + after]
+        assert [type(await futures.get(request_id)) for request_id in others] == [Completed] * len(others)
+        entries = {e.request_id: e for e in await journal.entries("a")}
+        assert (entries[killer].state, entries[killer].worker_deaths) == ("failed", 2)  # no rebuild replays it
+        assert {e.worker_deaths for e in await journal.entries("b")} == {0}
+
+    run_on_db(tmp_path / "meta.db", body)
