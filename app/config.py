@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from app.models.precision import DtypeSetting
+from app.models.precision import DtypeSetting, resolve_dtype
 
 API_KEYS_ENV = "TINKER_SERVE_API_KEYS"
 DATABASE_URL_ENV = "TINKER_SERVE_DATABASE_URL"  # when database_url is not set (secrets stay out of config)
@@ -100,7 +100,8 @@ class SamplerConfig(_Strict):
     kv_cache_mib: int = Field(256, ge=16)  # CPU KV cache (GPU: gpu_memory_utilization)
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
     tensor_parallel_size: int = Field(1, ge=1)
-    dtype: str = "auto"  # "float32" on CPUs without bf16
+    dtype: str = "auto"  # what vLLM takes; auto: the trainer's dtype (BaseModelConfig.sampler_dtype), so that
+    # sampler and trainer logprobs agree
     enforce_eager: bool = True  # CPU: compiling costs ~40 s of start-up for ~4%; GPU: set false for CUDA graphs
     env: dict[str, str] = Field(default_factory=dict)  # e.g. VLLM_CPU_OMP_THREADS_BIND
     resources: dict[str, float] = Field(default_factory=dict)  # custom Ray resources per replica (node placement)
@@ -173,6 +174,13 @@ class BaseModelConfig(_Strict):
     critic_trainer: WorkerGroupConfig | None = None  # critics on a worker group of their own
     max_context_length: int = Field(2048, ge=2)
     sampler: SamplerConfig = SamplerConfig()
+
+    def sampler_dtype(self) -> str:
+        """The dtype the Sampler's vLLM runs in: sampler.dtype, or with auto the trainer's, as its workers resolve it
+        (app.models.precision, read on the Sampler's machine: give nodes of one kind both)."""
+        if self.sampler.dtype != "auto":
+            return self.sampler.dtype
+        return resolve_dtype(self.trainer.dtype, self.trainer.use_gpu)
 
     def trainer_for(self, role: str) -> str:
         """The name of the trainer (one Trainer deployment and worker group) that holds models of `role`."""

@@ -189,7 +189,7 @@ def main() -> None:
                 continue
             step = max(p["step_s"] for p in per_rank)
             peaks = " / ".join(f"{p['peak_rss_gib']:.2f}" for p in per_rank)
-            print(f"{setup['mode']:10} {setup['dtype']:9} {name:9} {step:8.2f}   {peaks:18}  ({base})")
+            print(f"{setup['mode']:10} {setup['dtype']:9} {name:9} {step:8.3f}   {peaks:18}  ({base})")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "results.json").write_text(json.dumps(rows, indent=2))

@@ -76,7 +76,7 @@ class Sampler:
         with serve_log_file_kept():
             self._engine = await SamplerEngine.start(
                 base.path,
-                base.sampler,
+                base.sampler.model_copy(update={"dtype": base.sampler_dtype()}),
                 max_lora_rank=cfg.limits.max_lora_rank,
                 max_model_len=max_model_len,
                 work_dir=work_dir,

@@ -17,6 +17,7 @@ from app.db.metadata import MetadataStore
 from app.db.migrate import migrate
 from app.db.schema import connect
 from app.messages import CreateModel, SequencedOp
+from app.models.precision import DTYPE_BYTES, resolve_dtype
 from app.storage.objects import ObjectStorage
 from app.trainer.memory_estimate import estimate_activation_bytes, read_model_config
 from app.trainer.service import TrainerService
@@ -69,11 +70,16 @@ class Trainer:
             startup_timeout_s=cfg.limits.worker_start_timeout_seconds,
         )
         model_config = read_model_config(base.path)
-        # the workers run the base model in float32 (app.training.engine.load_base_model), without checkpointing
+        dtype_bytes = DTYPE_BYTES[resolve_dtype(shape.dtype, shape.use_gpu)]  # as the workers resolve it
         activation_bytes = (
             None
             if model_config is None
-            else partial(estimate_activation_bytes, model_config, dtype_bytes=4, checkpointing=False)
+            else partial(
+                estimate_activation_bytes,
+                model_config,
+                dtype_bytes=dtype_bytes,
+                checkpointing=shape.activation_checkpointing,
+            )
         )
         self._service = TrainerService(
             trainer,

@@ -56,7 +56,7 @@ class SamplerEngine:
 
         started = time.monotonic()
         on_gpu = config.num_gpus > 0
-        dtype = "float32" if config.dtype == "auto" and not on_gpu else config.dtype  # vLLM's auto may pick 16-bit
+        dtype = config.dtype  # auto resolved already (app.config.BaseModelConfig.sampler_dtype)
         args = AsyncEngineArgs(
             model=model_path,
             dtype=cast("ModelDType", dtype),  # config.dtype passes through: vLLM checks it

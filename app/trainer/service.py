@@ -73,7 +73,7 @@ class TrainerService:
         self._snapshots = SnapshotPolicy(shape.snapshot_every_steps, shape.snapshot_every_seconds)
         self._committer = CheckpointCommitter(checkpoints, storage)
         self._limits = limits
-        self._deaths = WorkerDeaths(journal, futures, limits, group.world_size, activation_bytes)
+        self._deaths = WorkerDeaths(journal, futures, limits, shape, group.world_size, activation_bytes)
         self._group = group
         self._futures = futures
         self._fixed_op_cost = shape.fixed_op_cost_tokens

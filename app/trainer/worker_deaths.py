@@ -14,7 +14,7 @@ from typing import cast
 
 import numpy as np
 
-from app.config import LimitsConfig
+from app.config import LimitsConfig, WorkerGroupConfig
 from app.db.futures import FutureStore
 from app.db.journal import JournalStore
 from app.errors import TooLargeForWorkers
@@ -22,6 +22,7 @@ from app.messages import Command, CommandKind, ForwardBackward, SequencedOp
 from app.request_log import log_request
 from app.trainer.operations import operation
 from app.training.batch import PackedBatch
+from app.training.micro_batches import micro_batches
 
 logger = logging.getLogger("tinker_serve.trainer")
 
@@ -39,12 +40,14 @@ class WorkerDeaths:
         journal: JournalStore,
         futures: FutureStore,
         limits: LimitsConfig,
+        shape: WorkerGroupConfig,
         world_size: int,
         activation_bytes: ActivationBytes | None,
     ) -> None:
         self.limit = limits.max_worker_deaths_per_operation
         self._journal = journal
         self._futures = futures
+        self._shape = shape
         self._world_size = world_size
         self._activation_bytes = activation_bytes
 
@@ -68,7 +71,7 @@ class WorkerDeaths:
     async def give_up(self, model_id: str, op: SequencedOp, deaths: int) -> None:
         """Fail an operation that was running each time the workers died, `deaths` times, saying what to change; its
         journal entry fails with its future, so no rebuild replays it and no new trainer reruns it."""
-        error = too_large(op, deaths, self._world_size, self._activation_bytes)
+        error = too_large(op, deaths, self._shape, self._world_size, self._activation_bytes)
         await self._futures.fail(op.request_id, error.to_body())
         log_request(
             "given_up",
@@ -90,18 +93,25 @@ def blamed(commands: Sequence[Command], running: Collection[str]) -> list[str]:
     return [c.request_id for c in forwards or ran]
 
 
-def busiest_rank_tokens(lengths: np.ndarray, world_size: int) -> int:
-    """The tokens the busiest rank runs through the model: rank r takes datums r, r + world_size, ...
-    (app.training.engine.shard_indices) and pads them to its longest."""
-    shards = [lengths[rank::world_size] for rank in range(world_size)]
-    return max((len(shard) * int(shard.max()) for shard in shards if len(shard)), default=0)
+def largest_pass_tokens(lengths: np.ndarray, world_size: int, micro_batch_tokens: int) -> int:
+    """The tokens of the largest forward/backward pass a rank runs: rank r takes datums r, r + world_size, ...
+    (app.training.engine.shard_indices) in micro-batches padded to their longest (app.training.micro_batches)."""
+    passes: list[np.ndarray] = []
+    for rank in range(world_size):
+        own = lengths[rank::world_size]
+        passes += [own[run] for run in micro_batches(own, micro_batch_tokens)]
+    return max((len(p) * int(p.max()) for p in passes), default=0)
 
 
 def too_large(
-    op: SequencedOp, deaths: int, world_size: int, activation_bytes: ActivationBytes | None
+    op: SequencedOp,
+    deaths: int,
+    shape: WorkerGroupConfig,
+    world_size: int,
+    activation_bytes: ActivationBytes | None,
 ) -> TooLargeForWorkers:
     """The error of `op`, given up after the workers died `deaths` times while it ran: what happened, about what it
-    needs, and what to change."""
+    needs, and what to change in the request or in the worker group (`shape`, of `world_size` ranks)."""
     name = operation(op).name(op)
     died = f"was running when the training workers died {_times(deaths)} (killed for memory, most likely)"
     if not isinstance(op, ForwardBackward):
@@ -110,23 +120,34 @@ def too_large(
             "names the worker it kills)"
         )
     batch = cast(PackedBatch, op.args.batch)
-    per_rank = busiest_rank_tokens(batch.lengths, world_size)
+    largest = largest_pass_tokens(batch.lengths, world_size, shape.micro_batch_tokens)
     backward = not op.args.forward_only
     gradients = " and the model has no gradients from it" if backward else ""
     sentences = [
-        f"{name} of {int(batch.offsets[-1])} tokens ({per_rank} on the busiest rank, padding included) {died}; it "
-        f"was not run again{gradients}."
+        f"{name} of {int(batch.offsets[-1])} tokens (its largest pass on a rank: {largest} tokens, padding included) "
+        f"{died}; it was not run again{gradients}."
     ]
     if activation_bytes is not None:
-        sentences.append(f"Its activations need about {_size(activation_bytes(per_rank, backward=backward))} per rank.")
-    sentences.append(
-        "Send fewer tokens per request (split the batch into several forward_backward calls before optim_step), use "
-        "more ranks (trainer.num_workers), or set trainer.sharding: fsdp and trainer.activation_checkpointing: true"
-        if backward
-        else "Send fewer tokens per request (split the batch into several forward calls) or use more ranks "
-        "(trainer.num_workers)"
-    )
+        sentences.append(f"That pass needs about {_size(activation_bytes(largest, backward=backward))} of activations.")
+    sentences.append(f"To fit: {'; '.join(_remedies(batch, largest, shape, world_size, backward))}")
     return TooLargeForWorkers(" ".join(sentences), field="data")
+
+
+def _remedies(batch: PackedBatch, largest: int, shape: WorkerGroupConfig, world_size: int, backward: bool) -> list[str]:
+    longest = int(batch.lengths.max())
+    remedies = (
+        ["send shorter datums"]
+        if largest <= longest
+        else [f"lower trainer.micro_batch_tokens (now {shape.micro_batch_tokens}; a pass then holds fewer datums)"]
+    )
+    if backward and not shape.activation_checkpointing:
+        remedies.append("set trainer.activation_checkpointing: true")
+    if shape.sharding != "fsdp" and world_size > 1:
+        remedies.append("set trainer.sharding: fsdp (each rank then holds 1/num_workers of the base's weights)")
+    if shape.dtype == "float32":
+        remedies.append("set trainer.dtype: bfloat16 (half the memory)")
+    remedies.append("or give each worker more memory")
+    return remedies
 
 
 def _times(count: int) -> str:

@@ -22,6 +22,7 @@ from tests.conftest import TINY_MODEL
 from tests.s3 import S3_ENV
 
 BASE_MODEL = "tinker-serve/tiny"
+BF16_MODEL = "tinker-serve/tiny-bf16"
 CHUNK_LEN = 4  # the server tells clients to send at most 4 datums per forward_backward request
 MAX_TOKENS = 256  # the cookbook's rl_loop.py prompt (its few-shot example) is 217 tokens
 EPHEMERAL_TTL_S = 15.0  # short, so one test can watch an ephemeral sampler expire
@@ -48,10 +49,26 @@ def server_config(state_dir: Path) -> dict:
                 "name": BASE_MODEL,
                 "path": str(TINY_MODEL),
                 "embedded_preset": "tiny",
-                "trainer": {"num_workers": 2, "cpus_per_worker": 1, "snapshot_every_steps": 3},
-                "critic_trainer": {"num_workers": 1, "cpus_per_worker": 1},  # critics route elsewhere
+                # float32 whatever the machine: the suite compares against float32 references to ~1e-5; the
+                # base sharded (fsdp, the default) with activation checkpointing (the default), micro-batches of
+                # 1024 tokens, so requests of the failure tests run in several passes per rank
+                "trainer": {
+                    "num_workers": 2,
+                    "cpus_per_worker": 1,
+                    "snapshot_every_steps": 3,
+                    "dtype": "float32",
+                    "micro_batch_tokens": 1024,
+                },
+                "critic_trainer": {"num_workers": 1, "cpus_per_worker": 1, "dtype": "float32"},  # critics elsewhere
                 "sampler": {"kv_cache_mib": 64, "max_loras": MAX_LORAS, "max_cpu_loras": 6},
-            }
+            },
+            {  # the same model trained and sampled in bfloat16 (test_precision)
+                "name": BF16_MODEL,
+                "path": str(TINY_MODEL),
+                "embedded_preset": "tiny",
+                "trainer": {"num_workers": 2, "cpus_per_worker": 0.5, "dtype": "bfloat16", "autocast": True},
+                "sampler": {"kv_cache_mib": 32, "num_cpus": 0.5},
+            },
         ],
         "limits": {
             "fwdbwd_max_chunk_len": CHUNK_LEN,

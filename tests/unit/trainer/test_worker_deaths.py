@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.config import LimitsConfig
+from app.config import LimitsConfig, WorkerGroupConfig
 from app.db.checkpoints import CheckpointStore
 from app.db.futures import Completed, Failed, FutureStore
 from app.db.history import HistoryStore
@@ -31,9 +31,10 @@ from app.messages import (
 )
 from app.storage.objects import ObjectStorage
 from app.trainer.service import TrainerService
-from app.trainer.worker_deaths import blamed, busiest_rank_tokens, too_large
+from app.trainer.worker_deaths import blamed, largest_pass_tokens, too_large
+from app.training.base_model import load_base_model
 from app.training.batch import PackedBatch
-from app.training.engine import TrainingEngine, load_base_model
+from app.training.engine import TrainingEngine
 from tests.conftest import TINY_MODEL, run_on_db
 from tests.unit.trainer.test_rebuild import SPEC, InProcessGroup, _batch
 
@@ -54,11 +55,12 @@ def test_a_death_is_charged_to_the_forwards_that_were_running_else_to_every_oper
     assert blamed([fb, step], {"other"}) == []  # not running: not charged
 
 
-def test_the_busiest_rank_runs_its_datums_padded_to_its_longest() -> None:
+def test_the_largest_pass_is_a_micro_batch_of_a_rank_padded_to_its_longest() -> None:
     lengths = np.array([10, 3, 7, 2, 1])  # rank 0: 10, 7, 1 -> 3 x 10; rank 1: 3, 2 -> 2 x 3
-    assert busiest_rank_tokens(lengths, 2) == 30
-    assert busiest_rank_tokens(lengths, 8) == 10
-    assert busiest_rank_tokens(lengths, 1) == 50
+    assert largest_pass_tokens(lengths, 2, 16384) == 30
+    assert largest_pass_tokens(lengths, 8, 16384) == 10
+    assert largest_pass_tokens(lengths, 1, 16384) == 50
+    assert largest_pass_tokens(lengths, 2, 19) == 14  # rank 0 runs [10], [7, 1] (2 x 7 = 14), rank 1 [3, 2]
 
 
 def _fwdbwd(request_id: str, lengths: list[int], forward_only: bool = False) -> ForwardBackward:
@@ -71,22 +73,25 @@ def test_the_error_says_what_happened_what_it_needs_and_what_to_change() -> None
     def estimate(tokens: int, backward: bool) -> int:
         return tokens * (3 * 2**20 if backward else 2**20)
 
-    error = too_large(_fwdbwd("r", [1000, 500, 800, 100]), 2, 2, estimate)  # rank 0: 1000, 800; rank 1: 500, 100
+    replicated = WorkerGroupConfig(num_workers=2, sharding="replicate", activation_checkpointing=False, dtype="float32")
+    error = too_large(_fwdbwd("r", [1000, 500, 800, 100]), 2, replicated, 2, estimate)  # rank 0: 1000, 800
     assert error.category == "user" and error.status_code == 400 and error.field == "data"
     assert error.message == (
-        "forward_backward of 2400 tokens (2000 on the busiest rank, padding included) was running when the training "
-        "workers died twice (killed for memory, most likely); it was not run again and the model has no gradients "
-        "from it. Its activations need about 5.9 GiB per rank. Send fewer tokens per request (split the batch into "
-        "several forward_backward calls before optim_step), use more ranks (trainer.num_workers), or set "
-        "trainer.sharding: fsdp and trainer.activation_checkpointing: true"
+        "forward_backward of 2400 tokens (its largest pass on a rank: 2000 tokens, padding included) was running when "
+        "the training workers died twice (killed for memory, most likely); it was not run again and the model has no "
+        "gradients from it. That pass needs about 5.9 GiB of activations. To fit: lower trainer.micro_batch_tokens "
+        "(now 16384; a pass then holds fewer datums); set trainer.activation_checkpointing: true; set "
+        "trainer.sharding: fsdp (each rank then holds 1/num_workers of the base's weights); set trainer.dtype: "
+        "bfloat16 (half the memory); or give each worker more memory"
     )
-    forward = too_large(_fwdbwd("r", [100]), 3, 1, None)  # no estimate: the size is left out
-    assert forward.message.startswith("forward_backward of 100 tokens (100 on the busiest rank")
-    assert "died 3 times" in forward.message and "need" not in forward.message
-    forward = too_large(_fwdbwd("r", [100], forward_only=True), 2, 1, estimate).message
-    assert forward.startswith("forward of 100 tokens") and "about 100 MiB per rank" in forward
-    assert forward.endswith("(split the batch into several forward calls) or use more ranks (trainer.num_workers)")
-    step = too_large(OptimStep("r", AdamParams()), 1, 2, estimate).message
+    defaults = WorkerGroupConfig()  # fsdp and activation checkpointing already
+    forward = too_large(_fwdbwd("r", [100]), 3, defaults, 2, None).message  # no estimate: the size is left out
+    assert forward.startswith("forward_backward of 100 tokens (its largest pass on a rank: 100 tokens")
+    assert "died 3 times" in forward and "needs about" not in forward
+    assert forward.endswith("To fit: send shorter datums; or give each worker more memory")
+    forward = too_large(_fwdbwd("r", [100], forward_only=True), 2, defaults, 2, estimate).message
+    assert forward.startswith("forward of 100 tokens") and "about 100 MiB of activations" in forward
+    step = too_large(OptimStep("r", AdamParams()), 1, defaults, 2, estimate).message
     assert step.startswith("optim_step was running when the training workers died once (killed for memory")
 
 
@@ -178,8 +183,8 @@ def test_an_operation_that_kills_the_workers_fails_and_everything_else_goes_on(t
         assert group.deaths == 2
         failed = await futures.get(killer)
         assert isinstance(failed, Failed) and failed.error["category"] == "user"
-        assert failed.error["error"].startswith("forward_backward of 12 tokens (14 on the busiest rank")
-        assert "died twice" in failed.error["error"] and "about 14 MiB per rank" in failed.error["error"]
+        assert failed.error["error"].startswith("forward_backward of 12 tokens (its largest pass on a rank: 14 tokens")
+        assert "died twice" in failed.error["error"] and "about 14 MiB of activations" in failed.error["error"]
         others = [request_id for request_id, _ in b_first + sent[1:] + after]
         assert [type(await futures.get(request_id)) for request_id in others] == [Completed] * len(others)
         entries = {e.request_id: e for e in await journal.entries("a")}
