@@ -37,7 +37,7 @@ class LimitsConfig(_Strict):
     """Every request limit; each is enforced with a user error naming the field."""
 
     max_datums_per_request: int = Field(1024, ge=1)
-    max_tokens_per_datum: int = Field(2048, ge=2)
+    max_tokens_per_datum: int = Field(32768, ge=2)  # and at most the base model's max_context_length
     max_request_bytes: int = Field(64 * 2**20, ge=1024)
     max_lora_rank: int = Field(32, ge=1)  # also the samplers' LoRA width (vLLM pads every adapter to it)
     max_models_per_base: int = Field(64, ge=1)
@@ -172,7 +172,8 @@ class BaseModelConfig(_Strict):
     embedded_preset: Literal["tiny", "small", "qwen3-0.6b"] | None = None  # build into `path` if missing
     trainer: WorkerGroupConfig = WorkerGroupConfig()  # policies, and critics unless critic_trainer is set
     critic_trainer: WorkerGroupConfig | None = None  # critics on a worker group of their own
-    max_context_length: int = Field(2048, ge=2)
+    # training and sampling; at most the model's max_position_embeddings, and on CPU what sampler.kv_cache_mib holds
+    max_context_length: int = Field(32768, ge=2)
     sampler: SamplerConfig = SamplerConfig()
 
     def sampler_dtype(self) -> str:

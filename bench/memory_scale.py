@@ -129,12 +129,14 @@ def run_setup(setup: dict, world: int, shapes: list[tuple[int, int]], steps: int
     procs = [ctx.Process(target=_rank_main, args=(r, world, port, setup, shapes, steps, queue)) for r in range(world)]
     for p in procs:
         p.start()
-    results = []
-    for _ in procs:
+    results: list[dict] = []
+    deadline = time.monotonic() + setup["timeout_s"]
+    while len(results) < world and time.monotonic() < deadline:
         try:
-            results.append(queue.get(timeout=setup["timeout_s"]))
-        except Exception:  # noqa: BLE001 - a rank died (killed for memory) or hung
-            break
+            results.append(queue.get(timeout=5))
+        except Exception:  # noqa: BLE001 - nothing yet: go on unless a rank died (killed for memory, say)
+            if any(p.exitcode not in (None, 0) for p in procs):
+                break
     for p in procs:
         p.join(timeout=10)
         if p.is_alive():

@@ -10,10 +10,11 @@ from typing import Any
 from ray import serve
 from ray.serve import Application
 
-from app.config import ServerConfig
+from app.config import BaseModelConfig, ServerConfig
 from app.models import hub_cache
 from app.models.embedded import build_embedded_model
-from app.models.model_config import model_shape
+from app.models.model_config import ModelShape, model_shape
+from app.models.precision import DTYPE_BYTES
 from deployments.ingress import Ingress
 from deployments.logs import route_app_logs
 from deployments.sampler import Sampler
@@ -38,11 +39,29 @@ def _model_limits(config: ServerConfig) -> dict[str, dict[str, int]]:
             " (embedded model built or found)" if base.embedded_preset else "",
             time.monotonic() - started,
         )
-        limits[base.name] = {
-            "vocab_size": shape.vocab_size,
-            "max_context_length": min(base.max_context_length, shape.max_position_embeddings),
-        }
+        limits[base.name] = {"vocab_size": shape.vocab_size, "max_context_length": _context_length(base, shape)}
     return limits
+
+
+def _context_length(base: BaseModelConfig, shape: ModelShape) -> int:
+    """max_context_length, within the model's positions and, on CPU samplers, what one KV cache holds (vLLM refuses
+    to start a context it cannot hold once)."""
+    context = min(base.max_context_length, shape.max_position_embeddings)
+    if base.sampler.num_gpus > 0:
+        return context
+    held = shape.kv_cache_tokens(base.sampler.kv_cache_mib * 2**20, DTYPE_BYTES.get(base.sampler_dtype(), 4))
+    if held is not None and held < context:
+        logger.warning(
+            "base model %s: its context is %d tokens, not %d: sampler.kv_cache_mib %d holds %d tokens of it; "
+            "raise kv_cache_mib for longer contexts (training and sampling share max_context_length)",
+            base.name,
+            held,
+            context,
+            base.sampler.kv_cache_mib,
+            held,
+        )
+        return held
+    return context
 
 
 def _register_name(name: str, path: Path) -> None:

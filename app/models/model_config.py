@@ -1,4 +1,4 @@
-"""A base model's `config.json`, read as JSON. Building the app needs two numbers from it; importing transformers
+"""A base model's `config.json`, read as JSON. Building the app needs a few numbers from it; importing transformers
 for them (and torch with it) cost seconds on the start-up path, in Serve's controller, before any replica starts."""
 
 from __future__ import annotations
@@ -12,6 +12,11 @@ from pathlib import Path
 class ModelShape:
     vocab_size: int
     max_position_embeddings: int
+    kv_values_per_token: int | None = None  # keys and values a token keeps in a KV cache (None: not given)
+
+    def kv_cache_tokens(self, cache_bytes: int, dtype_bytes: int) -> int | None:
+        """How many tokens a KV cache of `cache_bytes` holds for this model in a dtype of `dtype_bytes`."""
+        return None if not self.kv_values_per_token else cache_bytes // (self.kv_values_per_token * dtype_bytes)
 
 
 def model_shape(path: str) -> ModelShape:
@@ -28,6 +33,16 @@ def model_shape(path: str) -> ModelShape:
     config = json.loads(config_file.read_text())
     text = config if "vocab_size" in config else config.get("text_config", {})
     try:
-        return ModelShape(int(text["vocab_size"]), int(text["max_position_embeddings"]))
+        return ModelShape(int(text["vocab_size"]), int(text["max_position_embeddings"]), _kv_values_per_token(text))
     except KeyError as exc:
         raise ValueError(f"{config_file} has no {exc.args[0]} (nor under text_config): is it a causal LM?") from None
+
+
+def _kv_values_per_token(text: dict) -> int | None:
+    """2 x layers x key-value heads x head dim, for the decoders whose config names them (Llama, Qwen, Mistral...)."""
+    try:
+        heads = int(text["num_attention_heads"])
+        head_dim = int(text.get("head_dim") or int(text["hidden_size"]) // heads)
+        return 2 * int(text["num_hidden_layers"]) * int(text.get("num_key_value_heads") or heads) * head_dim
+    except (KeyError, TypeError, ValueError):
+        return None

@@ -33,9 +33,10 @@ def load_base_model(path: str, dtype: torch.dtype = torch.float32, device: str =
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The model's repeated blocks: the modules Hugging Face says not to split (`_no_split_modules`)."""
+    """The model's repeated blocks: the modules Hugging Face says not to split (`_no_split_modules`; sharded ones
+    too, whose class FSDP replaced with a subclass)."""
     names = set(getattr(model, "_no_split_modules", None) or ())
-    layers = [m for m in model.modules() if type(m).__name__ in names]
+    layers = [m for m in model.modules() if any(c.__name__ in names for c in type(m).__mro__)]
     if not layers:
         raise ValueError(f"{type(model).__name__} names no decoder layer class (_no_split_modules)")
     return layers
@@ -66,10 +67,14 @@ def shard_base(model: torch.nn.Module, device_type: str, shard_group_size: int |
     size = shard_group_size or world
     if size < 1 or world % size:
         raise ValueError(f"shard_group_size {size} does not divide the worker group's {world} ranks")
+    # A group shards over its own ranks, and every group loads the same weights: the frozen base needs no
+    # reduction across groups, so plain FSDP on the group's sub-mesh is hybrid sharding here. The dimension is named
+    # "fsdp" because PEFT sizes the adapters of a layer whose weight lives on a mesh with any other dimension name
+    # as tensor parallel (from the local shard).
     if size == world:
-        mesh = init_device_mesh(device_type, (world,))
+        mesh = init_device_mesh(device_type, (world,), mesh_dim_names=("fsdp",))
     else:
-        mesh = init_device_mesh(device_type, (world // size, size), mesh_dim_names=("replicate", "shard"))
+        mesh = init_device_mesh(device_type, (world // size, size), mesh_dim_names=("replicate", "fsdp"))["fsdp"]
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)

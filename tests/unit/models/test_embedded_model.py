@@ -36,7 +36,10 @@ def test_loads_with_auto_classes(tiny_dir: Path) -> None:
     assert cfg.vocab_size == len(tok)
     assert cfg.tie_word_embeddings
     assert (cfg.bos_token_id, cfg.eos_token_id, cfg.pad_token_id) == (
-        tok.pad_token_id, tok.eos_token_id, tok.pad_token_id)
+        tok.pad_token_id,
+        tok.eos_token_id,
+        tok.pad_token_id,
+    )
     logits = model(**tok("What is 1 + 2?", return_tensors="pt")).logits
     assert logits.shape[-1] == len(tok)
 

@@ -20,11 +20,12 @@ TEXT = "hello world, the quick brown fox"
 
 
 def _encode_by_name(cache: Path, name: str) -> list[int]:
-    probe = ("import json\nfrom transformers import AutoTokenizer\n"
-             f"print(json.dumps(AutoTokenizer.from_pretrained({name!r}).encode({TEXT!r})))")
+    probe = (
+        "import json\nfrom transformers import AutoTokenizer\n"
+        f"print(json.dumps(AutoTokenizer.from_pretrained({name!r}).encode({TEXT!r})))"
+    )
     env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
-    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.splitlines()[-1])
 

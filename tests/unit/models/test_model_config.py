@@ -16,7 +16,18 @@ def test_embedded_model_shape_matches_transformers() -> None:
     if not (TINY_MODEL / "config.json").exists():
         pytest.fail("models/tiny is missing: run `make model` first", pytrace=False)
     hf = AutoConfig.from_pretrained(TINY_MODEL)
-    assert model_shape(str(TINY_MODEL)) == ModelShape(hf.vocab_size, hf.max_position_embeddings)
+    kv = 2 * hf.num_hidden_layers * hf.num_key_value_heads * (hf.hidden_size // hf.num_attention_heads)
+    assert model_shape(str(TINY_MODEL)) == ModelShape(hf.vocab_size, hf.max_position_embeddings, kv)
+
+
+def test_how_many_tokens_a_kv_cache_holds(tmp_path: Path) -> None:
+    """Qwen3-0.6B's shape: 28 layers x 8 key-value heads x head_dim 128 x keys and values, 2 bytes each in bf16."""
+    config = {"vocab_size": 2048, "max_position_embeddings": 40960, "num_hidden_layers": 28, "hidden_size": 1024,
+              "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    shape = model_shape(str(tmp_path))
+    assert shape.kv_values_per_token == 2 * 28 * 8 * 128
+    assert shape.kv_cache_tokens(256 * 2**20, 2) == 256 * 2**20 // (57344 * 2) == 2340
 
 
 def test_multimodal_configs_keep_them_under_text_config(tmp_path: Path) -> None:

@@ -57,12 +57,14 @@ def _rank(fn: RankFn, rank: int, world: int, port: int, queue: Any, kwargs: dict
         dist.destroy_process_group()
 
 
-def engine_on(path: Path, rank: int, world: int, *, sharding: str, micro_batch_tokens: int) -> TrainingEngine:
+def engine_on(
+    path: Path, rank: int, world: int, *, sharding: str, micro_batch_tokens: int, shard_group_size: int | None = None
+) -> TrainingEngine:
     """A rank's engine set up as app.workers.command_loop does (activation checkpointing on)."""
     base = load_base_model(str(path))
     recompute_activations(base)
     if sharding == "fsdp":
-        shard_base(base, "cpu")
+        shard_base(base, "cpu", shard_group_size)
     return TrainingEngine(
         base, rank=rank, world_size=world, micro_batch_tokens=micro_batch_tokens, sharded=sharding == "fsdp"
     )

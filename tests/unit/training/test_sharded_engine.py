@@ -34,10 +34,14 @@ def _old_logprobs(rng: np.random.Generator, total: int) -> np.ndarray:
     return -rng.uniform(5.0, 9.0, total).astype(np.float32)
 
 
-def train_everything(rank: int, world: int, *, sharding: str, pass_tokens: int, out: str) -> dict[str, Any]:
+def train_everything(
+    rank: int, world: int, *, sharding: str, pass_tokens: int, out: str, shard_group_size: int | None = None
+) -> dict[str, Any]:
     """Train a policy (cross_entropy, ppo, stable_reinforce, a custom loss) and a critic a few steps each, save the
     policy's state (rank 0) and load it into a new model; everything a test compares."""
-    engine = engine_on(TINY_MODEL, rank, world, sharding=sharding, micro_batch_tokens=pass_tokens)
+    engine = engine_on(
+        TINY_MODEL, rank, world, sharding=sharding, micro_batch_tokens=pass_tokens, shard_group_size=shard_group_size
+    )
     engine.create_model("p", POLICY)
     engine.create_model("c", CRITIC)
     sft = batch_of(LENGTHS, seed=1)
@@ -96,13 +100,16 @@ def _max_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
     out = {}
-    for name, sharding, pass_tokens in [
-        ("fsdp", "fsdp", PASS_TOKENS),
-        ("replicate", "replicate", PASS_TOKENS),
-        ("one_pass", "replicate", 16384),
+    for name, world, sharding, pass_tokens, group in [
+        ("fsdp", 2, "fsdp", PASS_TOKENS, None),
+        ("replicate", 2, "replicate", PASS_TOKENS, None),
+        ("one_pass", 2, "replicate", 16384, None),
+        ("hybrid", 4, "fsdp", PASS_TOKENS, 2),  # sharded within pairs of ranks, replicated across the pairs
     ]:
-        directory = tmp_path_factory.mktemp(name)
-        out[name] = run_ranks(train_everything, sharding=sharding, pass_tokens=pass_tokens, out=str(directory))
+        directory = str(tmp_path_factory.mktemp(name))
+        out[name] = run_ranks(
+            train_everything, world, sharding=sharding, pass_tokens=pass_tokens, out=directory, shard_group_size=group
+        )
     return out
 
 
@@ -190,3 +197,14 @@ def test_each_rank_holds_about_half_the_base(wide_model: Path) -> None:
     weights = sum(p.stat().st_size for p in wide_model.glob("*.safetensors"))
     assert min(replicated) > 0.9 * weights  # the measurement sees the weights
     assert max(sharded) <= 0.6 * min(replicated), (sharded, replicated)
+
+
+def test_hybrid_sharding_trains_the_same_model(runs: dict[str, list[dict[str, Any]]]) -> None:
+    """Four ranks, the base sharded within pairs: every rank ends with the same adapters, equal to two replicated
+    ranks' up to the order of float additions (the datums split four ways, not two)."""
+    hybrid, replicated = runs["hybrid"], runs["replicate"]
+    assert all(_max_difference(hybrid[0]["policy"], other["policy"]) == 0.0 for other in hybrid[1:])
+    total = np.sum([rank["losses"] for rank in hybrid], axis=0)  # each rank reports its own datums' loss
+    assert np.allclose(total, np.sum([rank["losses"] for rank in replicated], axis=0), rtol=1e-5, atol=1e-5)
+    assert _max_difference(hybrid[0]["policy"], replicated[0]["policy"]) < 1e-4
+    assert _max_difference(hybrid[0]["critic"], replicated[0]["critic"]) < 1e-4

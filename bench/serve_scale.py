@@ -1,0 +1,180 @@
+"""A realistic base through the whole server, as a user runs it: `serve run` on serve_config.yaml with the embedded
+model swapped for the Qwen3-0.6B-shaped preset (0.44B parameters; built offline on first start), the trainer's
+defaults (dtype auto, the base sharded across 2 workers with FSDP2, activation checkpointing) and a KV cache for an
+8k context. The real tinker SDK trains a rank-32 LoRA at 2 x 1024 and 1 x 8192 tokens per step, then samples with the
+trained adapter and compares the sampler's logprobs with the trainer's.
+
+    python bench/serve_scale.py [--shapes 2x1024,1x8192] [--steps 2] [--scratch /tmp/tinker-serve-scale]
+
+Per shape it prints the seconds of each step (forward_backward + optim_step, as the SDK sees them) and the peak
+resident memory of each training worker process during that shape (VmHWM, reset between shapes), and at the end the
+sampling time, the logprob agreement, and the peak memory of every process of the server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from peer_compare import free_port, log, our_processes, stop, wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+NAME = "tinker-serve/qwen3-0.6b"
+
+
+def config(port: int, run: Path, context: int) -> dict[str, Any]:
+    """The repo's serve_config.yaml with the 0.6B-shaped base, the trainer at its defaults (the yaml's tiny-model
+    overrides dropped), and a CPU KV cache that holds one `context`-token sequence."""
+    text = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    text["http_options"] = {"host": "127.0.0.1", "port": port}
+    args = text["applications"][0]["args"]
+    base = args["base_models"][0]
+    base.update(name=NAME, path=str(ROOT / "models" / "qwen3-0.6b"), embedded_preset="qwen3-0.6b")
+    base["trainer"] = {k: v for k, v in base["trainer"].items() if k in ("num_workers", "cpus_per_worker")}
+    base["max_context_length"] = context
+    base["sampler"].update(kv_cache_mib=context * 2 * 28 * 8 * 128 * 2 // 2**20 + 64, max_replicas=1)
+    args["state_dir"] = str(run / "state")
+    args["limits"]["max_tokens_per_datum"] = context
+    return text
+
+
+def launch(port: int, run: Path, ray_tmp: Path, context: int) -> Any:
+    import subprocess
+
+    (run / "serve_config.yaml").write_text(yaml.safe_dump(config(port, run, context), sort_keys=False))
+    ray_tmp.mkdir(parents=True)
+    env = {
+        **os.environ,
+        "RAY_TMPDIR": str(ray_tmp),
+        "RAY_AUTH_MODE": "disabled",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "RAY_TRAIN_V2_ENABLED": "1",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+    }
+    env.pop("RAY_ADDRESS", None)
+    serve = Path(sys.executable).parent / "serve"
+    cmd = [str(serve), "run", "--address", "local", "--app-dir", str(ROOT), str(run / "serve_config.yaml")]
+    return subprocess.Popen(
+        cmd,
+        cwd=run,
+        env=env,
+        stdout=(run / "server.log").open("wb"),
+        stderr=subprocess.STDOUT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+
+
+def status_kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def title(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:80]
+
+
+def workers(pids: list[int]) -> list[int]:
+    return sorted(p for p in pids if "RayTrainWorker" in title(p))
+
+
+def reset_peaks(pids: list[int]) -> None:
+    for pid in pids:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+
+def datums(n: int, length: int, seed: int) -> list[Any]:
+    from tinker import types
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        ids = rng.integers(3, 2048, length + 1).tolist()
+        out.append(
+            types.Datum(
+                model_input=types.ModelInput.from_ints(ids[:-1]),
+                loss_fn_inputs={"target_tokens": ids[1:], "weights": [1.0] * length},
+            )
+        )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default="2x1024,1x8192")
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--scratch", type=Path, default=Path("/tmp/tinker-serve-scale"))
+    args = parser.parse_args()
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    context = max(t for _, t in shapes) + 256
+    run = args.scratch / time.strftime("%Y%m%d-%H%M%S")
+    run.mkdir(parents=True)
+    ray_tmp = Path("/tmp") / f"tss-{os.getpid()}"
+    port = free_port()
+    started = time.time()
+    proc = launch(port, run, ray_tmp, context)
+    result: dict[str, Any] = {"shapes": {}}
+    try:
+        import tinker
+        from tinker import types
+
+        url = f"http://127.0.0.1:{port}"
+        wait_for(f"{url}/api/v1/healthz", proc, 600)
+        sc = tinker.ServiceClient(base_url=url, api_key="tml-bench")
+        tc = sc.create_lora_training_client(base_model=NAME, rank=32, seed=0).result()
+        result["launch_to_model_s"] = round(time.time() - started, 1)
+        log(f"model created {result['launch_to_model_s']} s after launch")
+        ranks = workers(list(our_processes(proc.pid, str(ray_tmp))))
+        for n, length in shapes:
+            reset_peaks(ranks)
+            times, losses = [], []
+            for step in range(args.steps):
+                t0 = time.time()
+                fb = tc.forward_backward(datums(n, length, seed=step), "cross_entropy")
+                opt = tc.optim_step(types.AdamParams(learning_rate=1e-4))
+                losses.append(fb.result().metrics["loss:sum"] / (n * length))
+                opt.result()
+                times.append(round(time.time() - t0, 1))
+                log(f"{n}x{length} step {step}: {times[-1]} s, mean loss {losses[-1]:.4f}")
+            peaks = [round(status_kib(p, "VmHWM") / 2**20, 2) for p in ranks]
+            result["shapes"][f"{n}x{length}"] = {"steps_s": times, "mean_loss": losses, "peak_gib_per_rank": peaks}
+        t0 = time.time()
+        sampler = tc.save_weights_and_get_sampling_client().result()
+        prompt = datums(1, 16, seed=99)[0].model_input.to_ints()
+        sample = sampler.sample(types.ModelInput.from_ints(prompt), 2, types.SamplingParams(max_tokens=32, seed=1))
+        sequences = sample.result().sequences
+        result["sample_s"] = round(time.time() - t0, 1)
+        worst = 0.0
+        for seq in sequences:
+            tokens = prompt + seq.tokens
+            datum = types.Datum(
+                model_input=types.ModelInput.from_ints(tokens[:-1]),
+                loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)},
+            )
+            trained = tc.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
+            worst = max(worst, float(np.abs(np.asarray(seq.logprobs) - trained[-len(seq.tokens) :]).max()))
+        result["sampled_tokens"] = sum(len(s.tokens) for s in sequences)
+        result["max_dlogprob_sampler_vs_trainer"] = round(worst, 4)
+        processes = our_processes(proc.pid, str(ray_tmp))
+        result["peak_gib_by_process"] = sorted(
+            ((title(p)[:50], round(status_kib(p, "VmHWM") / 2**20, 2)) for p in processes if status_kib(p, "VmHWM")),
+            key=lambda item: -item[1],
+        )[:8]
+    finally:
+        stop(proc, signal.SIGINT, 60, str(ray_tmp))
+    print(json.dumps(result, indent=2))
+    (run / "result.json").write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
