@@ -140,25 +140,35 @@ class Bench:
             self.args.out.mkdir(parents=True, exist_ok=True)
             (self.args.out / "results.json").write_text(json.dumps(self.rows, indent=2))
 
-    def engine(self, base: torch.nn.Module, autocast: bool, fsdp: bool, checkpointing: bool) -> TrainingEngine:
+    def engine(
+        self, base: torch.nn.Module, autocast: bool, fsdp: bool, checkpointing: bool, pass_tokens: int
+    ) -> TrainingEngine:
         if checkpointing:
             recompute_activations(base)
         if fsdp:
             shard_base(base, self.args.device)
         engine = TrainingEngine(
-            base, device=self.args.device, micro_batch_tokens=MICRO_BATCH_TOKENS, sharded=fsdp, autocast=autocast
+            base, device=self.args.device, micro_batch_tokens=pass_tokens, sharded=fsdp, autocast=autocast
         )
         engine.create_model("m", SPEC)
         return engine
 
     def ours(
-        self, model: str, config: Any, variant: str, shapes: list[str], fsdp: bool = True, checkpointing: bool = True
+        self,
+        model: str,
+        config: Any,
+        variant: str,
+        shapes: list[str],
+        fsdp: bool = True,
+        checkpointing: bool = True,
+        pass_tokens: int = MICRO_BATCH_TOKENS,
     ) -> None:
         dtype = torch.float32 if variant.startswith("float32") else torch.bfloat16
         base = build(config, dtype, self.args.device)
         n_mm = matmul_weights(base)
-        engine = self.engine(base, autocast="autocast" in variant, fsdp=fsdp, checkpointing=checkpointing)
+        engine = self.engine(base, "autocast" in variant, fsdp, checkpointing, pass_tokens)
         name = variant + ("" if fsdp else ", no fsdp") + ("" if checkpointing else ", no AC")
+        name += "" if pass_tokens == MICRO_BATCH_TOKENS else f", passes of {pass_tokens}"
         probe = packed(random_batch(1, self.args.probe_tokens, config.vocab_size, seed=9))
         logprobs = engine.forward_backward("m", "cross_entropy", {}, probe, True).outputs["logprobs"]
         if variant == "float32":
@@ -274,6 +284,9 @@ def main() -> None:
         bench.run(bench.peft, "8b", big, shapes, checkpointing=True)
     if "fsdp" in parts:
         bench.run(bench.ours, "8b", big, "bf16", shapes[:1], fsdp=False)
+    if "passes" in parts:  # what the step's pass size and checkpointing do to MFU (autocast on)
+        for checkpointing, pass_tokens in ((True, 32768), (False, 4096), (False, 8192)):
+            bench.run(bench.ours, "8b", big, "bf16 + autocast", shapes[:1], True, checkpointing, pass_tokens)
     if "small" in parts:
         bench.run(bench.ours, "0.5b", small, "float32", small_shapes, fsdp=False, checkpointing=False)
         for variant in ("bf16", "bf16 + autocast"):

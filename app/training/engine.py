@@ -7,7 +7,6 @@ are sums, so SUM is exact).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -21,11 +20,9 @@ from app.messages import AdapterSpec, OptimParams, ShardOutput
 from app.training import checkpoint
 from app.training.batch import PackedBatch
 from app.training.custom_loss import CustomLossProgram
-from app.training.custom_loss.interpreter import run_custom_loss
 from app.training.logprobs import target_logprobs
 from app.training.lora import AdapterPool
-from app.training.losses import get_loss
-from app.training.losses.functions import LOSS_FUNCTIONS, LOSS_STATS
+from app.training.loss_step import LossStep, Stats, joined, loss_error
 from app.training.micro_batches import micro_batches
 from app.training.optim import apply_step, make_optimizer
 
@@ -131,23 +128,23 @@ class TrainingEngine:
         reports its own metrics. A loss that fails on this rank's data still runs its (zero) backward, so ranks of a
         sharded base stay in step; the error is raised after the last pass."""
         model = self._activate(model_id)
-        loss = _LossStep(loss_fn, config, custom, self.device)
+        loss = LossStep(loss_fn, config, custom, self.device)
         indices = shard_indices(batch.num_datums, self.rank, self.world_size)
         shard = batch.select(indices)
         runs = micro_batches(shard.lengths, self.micro_batch_tokens)
         parts: list[tuple[dict[str, np.ndarray], float, dict[str, tuple[float, float]]]] = []
         error: Exception | None = None
         for i in range(self._passes(batch, len(runs))):
-            if i >= len(runs):
-                self._idle_pass(model, forward_only)
+            if i >= len(runs):  # backward only where the real passes have a loss to backpropagate
+                self._idle_pass(model, forward_only or not loss.applies(batch))
                 continue
             part = shard.select(np.arange(runs[i].start, runs[i].stop))
             outputs, loss_sum, stats, failure = self._pass(model, part, loss, forward_only)
             parts.append((outputs, loss_sum, stats))
             error = error or failure
         if error is not None:
-            raise error
-        return ShardOutput(indices, shard.offsets, *_joined(parts))
+            raise loss_error(loss_fn, error)
+        return ShardOutput(indices, shard.offsets, *joined(parts))
 
     def _passes(self, batch: PackedBatch, own: int) -> int:
         """How many passes this rank runs: its micro-batches; with a sharded base, the most any rank has."""
@@ -157,7 +154,7 @@ class TrainingEngine:
         return max(len(micro_batches(lengths[r::world], self.micro_batch_tokens)) for r in range(world))
 
     def _pass(
-        self, model: _Model, part: PackedBatch, loss: _LossStep, forward_only: bool
+        self, model: _Model, part: PackedBatch, loss: LossStep, forward_only: bool
     ) -> tuple[dict[str, np.ndarray], float, dict[str, tuple[float, float]], Exception | None]:
         """One micro-batch's forward (and backward): its outputs, loss, metrics, and the loss's error if it failed."""
         with torch.set_grad_enabled(not forward_only):
@@ -306,62 +303,6 @@ class TrainingEngine:
         if model.value_head is not None:
             state.update({f"value_head.{n}": p.detach().clone() for n, p in model.value_head.named_parameters()})
         return state
-
-
-Stats = dict[str, tuple[float, float]]  # a loss's metrics: name -> (sum, count)
-LossResult = tuple[torch.Tensor, dict[str, torch.Tensor], Stats]  # the summed loss, extra outputs, metrics
-
-
-class _LossStep:
-    """The loss of one forward(_backward) request, applied to it micro-batch by micro-batch."""
-
-    def __init__(
-        self, loss_fn: str, config: dict[str, float], custom: CustomLossProgram | None, device: torch.device
-    ) -> None:
-        self._loss_fn = loss_fn
-        self._config = config
-        self._custom = custom
-        self._required = None if custom is not None else get_loss(loss_fn).required_inputs
-        self._device = device
-
-    def prepare(self, part: PackedBatch) -> Callable[[torch.Tensor], LossResult] | None:
-        """Copy the part's loss inputs to the device; returns what computes the loss from the model's predictions
-        (None: the inputs were not sent, so there is no loss)."""
-        custom = self._custom
-        if custom is not None:
-            named = {name: torch.from_numpy(part.loss_inputs[name]).to(self._device) for name in custom.input_names}
-
-            def run_program(prediction: torch.Tensor) -> LossResult:
-                loss, stats = run_custom_loss(custom, prediction, named, part.offsets)
-                return loss, {}, stats
-
-            return run_program
-        if self._required is None or not self._required <= part.loss_inputs.keys():
-            return None
-        inputs = {k: torch.from_numpy(v).to(self._device) for k, v in part.loss_inputs.items() if k != "target_tokens"}
-        datum_ids = torch.repeat_interleave(torch.arange(part.num_datums), torch.from_numpy(part.lengths))
-        datum_ids = datum_ids.to(self._device)
-
-        def finish(prediction: torch.Tensor) -> LossResult:
-            loss, elementwise = LOSS_FUNCTIONS[self._loss_fn](prediction, inputs, self._config, datum_ids)
-            stats = LOSS_STATS[self._loss_fn](prediction, inputs, self._config) if self._loss_fn in LOSS_STATS else {}
-            return loss, {"elementwise_loss": elementwise}, stats
-
-        return finish
-
-
-def _joined(
-    parts: list[tuple[dict[str, np.ndarray], float, Stats]],
-) -> tuple[dict[str, np.ndarray], float, Stats]:
-    """The micro-batches' outputs concatenated in datum order, their losses summed, their metrics merged."""
-    names = parts[0][0].keys() if parts else ()
-    outputs = {name: np.concatenate([p[0][name] for p in parts]) for name in names}
-    stats: Stats = {}
-    for _, _, part_stats in parts:
-        for name, (total, count) in part_stats.items():
-            before = stats.get(name, (0.0, 0.0))
-            stats[name] = (before[0] + total, before[1] + count)
-    return outputs, float(sum(p[1] for p in parts)), stats
 
 
 def _unpadded(padded: torch.Tensor, lengths: np.ndarray) -> torch.Tensor:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import ray
+import torch
 
 from app.errors import NotFound, ServerError, TinkerServeError
 from app.messages import Command, CommandError, CommandKind
@@ -89,5 +90,12 @@ def execute(engine: TrainingEngine, storage: ObjectStorage, snapshots: SnapshotW
         return CommandError(exc.to_body())
     except Exception as exc:  # logged, reported, and the loop keeps serving
         logger.exception("rank %d: %s of model %r failed", engine.rank, cmd.kind.value, cmd.model_id)
+        if cmd.kind is CommandKind.FORWARD_BACKWARD and (engine.sharded or isinstance(exc, torch.OutOfMemoryError)):
+            # Mid-pass: with a sharded base the other ranks wait in a weight gather this rank will not join, and an
+            # out-of-memory error leaves this model's gradients partial. This rank ends instead: the group restarts,
+            # every model is rebuilt exactly from its snapshot and journal, and the death is charged to this
+            # operation, which is given up, with a user error, once charged twice (app.trainer.worker_deaths).
+            logger.error("rank %d: ending this worker so the group restarts in step", engine.rank)
+            os._exit(70)
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         return CommandError(ServerError(f"{cmd.kind.value} failed on a worker: {detail}").to_body())

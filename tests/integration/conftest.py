@@ -39,7 +39,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def server_config(state_dir: Path) -> dict:
+BF16_TWIN = {  # the same model trained and sampled in bfloat16 (test_precision)
+    "name": BF16_MODEL,
+    "path": str(TINY_MODEL),
+    "embedded_preset": "tiny",
+    "trainer": {"num_workers": 2, "cpus_per_worker": 0.5, "dtype": "bfloat16", "autocast": True},
+    "sampler": {"kv_cache_mib": 32, "num_cpus": 0.5},
+}
+
+
+def server_config(state_dir: Path, bf16_twin: bool = False) -> dict:
+    """The suite's app: the tiny model, and with `bf16_twin` its bfloat16 twin (the shared app only: the modules that
+    replace the app, which run after test_precision, start without it)."""
     return {
         "state_dir": str(state_dir),
         # admins read all audit events; SDK clients trade their keys for JWTs (app.api.tokens)
@@ -62,13 +73,7 @@ def server_config(state_dir: Path) -> dict:
                 "critic_trainer": {"num_workers": 1, "cpus_per_worker": 1, "dtype": "float32"},  # critics elsewhere
                 "sampler": {"kv_cache_mib": 64, "max_loras": MAX_LORAS, "max_cpu_loras": 6},
             },
-            {  # the same model trained and sampled in bfloat16 (test_precision)
-                "name": BF16_MODEL,
-                "path": str(TINY_MODEL),
-                "embedded_preset": "tiny",
-                "trainer": {"num_workers": 2, "cpus_per_worker": 0.5, "dtype": "bfloat16", "autocast": True},
-                "sampler": {"kv_cache_mib": 32, "num_cpus": 0.5},
-            },
+            *([BF16_TWIN] if bf16_twin else []),
         ],
         "limits": {
             "fwdbwd_max_chunk_len": CHUNK_LEN,
@@ -156,7 +161,7 @@ def base_url(state_dir: Path) -> str:
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     started = time.monotonic()
-    serve.run(build_app(server_config(state_dir)), name="tinker", route_prefix="/")
+    serve.run(build_app(server_config(state_dir, bf16_twin=True)), name="tinker", route_prefix="/")
     url = f"http://127.0.0.1:{port}"
     wait_ready(url)
     print(f"\nServe app ready in {time.monotonic() - started:.1f} s at {url}")
