@@ -182,24 +182,30 @@ class Bench:
                 engine.optim_step("m", AdamParams(learning_rate=LR))
 
             steps = self.args.steps if dtype == torch.bfloat16 else max(1, self.args.steps - 1)
-            times, peak, error = timed_steps(synced(step), self.args.warmup, steps)
-            row: dict[str, Any] = {"model": model, "variant": name, "shape": text}
-            if error:
-                row["error"] = error
-            else:
-                median = statistics.median(times)
-                total = datums * tokens
-                row.update(
-                    step_s=round(median, 4),
-                    steps_s=times,
-                    tok_s=round(total / median),
-                    mfu=round(flops(base, n_mm, total, tokens) / median / (self.args.peak_tflops * 1e12), 3),
-                    peak_gib=round(peak or 0.0, 2),
-                )
+            row = self.measured(step, steps, base, n_mm, {"model": model, "variant": name, "shape": text})
             if model in self.reference and variant != "float32":
                 row["max_dlogprob"] = float(np.abs(logprobs - self.reference[model]).max())
             self.record(row)
             free()
+
+    def measured(
+        self, step: Callable[[], Any], steps: int, base: torch.nn.Module, n_mm: int, row: dict[str, Any]
+    ) -> dict[str, Any]:
+        """`row` with the step's median time, tokens/s, MFU and peak memory (or its out-of-memory error)."""
+        times, peak, error = timed_steps(synced(step), self.args.warmup, steps)
+        if error:
+            return {**row, "error": error}
+        datums, tokens = shape_of(row["shape"])
+        median, total = statistics.median(times), datums * tokens
+        mfu = flops(base, n_mm, total, tokens) / median / (self.args.peak_tflops * 1e12)
+        return {
+            **row,
+            "step_s": round(median, 4),
+            "steps_s": times,
+            "tok_s": round(total / median),
+            "mfu": round(mfu, 3),
+            "peak_gib": round(peak or 0.0, 2),
+        }
 
     def peft(self, model: str, config: Any, shapes: list[str], checkpointing: bool) -> None:
         base = build(config, torch.bfloat16, self.args.device)
@@ -229,21 +235,8 @@ class Bench:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
 
-            times, peak, error = timed_steps(synced(step), self.args.warmup, self.args.steps)
             variant = "PEFT bf16" + (", HF checkpointing" if checkpointing else "")
-            row: dict[str, Any] = {"model": model, "variant": variant, "shape": text}
-            if error:
-                row["error"] = error
-            else:
-                median = statistics.median(times)
-                total = datums * tokens
-                row.update(
-                    step_s=round(median, 4),
-                    steps_s=times,
-                    tok_s=round(total / median),
-                    mfu=round(flops(base, n_mm, total, tokens) / median / (self.args.peak_tflops * 1e12), 3),
-                    peak_gib=round(peak or 0.0, 2),
-                )
+            row = self.measured(step, self.args.steps, base, n_mm, {"model": model, "variant": variant, "shape": text})
             self.record(row)
             free()
 

@@ -48,9 +48,10 @@ BF16_TWIN = {  # the same model trained and sampled in bfloat16 (test_precision)
 }
 
 
-def server_config(state_dir: Path, bf16_twin: bool = False) -> dict:
-    """The suite's app: the tiny model, and with `bf16_twin` its bfloat16 twin (the shared app only: the modules that
-    replace the app, which run after test_precision, start without it)."""
+def server_config(state_dir: Path, sharded: bool = False) -> dict:
+    """The suite's app: the tiny model on two workers, each holding all of it without recompute (as serve_config.yaml
+    runs it: on 2 cores a sharded base's many small collectives made the suite 2x slower). `sharded`: the
+    `sharded_app` fixture's, with the base sharded (fsdp) and recomputed, and the model's bfloat16 twin."""
     return {
         "state_dir": str(state_dir),
         # admins read all audit events; SDK clients trade their keys for JWTs (app.api.tokens)
@@ -60,20 +61,20 @@ def server_config(state_dir: Path, bf16_twin: bool = False) -> dict:
                 "name": BASE_MODEL,
                 "path": str(TINY_MODEL),
                 "embedded_preset": "tiny",
-                # float32 whatever the machine: the suite compares against float32 references to ~1e-5; the
-                # base sharded (fsdp, the default) with activation checkpointing (the default), micro-batches of
-                # 1024 tokens, so requests of the failure tests run in several passes per rank
+                # float32 whatever the machine: the suite compares against float32 references to ~1e-5; passes of
+                # 1024 tokens, so the failure tests' requests run in several passes per rank
                 "trainer": {
                     "num_workers": 2,
                     "cpus_per_worker": 1,
                     "snapshot_every_steps": 3,
                     "dtype": "float32",
                     "micro_batch_tokens": 1024,
+                    **({} if sharded else {"sharding": "replicate", "activation_checkpointing": False}),
                 },
                 "critic_trainer": {"num_workers": 1, "cpus_per_worker": 1, "dtype": "float32"},  # critics elsewhere
                 "sampler": {"kv_cache_mib": 64, "max_loras": MAX_LORAS, "max_cpu_loras": 6},
             },
-            *([BF16_TWIN] if bf16_twin else []),
+            *([BF16_TWIN] if sharded else []),
         ],
         "limits": {
             "fwdbwd_max_chunk_len": CHUNK_LEN,
@@ -95,7 +96,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The multi-node module, with a cluster of its own, runs before the shared Ray starts; modules that replace
     the shared Serve app run last, in this order."""
     first = ("test_multinode.py",)
-    last = ("test_worker_failure.py", "test_object_storage.py", "test_quotas.py", "test_postgres_app.py")
+    last = (
+        "test_precision.py",
+        "test_worker_failure.py",
+        "test_object_storage.py",
+        "test_quotas.py",
+        "test_postgres_app.py",
+    )
     items.sort(
         key=lambda item: (
             -1 if item.path.name in first else last.index(item.path.name) + 1 if item.path.name in last else 0
@@ -161,13 +168,22 @@ def base_url(state_dir: Path) -> str:
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     started = time.monotonic()
-    serve.run(build_app(server_config(state_dir, bf16_twin=True)), name="tinker", route_prefix="/")
+    serve.run(build_app(server_config(state_dir)), name="tinker", route_prefix="/")
     url = f"http://127.0.0.1:{port}"
     wait_ready(url)
     print(f"\nServe app ready in {time.monotonic() - started:.1f} s at {url}")
     yield url
     serve.shutdown()
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def sharded_app(base_url: str, state_dir: Path) -> str:
+    """The shared app replaced, once, by `server_config(sharded=True)`: test_precision's bf16 twin, and the failure
+    tests' recoveries on a sharded base. The modules that use it run after the others, before those that replace the
+    app again."""
+    replace_app(server_config(state_dir, sharded=True), base_url)
+    return base_url
 
 
 @pytest.fixture(scope="session")

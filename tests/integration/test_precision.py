@@ -4,11 +4,14 @@ running in the same dtype, gives the logprobs its trainer gives."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import tinker
 from tinker import types
 
 from tests.integration.conftest import BF16_MODEL
 from tests.integration.helpers import sft_datums, trainer_logprobs
+
+pytestmark = pytest.mark.usefixtures("sharded_app")
 
 # bfloat16 keeps 8 significant bits: logprobs of -2 to -8 round by up to ~0.03, and vLLM's kernels and torch's
 # round in different places (measured: 0.033 at most over 24 sampled tokens; float32 agrees to 2e-4, test_sampling)

@@ -1,4 +1,5 @@
-"""Failure injection (runs last: it restarts the shared worker group, the ingress, then the whole app).
+"""Failure injection (runs last: it restarts the shared worker group, the ingress, then the whole app), on the app of
+the `sharded_app` fixture: the base sharded across the two workers (fsdp), its activations recomputed.
 
 A training worker is killed mid-run: the trainer rebuilds its models from their snapshots and journals and
 resends what was in flight, so the run finishes as if nothing happened. The ingress replica is killed: work
@@ -28,6 +29,8 @@ from tinker import types
 
 from tests.integration.conftest import BASE_MODEL, MAX_PENDING_SAMPLES, MAX_TOKENS, replace_app, server_config
 from tests.integration.helpers import logprobs_of, new_client, sft_datums, train_steps, trainer_logprobs
+
+pytestmark = pytest.mark.usefixtures("sharded_app")
 
 RESTART_BUDGET_S = 180.0  # Ray Train detects the death, restarts both ranks, reloads the base model
 ADAM = tinker.types.AdamParams(learning_rate=1e-2)
@@ -195,11 +198,13 @@ def test_an_operation_that_kills_the_workers_fails_and_the_rest_goes_on(base_url
         doomed.result(timeout=RESTART_BUDGET_S)
     print(f"\nkilled twice -> failed {time.monotonic() - started:.1f} s after it was sent: {failed.value.message}")
     assert failed.value.category == "user"
-    assert (  # the SDK's message wraps the server's
-        "forward_backward of 24576 tokens (12288 on the busiest rank, padding included) was running when the training "
-        "workers died twice (killed for memory, most likely); it was not run again and the model has no gradients "
-        "from it. Its activations need about 864 MiB per rank. Send fewer tokens per request" in failed.value.message
+    message = failed.value.message  # the SDK's message wraps the server's
+    assert (
+        "forward_backward of 24576 tokens (its largest pass on a rank: 1024 tokens, padding included) was running when "
+        "the training workers died twice (killed for memory, most likely); it was not run again and the model has no "
+        "gradients from it. That pass needs about " in message
     )
+    assert "To fit: lower trainer.micro_batch_tokens (now 1024; a pass then holds fewer datums)" in message
     with sqlite3.connect(state_dir / "tinker_serve.db") as db:
         assert db.execute("SELECT worker_deaths FROM journal WHERE request_id = ?", (request_id,)).fetchone() == (2,)
 
@@ -341,7 +346,7 @@ def test_an_app_restart_mid_run_resumes_the_model(service_client, base_url: str,
             trainer = serve.status().applications["tinker"].deployments[f"Trainer:{BASE_MODEL}"].status
             created.append((trainer, new_client(service_client, seed=45)))  # returns once the model is created
 
-        replace_app(server_config(state_dir), base_url, while_starting=create_while_the_trainer_starts)
+        replace_app(server_config(state_dir, sharded=True), base_url, while_starting=create_while_the_trainer_starts)
 
         assert _retrieve(http, finished.json()["request_id"]) == finished_result
         assert http.get(f"/api/v1/training_runs/{tc.model_id}").json()["last_snapshot_time"] is not None
