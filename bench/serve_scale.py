@@ -24,9 +24,11 @@ from typing import Any
 
 import numpy as np
 import yaml
-from peer_compare import free_port, log, our_processes, stop, wait_for
+from peer_compare import ROOT, free_port, log, our_processes, stop, wait_for
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tests.integration.helpers import random_datums  # after the repo root is on the path
+
 NAME = "tinker-serve/qwen3-0.6b"
 
 
@@ -93,22 +95,6 @@ def reset_peaks(pids: list[int]) -> None:
         Path(f"/proc/{pid}/clear_refs").write_text("5")
 
 
-def datums(n: int, length: int, seed: int) -> list[Any]:
-    from tinker import types
-
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(n):
-        ids = rng.integers(3, 2048, length + 1).tolist()
-        out.append(
-            types.Datum(
-                model_input=types.ModelInput.from_ints(ids[:-1]),
-                loss_fn_inputs={"target_tokens": ids[1:], "weights": [1.0] * length},
-            )
-        )
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="2x1024,1x8192")
@@ -140,7 +126,7 @@ def main() -> None:
             times, losses = [], []
             for step in range(args.steps):
                 t0 = time.time()
-                fb = tc.forward_backward(datums(n, length, seed=step), "cross_entropy")
+                fb = tc.forward_backward(random_datums(n, length, seed=step), "cross_entropy")
                 opt = tc.optim_step(types.AdamParams(learning_rate=1e-4))
                 losses.append(fb.result().metrics["loss:sum"] / (n * length))
                 opt.result()
@@ -150,7 +136,7 @@ def main() -> None:
             result["shapes"][f"{n}x{length}"] = {"steps_s": times, "mean_loss": losses, "peak_gib_per_rank": peaks}
         t0 = time.time()
         sampler = tc.save_weights_and_get_sampling_client().result()
-        prompt = datums(1, 16, seed=99)[0].model_input.to_ints()
+        prompt = random_datums(1, 16, seed=99)[0].model_input.to_ints()
         sample = sampler.sample(types.ModelInput.from_ints(prompt), 2, types.SamplingParams(max_tokens=32, seed=1))
         sequences = sample.result().sequences
         result["sample_s"] = round(time.time() - t0, 1)

@@ -44,6 +44,21 @@ def sft_datums(tokenizer, count: int = 4) -> list[types.Datum]:
     return datums
 
 
+def random_datums(count: int, length: int, seed: int) -> list[types.Datum]:
+    """`count` next-token datums of `length` random tokens (ids 3..2047, every model's vocabulary holds them)."""
+    rng = np.random.default_rng(seed)
+    datums = []
+    for _ in range(count):
+        ids = rng.integers(3, 2048, length + 1).tolist()
+        datums.append(
+            types.Datum(
+                model_input=types.ModelInput.from_ints(ids[:-1]),
+                loss_fn_inputs={"target_tokens": ids[1:], "weights": [1.0] * length},
+            )
+        )
+    return datums
+
+
 def packed(datums: list[types.Datum]) -> PackedBatch:
     """The same datums as the server packs them, for the in-process reference engine."""
     tokens = [np.array(d.model_input.to_ints(), dtype=np.int64) for d in datums]

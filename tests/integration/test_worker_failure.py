@@ -28,7 +28,14 @@ from ray import serve
 from tinker import types
 
 from tests.integration.conftest import BASE_MODEL, MAX_PENDING_SAMPLES, MAX_TOKENS, replace_app, server_config
-from tests.integration.helpers import logprobs_of, new_client, sft_datums, train_steps, trainer_logprobs
+from tests.integration.helpers import (
+    logprobs_of,
+    new_client,
+    random_datums,
+    sft_datums,
+    train_steps,
+    trainer_logprobs,
+)
 
 pytestmark = pytest.mark.usefixtures("sharded_app")
 
@@ -146,22 +153,6 @@ def _kill_while_it_runs(mailbox: ray.actor.ActorHandle, request_id: str) -> None
     _until(lambda: ray.get(mailbox.status.remote())["restarts"] > restarts, "the workers never restarted")
 
 
-def _long_datums(count: int) -> list[types.Datum]:
-    """`count` datums of the longest length the server takes (random tokens): one forward_backward of 96 of them
-    runs for seconds on the tiny model."""
-    rng = np.random.default_rng(0)
-    datums = []
-    for _ in range(count):
-        ids = rng.integers(3, 2048, MAX_TOKENS + 1).tolist()
-        datums.append(
-            types.Datum(
-                model_input=types.ModelInput.from_ints(ids[:-1]),
-                loss_fn_inputs={"target_tokens": ids[1:], "weights": [1.0] * MAX_TOKENS},
-            )
-        )
-    return datums
-
-
 def test_an_operation_that_kills_the_workers_fails_and_the_rest_goes_on(base_url, service_client, state_dir: Path):
     """Both training workers are SIGKILLed each time one forward_backward runs (as Ray's memory monitor kills the
     workers of a step too large for them): after the second death it fails with a user error that names it and what
@@ -185,7 +176,7 @@ def test_an_operation_that_kills_the_workers_fails_and_the_rest_goes_on(base_url
     big.holder._client_config = big.holder._client_config.model_copy(update={"fwdbwd_max_chunk_len": 1024})
     mailbox = _mailbox()
     started = time.monotonic()
-    doomed = big.forward_backward(_long_datums(96), "cross_entropy")
+    doomed = big.forward_backward(random_datums(96, MAX_TOKENS, seed=0), "cross_entropy")
     in_flight = [other.forward_backward(data, "cross_entropy"), other.optim_step(ADAM)]  # queued behind it
     _wait_for_futures(state_dir, [big.model_id], 1, "the forward_backward never reached the server")
     with sqlite3.connect(state_dir / "tinker_serve.db") as db:
