@@ -83,7 +83,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
             config = server_config(state_dir)
             base = config["base_models"][0]
             base.pop("critic_trainer")
-            base["trainer"] = {**base["trainer"], "cpus_per_worker": 1, "resources": {"trainer_node": 1}}
+            base["trainer"] = {**base["trainer"], "resources": {"trainer_node": 1}}
             base["sampler"] = {**base["sampler"], "num_cpus": 1, "resources": {"sampler_node": 1}}
             serve.run(
                 build_app({**config, "storage_uri": storage_uri, "ingress_replicas": 2}),
