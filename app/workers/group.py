@@ -112,6 +112,7 @@ class TorchTrainerGroup(WorkerGroup):
 
         started = time.monotonic()
         self._fit_error = None
+        self._msg_ids = itertools.count(1)  # a new mailbox queues messages from number 1 on, in order
         # ray.remote's keyword overload lists task options only; max_concurrency is an actor option
         as_actor = ray.remote(num_cpus=0, max_concurrency=10_000)  # type: ignore[call-overload]
         # named (uniquely: the previous replica's may live on a while), so an operator or a test can ask it what

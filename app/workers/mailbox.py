@@ -3,6 +3,10 @@
 A message no rank has taken yet can still have commands replaced (a cancelled operation becomes a no-op);
 once the first rank takes it, every rank runs the same commands.
 
+Messages reach the ranks in msg_id order, whatever order their calls run in: Ray runs an async actor's calls out
+of order (allow_out_of_order_execution is forced on), and a model's operations must run in the order they were sent.
+The sender numbers its messages 1, 2, 3, ...; a call waits until the one before it was queued.
+
 Ranks register with a per-process identity. When a rank re-registers with a new identity (the group
 restarted), every pending message fails with GroupRestarted instead of hanging, naming the request ids of the
 commands the ranks were running when they died (what may have killed them: app.trainer.worker_deaths).
@@ -11,11 +15,16 @@ commands the ranks were running when they died (what may have killed them: app.t
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from app.errors import GroupRestarted
 
+logger = logging.getLogger("tinker_serve.trainer")
 STOP = "__stop__"
+# How long a message waits for the one numbered before it. Their calls are sent back to back, so that one is at most
+# moments late; one that never comes (its sending failed in the trainer) must not hold up every later message.
+MESSAGE_GAP_TIMEOUT_S = 10.0
 
 
 class Mailbox:
@@ -27,6 +36,8 @@ class Mailbox:
         self._untaken: dict[int, list[Any]] = {}  # messages no rank has taken yet: msg_id -> its commands
         self._taken: dict[int, tuple[int, Any]] = {}  # rank -> the message (msg_id, commands) it took, unanswered
         self._restarts = 0
+        self._next_msg_id = 1  # the msg_id whose turn it is to be queued
+        self._turn = asyncio.Condition()
 
     async def register(self, rank: int, identity: str) -> None:
         previous = self._identities.get(rank)
@@ -63,15 +74,29 @@ class Mailbox:
         return tuple(dict.fromkeys(request_id for request_id in ids if request_id))
 
     async def call(self, msg_id: int, commands: Any, generation: int | None = None) -> list[Any]:
-        """Send `commands` to every rank; returns the replies ordered by rank. A sender that knows the group as of
-        `generation` restarts gets GroupRestarted at once if it restarted since (its models are not there)."""
-        if generation is not None and generation != self._restarts:
-            raise GroupRestarted("the worker group restarted since this trainer last rebuilt its models")
-        fut = asyncio.get_running_loop().create_future()
-        self._pending[msg_id] = (fut, {})
-        self._untaken[msg_id] = commands  # the very list every rank's queue holds
-        for queue in self._queues.values():
-            queue.put_nowait((msg_id, commands))
+        """Send `commands` to every rank once every message numbered before `msg_id` was; returns the replies ordered
+        by rank. A sender that knows the group as of `generation` restarts gets GroupRestarted at once if it restarted
+        since (its models are not there)."""
+        self._untaken[msg_id] = commands  # the very list every rank's queue will hold; cancellable from now on
+        async with self._turn:
+            try:
+                await asyncio.wait_for(self._turn.wait_for(lambda: msg_id <= self._next_msg_id), MESSAGE_GAP_TIMEOUT_S)
+            except TimeoutError:  # the messages before it never came: the rest goes on without them
+                logger.warning(
+                    "messages %d..%d never reached the mailbox; message %d goes on",
+                    self._next_msg_id,
+                    msg_id - 1,
+                    msg_id,
+                )
+            self._next_msg_id = max(self._next_msg_id, msg_id + 1)
+            self._turn.notify_all()
+            if generation is not None and generation != self._restarts:
+                self._untaken.pop(msg_id, None)
+                raise GroupRestarted("the worker group restarted since this trainer last rebuilt its models")
+            fut = asyncio.get_running_loop().create_future()
+            self._pending[msg_id] = (fut, {})
+            for queue in self._queues.values():
+                queue.put_nowait((msg_id, commands))
         return await fut
 
     async def next(self, rank: int, timeout_s: float, answer: tuple[int, Any] | None = None) -> tuple[int, Any] | None:

@@ -21,12 +21,12 @@ async def _registered(world_size: int) -> Mailbox:
 def test_call_fans_out_and_orders_replies_by_rank() -> None:
     async def main() -> None:
         box = await _registered(3)
-        call = asyncio.create_task(box.call(11, {"cmd": "ping"}))
+        call = asyncio.create_task(box.call(1, {"cmd": "ping"}))
         received = [await box.next(rank, timeout_s=1.0) for rank in range(3)]
-        assert received == [(11, {"cmd": "ping"})] * 3
+        assert received == [(1, {"cmd": "ping"})] * 3
         for rank in (2, 0, 1):  # replies arrive out of rank order
             assert not call.done()
-            await box.reply(11, rank, f"reply-{rank}")
+            await box.reply(1, rank, f"reply-{rank}")
         assert await asyncio.wait_for(call, 1.0) == ["reply-0", "reply-1", "reply-2"]
         assert await box.status() == {"registered": 3, "world_size": 3, "restarts": 0}
         assert await box.identities() == {0: "proc-0", 1: "proc-1", 2: "proc-2"}
@@ -45,6 +45,38 @@ def test_messages_stay_in_order_per_rank() -> None:
             for rank in range(2):
                 await box.reply(msg_id, rank, (msg_id, rank))
         assert await asyncio.gather(*calls) == [[(1, 0), (1, 1)], [(2, 0), (2, 1)]]
+
+    asyncio.run(main())
+
+
+def test_calls_run_out_of_order_still_queue_messages_in_msg_id_order() -> None:
+    """Ray runs an async actor's calls out of order: message 2's call may run before message 1's. Every rank still
+    gets message 1 first (a model's operations run in the order they were sent)."""
+
+    async def main() -> None:
+        box = await _registered(2)
+        second = asyncio.create_task(box.call(2, "m2"))
+        await asyncio.sleep(0.01)
+        assert await box.next(0, 0.01) is None  # message 2 waits for message 1
+        first = asyncio.create_task(box.call(1, "m1"))
+        for rank in range(2):
+            assert [await box.next(rank, 1.0) for _ in range(2)] == [(1, "m1"), (2, "m2")]
+            for msg_id in (1, 2):
+                await box.reply(msg_id, rank, rank)
+        assert await asyncio.gather(first, second) == [[0, 1], [0, 1]]
+
+    asyncio.run(main())
+
+
+def test_a_message_that_never_comes_holds_up_the_next_only_for_a_while(monkeypatch) -> None:
+    monkeypatch.setattr("app.workers.mailbox.MESSAGE_GAP_TIMEOUT_S", 0.05)
+
+    async def main() -> None:
+        box = await _registered(1)
+        call = asyncio.create_task(box.call(2, "m2"))  # message 1's sending failed
+        assert await box.next(0, 1.0) == (2, "m2")
+        await box.reply(2, 0, "done")
+        assert await call == ["done"]
 
     asyncio.run(main())
 
@@ -69,9 +101,9 @@ def test_next_delivers_the_answer_to_the_last_message_first() -> None:
 def test_reregistering_with_new_identity_fails_pending_calls() -> None:
     async def main() -> None:
         box = await _registered(2)
-        call = asyncio.create_task(box.call(5, "work"))
-        assert await box.next(0, 1.0) == (5, "work")
-        await box.reply(5, 0, "rank0-done")
+        call = asyncio.create_task(box.call(1, "work"))
+        assert await box.next(0, 1.0) == (1, "work")
+        await box.reply(1, 0, "rank0-done")
         await box.register(1, "proc-1")  # same identity: not a restart
         assert not call.done()
         await box.register(1, "proc-1-restarted")
@@ -81,13 +113,13 @@ def test_reregistering_with_new_identity_fails_pending_calls() -> None:
         assert await box.status() == {"registered": 1, "world_size": 2, "restarts": 1}
         # The old message is gone from the fresh queues, and a late reply is ignored.
         assert await box.next(1, timeout_s=0.05) is None
-        await box.reply(5, 1, "late")
+        await box.reply(1, 1, "late")
         # The restarted group serves new calls.
         await box.register(0, "proc-0-restarted")
-        again = asyncio.create_task(box.call(6, "again"))
+        again = asyncio.create_task(box.call(2, "again"))
         for rank in range(2):
-            assert await box.next(rank, 1.0) == (6, "again")
-            await box.reply(6, rank, rank)
+            assert await box.next(rank, 1.0) == (2, "again")
+            await box.reply(2, rank, rank)
         assert await again == [0, 1]
 
     asyncio.run(main())
