@@ -169,7 +169,10 @@ class BaseModelConfig(_Strict):
 
     name: str  # what clients pass as base_model
     path: str  # local directory or Hugging Face id
-    embedded_preset: Literal["tiny", "small", "qwen3-0.6b"] | None = None  # build into `path` if missing
+    # build into `path` if missing (app.models.embedded.PRESETS)
+    embedded_preset: (
+        Literal["tiny", "small", "qwen3-0.6b", "tiny-qwen3", "tiny-llama", "tiny-qwen3-moe", "tiny-gpt-oss"] | None
+    ) = None
     trainer: WorkerGroupConfig = WorkerGroupConfig()  # policies, and critics unless critic_trainer is set
     critic_trainer: WorkerGroupConfig | None = None  # critics on a worker group of their own
     # training and sampling; at most the model's max_position_embeddings, and on CPU what sampler.kv_cache_mib holds

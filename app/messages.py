@@ -21,9 +21,6 @@ from app.training.custom_loss import CustomLossProgram
 if TYPE_CHECKING:
     import ray
 
-ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
-MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
-
 
 @dataclass(frozen=True)
 class AdapterSpec:
@@ -37,12 +34,11 @@ class AdapterSpec:
     role: str = "policy"  # "critic": the model also has a scalar value head and predicts values
     optimizer: str = "adamw"  # or "dimuon": fixed at creation (optimizer_config), kept by full-state checkpoints
 
-    def target_modules(self) -> list[str]:
-        """The adapted projections. The unembedding (lm_head) is never adapted: vLLM samplers refuse
-        lm_head LoRAs, and sampler logprobs must equal the trainer's."""
-        modules = [*ATTN_MODULES] if self.train_attn else []
-        modules += [*MLP_MODULES] if self.train_mlp else []
-        return modules
+    def adapted(self) -> str:
+        """Which layers the adapter adapts (which modules that is, per model family: app.models.families). The
+        unembedding (lm_head) never is: vLLM samplers refuse lm_head LoRAs, and sampler logprobs must equal the
+        trainer's."""
+        return " and ".join(name for name, on in (("attention", self.train_attn), ("MLP", self.train_mlp)) if on)
 
 
 @dataclass(frozen=True)

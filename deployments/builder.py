@@ -13,6 +13,7 @@ from ray.serve import Application
 from app.config import BaseModelConfig, ServerConfig
 from app.models import hub_cache
 from app.models.embedded import build_embedded_model
+from app.models.families import family_of, sampler_refusal
 from app.models.model_config import ModelShape, model_shape
 from app.models.precision import DTYPE_BYTES
 from deployments.ingress import Ingress
@@ -23,15 +24,21 @@ from deployments.trainer import Trainer
 logger = logging.getLogger("tinker_serve.builder")
 
 
-def _model_limits(config: ServerConfig) -> dict[str, dict[str, int]]:
-    """Vocabulary size and context length of each base model, read from its config (building embedded ones)."""
-    limits = {}
-    for base in config.base_models:
+def _model_limits(config: ServerConfig) -> dict[str, dict[str, int | str]]:
+    """Vocabulary size, context length and family of each base model, read from its config (building embedded ones).
+    A base of a family this server cannot train, or its sampler cannot serve, is refused here: nothing is trained on
+    a model whose adapters cannot be sampled."""
+    limits: dict[str, dict[str, int | str]] = {}
+    for i, base in enumerate(config.base_models):
         started = time.monotonic()
         if base.embedded_preset:
             build_embedded_model(base.embedded_preset, Path(base.path))
             _register_name(base.name, Path(base.path))
         shape = model_shape(base.path)
+        family = family_of(shape.model_type)
+        refusal = sampler_refusal(family, on_gpu=base.sampler.num_gpus > 0)
+        if refusal is not None:
+            raise ValueError(f"base_models[{i}] ({base.name}): {refusal}")
         logger.info(
             "base model %s at %s: config read%s in %.1f s",
             base.name,
@@ -39,7 +46,11 @@ def _model_limits(config: ServerConfig) -> dict[str, dict[str, int]]:
             " (embedded model built or found)" if base.embedded_preset else "",
             time.monotonic() - started,
         )
-        limits[base.name] = {"vocab_size": shape.vocab_size, "max_context_length": _context_length(base, shape)}
+        limits[base.name] = {
+            "vocab_size": shape.vocab_size,
+            "max_context_length": _context_length(base, shape),
+            "arch": family.name,
+        }
     return limits
 
 
@@ -97,7 +108,7 @@ def build_app(args: dict[str, Any]) -> Application:
     samplers = {
         base.name: serve.deployment()(Sampler)
         .options(**Sampler.deployment_options(config, base.name))
-        .bind(raw, base.name, limits[base.name]["max_context_length"])
+        .bind(raw, base.name, int(limits[base.name]["max_context_length"]))
         for base in config.base_models
     }
     ingress = serve.deployment()(serve.ingress()(Ingress)).options(**Ingress.deployment_options(config))

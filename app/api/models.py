@@ -140,9 +140,11 @@ async def get_info(body: GetInfoRequest, services: ServicesDep, user: UserDep) -
     run = await services.training_run(body.model_id, user)
     base = services.config.base_model(run.base_model)
     tokenizer_id = base.path if base else run.base_model
+    served = services.model_limits.get(run.base_model)
+    arch = served.arch if served else None  # a base no longer served: its family is not known here
     return {
         "model_id": run.model_id,
-        "model_data": {"arch": "qwen2", "model_name": run.base_model, "tokenizer_id": tokenizer_id},
+        "model_data": {"arch": arch, "model_name": run.base_model, "tokenizer_id": tokenizer_id},
         "is_lora": True,
         "lora_rank": run.lora_rank,
         "model_name": run.base_model,

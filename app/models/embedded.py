@@ -13,9 +13,9 @@ import random
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from app.models import hub_cache
 
@@ -41,7 +41,8 @@ CHAT_TEMPLATE = (
 
 @dataclass(frozen=True)
 class Preset:
-    """The shape of one embedded model: a Qwen2 (head_dim = hidden_size / num_attention_heads) or a Qwen3."""
+    """The shape of one embedded model: a Qwen2 (head_dim = hidden_size / num_attention_heads), a Qwen3, a Llama, or
+    a mixture of experts (Qwen3-MoE, gpt-oss); `moe` holds the expert fields of its config class."""
 
     hidden_size: int
     num_hidden_layers: int
@@ -49,27 +50,40 @@ class Preset:
     num_key_value_heads: int
     intermediate_size: int
     max_position_embeddings: int = 2048
-    head_dim: int | None = None  # Qwen3 only
-    architecture: Literal["qwen2", "qwen3"] = "qwen2"
+    head_dim: int | None = None  # all but Qwen2
+    architecture: Literal["qwen2", "qwen3", "llama", "qwen3_moe", "gpt_oss"] = "qwen2"
     dtype: Literal["float32", "bfloat16"] = "float32"  # of the weights on disk
+    moe: dict[str, object] = field(default_factory=dict)
 
     def config_fields(self) -> dict[str, object]:
         """The fields the architecture's config class takes."""
         fields = asdict(self)
-        for name in ("architecture", "dtype", *(("head_dim",) if self.head_dim is None else ())):
+        for name in ("architecture", "dtype", "moe", *(("head_dim",) if self.head_dim is None else ())):
             fields.pop(name)
-        return fields
+        return fields | self.moe
+
+
+def _tiny(**shape: Any) -> Preset:
+    """The tiny model's size (0.56M parameters with this vocabulary), of any architecture."""
+    return Preset(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, **shape)
 
 
 PRESETS: dict[str, Preset] = {
-    "tiny": Preset(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                   intermediate_size=256),
+    "tiny": _tiny(intermediate_size=256),
     "small": Preset(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
                     intermediate_size=1536),
     # Qwen3-0.6B's shape with this tokenizer's vocabulary (0.44B parameters, 0.9 GB): a realistic size for benchmarks
     "qwen3-0.6b": Preset(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
                          intermediate_size=3072, max_position_embeddings=40960, head_dim=128, architecture="qwen3",
                          dtype="bfloat16"),
+    # the tiny shape in the other supported families (app.models.families): 8 experts, 2 per token for the MoEs
+    "tiny-qwen3": _tiny(intermediate_size=256, head_dim=32, architecture="qwen3"),
+    "tiny-llama": _tiny(intermediate_size=256, head_dim=32, architecture="llama"),
+    "tiny-qwen3-moe": _tiny(intermediate_size=256, head_dim=32, architecture="qwen3_moe",
+                            moe={"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64}),
+    "tiny-gpt-oss": _tiny(intermediate_size=64, head_dim=32, architecture="gpt_oss",
+                          moe={"num_local_experts": 8, "num_experts_per_tok": 2, "sliding_window": 128,
+                               "layer_types": ["sliding_attention", "full_attention"]}),
 }
 
 _NOUNS = """cat dog bird fish horse farmer teacher student doctor child friend mother father sister brother
@@ -172,18 +186,17 @@ def _fix_permissions(path: Path) -> None:
 def _write_model(preset: str, seed: int, out: Path) -> dict[str, object]:
     """Write tokenizer, config and random weights into `out`; return the marker contents."""
     import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     shape = PRESETS[preset]
-    config_class, model_class = {"qwen2": (Qwen2Config, Qwen2ForCausalLM),
-                                 "qwen3": (Qwen3Config, Qwen3ForCausalLM)}[shape.architecture]
     tokenizer = build_tokenizer(seed)
     tokenizer.save_pretrained(out)
     eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
-    config = config_class(vocab_size=len(tokenizer), tie_word_embeddings=True, dtype=shape.dtype,
-                          bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id, **shape.config_fields())
+    config = AutoConfig.for_model(shape.architecture, vocab_size=len(tokenizer), tie_word_embeddings=True,
+                                  dtype=shape.dtype, bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id,
+                                  **shape.config_fields())
     torch.manual_seed(seed)
-    model = model_class(config).to(getattr(torch, shape.dtype)).eval()
+    model = AutoModelForCausalLM.from_config(config).to(getattr(torch, shape.dtype)).eval()
     with torch.no_grad():
         model.model.norm.weight.mul_(FINAL_NORM_GAIN)
     model.generation_config = GenerationConfig(bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id)

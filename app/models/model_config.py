@@ -13,6 +13,7 @@ class ModelShape:
     vocab_size: int
     max_position_embeddings: int
     kv_values_per_token: int | None = None  # keys and values a token keeps in a KV cache (None: not given)
+    model_type: str = ""  # its family (app.models.families)
 
     def kv_cache_tokens(self, cache_bytes: int, dtype_bytes: int) -> int | None:
         """How many tokens a KV cache of `cache_bytes` holds for this model in a dtype of `dtype_bytes`."""
@@ -33,7 +34,12 @@ def model_shape(path: str) -> ModelShape:
     config = json.loads(config_file.read_text())
     text = config if "vocab_size" in config else config.get("text_config", {})
     try:
-        return ModelShape(int(text["vocab_size"]), int(text["max_position_embeddings"]), _kv_values_per_token(text))
+        return ModelShape(
+            int(text["vocab_size"]),
+            int(text["max_position_embeddings"]),
+            _kv_values_per_token(text),
+            str(config.get("model_type", "")),
+        )
     except KeyError as exc:
         raise ValueError(f"{config_file} has no {exc.args[0]} (nor under text_config): is it a causal LM?") from None
 

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 from app.config import SamplerConfig
 from app.errors import ServerError
+from app.models.families import Family, family_of
+from app.models.model_config import model_shape
 from app.sampling.params import SampleArgs
 from app.sampling.response import SampledSequence, SampleResult, TopK
 
@@ -39,9 +41,10 @@ def vllm_lora_rank(max_rank: int) -> MaxLoRARanks:
 
 
 class SamplerEngine:
-    def __init__(self, llm: AsyncLLM, zero_adapter: LoRARequest) -> None:
+    def __init__(self, llm: AsyncLLM, zero_adapter: LoRARequest, family: Family) -> None:
         self._llm = llm
         self._zero = zero_adapter
+        self._family = family
         self._ids = itertools.count(2)  # 1 is the zero adapter
 
     @classmethod
@@ -55,6 +58,7 @@ class SamplerEngine:
         from app.sampling.adapters import write_zero_adapter  # torch and transformers: the replica's, not the builder's
 
         started = time.monotonic()
+        family = family_of(model_shape(model_path).model_type)
         on_gpu = config.num_gpus > 0
         dtype = config.dtype  # auto resolved already (app.config.BaseModelConfig.sampler_dtype)
         args = AsyncEngineArgs(
@@ -63,12 +67,13 @@ class SamplerEngine:
             max_model_len=max_model_len,
             enforce_eager=config.enforce_eager,
             enable_lora=True,
-            max_lora_rank=vllm_lora_rank(max_lora_rank),
+            max_lora_rank=vllm_lora_rank(max_lora_rank * family.sampler_rank_factor),
             max_loras=config.max_loras,
             max_cpu_loras=config.max_cpu_loras,
             max_num_seqs=config.max_num_seqs,
             seed=0,
             tensor_parallel_size=config.tensor_parallel_size,
+            **family.vllm_options,
             **(
                 {"gpu_memory_utilization": config.gpu_memory_utilization}
                 if on_gpu
@@ -80,7 +85,7 @@ class SamplerEngine:
         zero = LoRARequest("base", 1, str(zero_dir))
         await llm.add_lora(zero)  # not pinned: with pin_lora, concurrent multi-adapter batches crashed vLLM (KeyError)
         logger.info("vLLM engine for %s ready in %.1f s", model_path, time.monotonic() - started)
-        return cls(llm, zero)
+        return cls(llm, zero, family)
 
     @property
     def base_adapter(self) -> LoRARequest:
@@ -98,7 +103,7 @@ class SamplerEngine:
         from vllm.lora.request import LoRARequest
 
         adapter_id = next(self._ids)
-        request = LoRARequest(f"adapter-{adapter_id}", adapter_id, directory)
+        request = LoRARequest(f"adapter-{adapter_id}", adapter_id, directory, **self._family.lora_request)
         started = time.monotonic()
         await self._llm.add_lora(request)
         logger.info("loaded adapter %s as id %d in %.3f s", directory, adapter_id, time.monotonic() - started)

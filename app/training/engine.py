@@ -266,16 +266,15 @@ class TrainingEngine:
         Its spec must match the model's: same rank, adapted layers and role."""
         model = self._model(model_id)
         saved = checkpoint.read_spec(directory)
-        if (saved.rank, saved.target_modules(), saved.role, saved.alpha) != (
+        if (saved.rank, saved.adapted(), saved.role, saved.alpha) != (
             model.spec.rank,
-            model.spec.target_modules(),
+            model.spec.adapted(),
             model.spec.role,
             model.spec.alpha,
         ):
             raise UserError(
-                f"the checkpoint holds a rank-{saved.rank} {saved.role} adapting "
-                f"{saved.target_modules()}; this model is a rank-{model.spec.rank} {model.spec.role} "
-                f"adapting {model.spec.target_modules()}",
+                f"the checkpoint holds a rank-{saved.rank} {saved.role} adapting {saved.adapted()}; this model is a "
+                f"rank-{model.spec.rank} {model.spec.role} adapting {model.spec.adapted()}",
                 field="path",
             )
         if with_optimizer and saved.optimizer != model.spec.optimizer:

@@ -5,20 +5,25 @@ from __future__ import annotations
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from peft.tuners.tuners_utils import BaseTunerLayer
+from transformers import PreTrainedModel
 
 from app.messages import AdapterSpec
+from app.models.families import Family, family_of
 
 _PLACEHOLDER = "placeholder"  # keeps the PeftModel alive when no user adapter exists; never active
 
 
-def peft_config(spec: AdapterSpec) -> LoraConfig:
+def peft_config(spec: AdapterSpec, family: Family) -> LoraConfig:
+    """The adapter's PEFT config on a base of `family`: its attention and/or MLP (expert) layers."""
+    modules, parameters = family.targets(spec.train_attn, spec.train_mlp)
     # peft annotates lora_alpha as int; it only scales by alpha / r, and our float alpha is saved as it is
     return LoraConfig(
         r=spec.rank,
         lora_alpha=spec.alpha,  # type: ignore[arg-type]
         lora_dropout=0.0,
         bias="none",
-        target_modules=spec.target_modules(),
+        target_modules=modules,
+        target_parameters=parameters or None,
     )
 
 
@@ -31,6 +36,9 @@ class AdapterPool:
         for p in base.parameters():
             p.requires_grad_(False)
         self._cast_inputs = cast_inputs
+        if not isinstance(base, PreTrainedModel):
+            raise TypeError(f"the base model must be a transformers model, got {type(base).__name__}")
+        self.family = family_of(base.config.model_type)
         placeholder = LoraConfig(r=1, target_modules=["q_proj"], lora_dropout=0.0)
         self.model: PeftModel = get_peft_model(base, placeholder, adapter_name=_PLACEHOLDER)
 
@@ -38,7 +46,7 @@ class AdapterPool:
         """Add an adapter with a seeded, rank-identical initialisation; returns its trainable parameters."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(spec.seed)
-            self.model.add_adapter(name, peft_config(spec))
+            self.model.add_adapter(name, peft_config(spec, self.family))
         if not self._cast_inputs:  # layers the adapter wrapped just now included
             for module in self.model.modules():
                 if isinstance(module, BaseTunerLayer):

@@ -26,6 +26,7 @@ class ValidLoss:
 class ModelLimits:
     vocab_size: int
     max_context_length: int
+    arch: str = "qwen2"  # the base's model family (app.models.families), what get_info reports
 
 
 def validate_forward_backward(

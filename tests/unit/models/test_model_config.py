@@ -1,4 +1,4 @@
-"""model_shape reads the two numbers the builder needs from config.json, as transformers would."""
+"""model_shape reads what the builder needs from config.json (sizes and the model family), as transformers would."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def test_embedded_model_shape_matches_transformers() -> None:
         pytest.fail("models/tiny is missing: run `make model` first", pytrace=False)
     hf = AutoConfig.from_pretrained(TINY_MODEL)
     kv = 2 * hf.num_hidden_layers * hf.num_key_value_heads * (hf.hidden_size // hf.num_attention_heads)
-    assert model_shape(str(TINY_MODEL)) == ModelShape(hf.vocab_size, hf.max_position_embeddings, kv)
+    assert model_shape(str(TINY_MODEL)) == ModelShape(hf.vocab_size, hf.max_position_embeddings, kv, hf.model_type)
 
 
 def test_how_many_tokens_a_kv_cache_holds(tmp_path: Path) -> None:

@@ -1,0 +1,97 @@
+"""The model families a base model may be: what LoRA adapts in each, and where each is trained and sampled.
+
+Keyed by the `model_type` of the model's config.json. A base of a family missing here, or one its sampler cannot
+serve, is refused when the app is built (deployments.builder), before anything is trained on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class Family:
+    """What LoRA adapts in a family (PEFT's `target_modules` and `target_parameters`) and where it is served.
+
+    `mlp_modules` name dense MLP projections; on a MoE whose experts are fused 3-D parameters (transformers 5) PEFT
+    maps the same names onto them (Qwen3-MoE). `expert_parameters` are fused expert parameters targeted by name
+    (gpt-oss). The router is never adapted. `sampled_on_cpu`: vLLM's CPU build runs this family with LoRA enabled.
+    `vllm_options` start the Sampler's engine; `lora_request` go with every adapter it loads."""
+
+    name: str
+    moe: bool = False
+    attention_modules: tuple[str, ...] = ATTN_MODULES
+    mlp_modules: tuple[str, ...] = MLP_MODULES
+    expert_parameters: tuple[str, ...] = ()
+    sampled_on_cpu: bool = True
+    # how much larger than the LoRA rank a layer's rank can be in the adapter the sampler loads (PEFT stacks the
+    # gate and up halves of Qwen3-MoE's fused experts into one rank-2r LoRA)
+    sampler_rank_factor: int = 1
+    trainer_attention: str = "sdpa"  # transformers' attn_implementation for the trainer's forward passes
+    vllm_options: dict[str, Any] = field(default_factory=dict)
+    lora_request: dict[str, Any] = field(default_factory=dict)
+
+    def targets(self, train_attn: bool, train_mlp: bool) -> tuple[list[str], list[str]]:
+        """PEFT's target_modules and target_parameters for an adapter of attention and/or MLP (or expert) layers."""
+        modules = [*self.attention_modules] if train_attn else []
+        modules += [*self.mlp_modules] if train_mlp else []
+        return modules, [*self.expert_parameters] if train_mlp else []
+
+
+def _moe(name: str, **shape: Any) -> Family:
+    """A mixture of experts. vLLM serves its fused 3-D expert LoRA through the 2-D MoE LoRA wrapper only with the mixed
+    format on; its MoE LoRA kernel is Triton's, which vLLM's CPU build lacks (every forward fails with LoRA enabled:
+    measured with vLLM 0.32 here)."""
+    return Family(
+        name,
+        moe=True,
+        sampled_on_cpu=False,
+        vllm_options={"enable_mixed_moe_lora_format": True},
+        lora_request={"is_3d_lora_weight": True},
+        **shape,
+    )
+
+
+FAMILIES: dict[str, Family] = {
+    family.name: family
+    for family in (
+        Family("qwen2"),
+        Family("qwen3"),
+        Family("llama"),
+        _moe("qwen3_moe", sampler_rank_factor=2),
+        _moe(
+            "gpt_oss",
+            mlp_modules=(),
+            expert_parameters=("mlp.experts.gate_up_proj", "mlp.experts.down_proj"),
+            trainer_attention="eager",  # transformers 5.19 has no SDPA path for its attention sinks
+        ),
+    )
+}
+
+
+class UnsupportedFamily(ValueError):
+    """A base model of a family this server cannot train and sample."""
+
+
+def family_of(model_type: str) -> Family:
+    """The family of a config's `model_type`; UnsupportedFamily names the supported ones otherwise."""
+    family = FAMILIES.get(model_type)
+    if family is None:
+        raise UnsupportedFamily(
+            f"model_type {model_type!r} is not a supported model family; supported: {', '.join(sorted(FAMILIES))}"
+        )
+    return family
+
+
+def sampler_refusal(family: Family, on_gpu: bool) -> str | None:
+    """Why a Sampler (on a GPU or not) cannot serve adapters of this family; None when it can."""
+    if on_gpu or family.sampled_on_cpu:
+        return None
+    return (
+        f"a {family.name} base (mixture of experts) cannot be sampled with LoRA on CPU: vLLM's CPU build has no MoE "
+        "LoRA kernel (vLLM's is Triton, GPU only). Give its sampler a GPU (sampler.num_gpus: 1)"
+    )

@@ -1,0 +1,164 @@
+"""Every supported model family (app.models.families) in the trainer, on its tiny random-weight preset built offline:
+MLP-only LoRA (expert LoRA on the mixtures of experts) learns, the exported adapter loads in PEFT and gives the same
+logprobs, a critic learns, a bfloat16 base learns and stays close to float32, and a base sharded across two ranks
+trains exactly as a replicated one. The sampler's side is tests/integration/test_families.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM
+
+from app.config import ServerConfig
+from app.messages import AdamParams, AdapterSpec
+from app.models.embedded import build_embedded_model
+from app.models.families import FAMILIES, UnsupportedFamily, family_of, sampler_refusal
+from app.training.base_model import load_base_model
+from app.training.batch import PackedBatch
+from app.training.engine import TrainingEngine
+from deployments.builder import _model_limits
+from tests.conftest import TINY_MODEL
+from tests.unit.training.sharded_ranks import batch_of, engine_on, run_ranks
+
+PRESETS = {"qwen3": "tiny-qwen3", "llama": "tiny-llama", "qwen3_moe": "tiny-qwen3-moe", "gpt_oss": "tiny-gpt-oss"}
+MLP_ONLY = AdapterSpec(rank=8, seed=3, train_attn=False)
+ADAM = AdamParams(learning_rate=1e-2)
+LENGTHS = [12, 9, 7, 10]
+EXACT = 1e-6  # float32 sharded vs replicated: the same arithmetic, so rounding at most
+PEFT_ATOL = 1e-4  # our engine's blockwise logprobs vs PEFT's full logits, float32
+# bf16 vs float32 logprobs of the same tokens: 0.010-0.017 median measured. Not the largest: where rounding changes a
+# token's top-2 experts it moves by nats (gpt-oss: 1.24 on one of 38 tokens; the dense families and Qwen3-MoE 0.036)
+BF16_MEDIAN_ATOL = 0.05
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("families")
+    built = {family: build_embedded_model(preset, root / preset) for family, preset in PRESETS.items()}
+    return {"qwen2": TINY_MODEL, **built}
+
+
+def test_every_family_has_a_tiny_preset_tested_here() -> None:
+    assert set(FAMILIES) == {"qwen2", *PRESETS}
+
+
+def test_an_unknown_family_is_named_with_the_supported_ones() -> None:
+    with pytest.raises(UnsupportedFamily, match=r"'mamba'.*gpt_oss, llama, qwen2, qwen3, qwen3_moe"):
+        family_of("mamba")
+
+
+def test_only_mixtures_of_experts_need_a_gpu_sampler() -> None:
+    for name, family in FAMILIES.items():
+        assert sampler_refusal(family, on_gpu=True) is None
+        refusal = sampler_refusal(family, on_gpu=False)
+        assert (refusal is not None) == family.moe, name
+        assert refusal is None or "sampler.num_gpus" in refusal
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_a_moe_base_on_a_cpu_sampler_is_refused_before_anything_starts(family: str, models: dict[str, Path]) -> None:
+    def config(num_gpus: float) -> ServerConfig:
+        base = {"name": "org/moe", "path": str(models[family]), "sampler": {"num_gpus": num_gpus}}
+        return ServerConfig.model_validate({"auth": {"mode": "any_tml_key_on_loopback"}, "base_models": [base]})
+
+    with pytest.raises(ValueError, match=rf"base_models\[0\] \(org/moe\): a {family} base .*sampler\.num_gpus: 1"):
+        _model_limits(config(0))
+    assert _model_limits(config(1))["org/moe"]["arch"] == family
+
+
+def _losses(engine: TrainingEngine, model_id: str, loss: str, batch: PackedBatch, steps: int) -> list[float]:
+    losses = []
+    for _ in range(steps):
+        losses.append(engine.forward_backward(model_id, loss, {}, batch, forward_only=False).loss_sum)
+        engine.optim_step(model_id, ADAM)
+    return losses
+
+
+def _logprobs(engine: TrainingEngine, model_id: str, batch: PackedBatch) -> np.ndarray:
+    return engine.forward_backward(model_id, "cross_entropy", {}, batch, forward_only=True).outputs["logprobs"]
+
+
+@pytest.mark.parametrize("family", ["qwen2", *PRESETS])
+def test_mlp_only_lora_learns_and_its_export_loads_in_peft(
+    family: str, models: dict[str, Path], tmp_path: Path
+) -> None:
+    path = models[family]
+    engine = TrainingEngine(load_base_model(str(path)))
+    engine.create_model("m", MLP_ONLY)
+    adapted = list(engine.adapter_state("m"))
+    assert adapted and not any("self_attn" in n for n in adapted)
+    assert all("experts" in n for n in adapted) == FAMILIES[family].moe  # a MoE's MLP is its experts
+    batch = batch_of(LENGTHS, seed=1)
+    losses = _losses(engine, "m", "cross_entropy", batch, steps=6)
+    assert losses[-1] < 0.7 * losses[0], losses
+
+    engine.save_adapter("m", tmp_path / "adapter")
+    base = AutoModelForCausalLM.from_pretrained(path, attn_implementation=FAMILIES[family].trainer_attention)
+    peft = PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
+    ours = _logprobs(engine, "m", batch)
+    theirs = []
+    with torch.no_grad():
+        for start, end in zip(batch.offsets[:-1], batch.offsets[1:], strict=True):
+            logits = peft(torch.from_numpy(batch.tokens[start:end])[None]).logits[0].float()
+            targets = torch.from_numpy(batch.loss_inputs["target_tokens"][start:end])
+            theirs.append(torch.log_softmax(logits, -1).gather(1, targets[:, None])[:, 0].numpy())
+    np.testing.assert_allclose(ours, np.concatenate(theirs), atol=PEFT_ATOL)
+
+
+@pytest.mark.parametrize("family", PRESETS)
+def test_a_critic_learns(family: str, models: dict[str, Path]) -> None:
+    engine = TrainingEngine(load_base_model(str(models[family])))
+    engine.create_model("c", AdapterSpec(rank=8, seed=4, train_attn=False, role="critic"))
+    plain = batch_of(LENGTHS, seed=2)
+    returns = np.where(plain.tokens % 2 == 0, 1.0, -1.0).astype(np.float32)
+    batch = PackedBatch(plain.tokens, plain.offsets, {"values": np.zeros_like(returns), "returns": returns})
+    errors = []
+    for _ in range(8):
+        out = engine.forward_backward("c", "ppo_critic", {"value_clip": 100.0}, batch, forward_only=False)
+        errors.append(float(np.mean((out.outputs["values"] - returns) ** 2)))
+        engine.optim_step("c", AdamParams(learning_rate=2e-3))
+    assert errors[-1] < 0.3 * errors[0], errors  # 0.07-0.09 of it measured
+
+
+@pytest.mark.parametrize("family", PRESETS)
+def test_a_bfloat16_base_learns_close_to_float32(family: str, models: dict[str, Path]) -> None:
+    batch = batch_of(LENGTHS, seed=3)
+    engines = {
+        dtype: TrainingEngine(load_base_model(str(models[family]), dtype)) for dtype in (torch.float32, torch.bfloat16)
+    }
+    for engine in engines.values():
+        engine.create_model("m", MLP_ONLY)
+    first = {dtype: _logprobs(engine, "m", batch) for dtype, engine in engines.items()}
+    assert np.median(np.abs(first[torch.bfloat16] - first[torch.float32])) <= BF16_MEDIAN_ATOL
+    losses = _losses(engines[torch.bfloat16], "m", "cross_entropy", batch, steps=6)
+    assert losses[-1] < 0.7 * losses[0], losses
+
+
+def _train_every_family(rank: int, world: int, *, sharding: str, models: dict[str, str]) -> dict[str, Any]:
+    """On each rank: every family's base, 3 MLP-only steps over 4 datums (2 passes of at most 24 tokens a rank),
+    then this rank's logprobs and the adapter's weights."""
+    batch = batch_of(LENGTHS, seed=4)
+    out = {}
+    for family, path in models.items():
+        engine = engine_on(Path(path), rank, world, sharding=sharding, micro_batch_tokens=24)
+        engine.create_model("m", MLP_ONLY)
+        _losses(engine, "m", "cross_entropy", batch, steps=3)
+        adapter = {name: weight.numpy() for name, weight in engine.adapter_state("m").items()}  # tensors would travel
+        out[family] = {"logprobs": _logprobs(engine, "m", batch), "adapter": adapter}  # as handles to a dead process
+    return out
+
+
+def test_a_sharded_base_trains_as_a_replicated_one(models: dict[str, Path]) -> None:
+    paths = {family: str(models[family]) for family in PRESETS}
+    fsdp, replicated = (run_ranks(_train_every_family, 2, sharding=s, models=paths) for s in ("fsdp", "replicate"))
+    for family in PRESETS:
+        for rank in (0, 1):
+            ours, theirs = fsdp[rank][family], replicated[rank][family]
+            np.testing.assert_allclose(ours["logprobs"], theirs["logprobs"], rtol=0, atol=EXACT, err_msg=family)
+            for name, weight in ours["adapter"].items():
+                np.testing.assert_allclose(weight, theirs["adapter"][name], rtol=0, atol=EXACT, err_msg=name)
