@@ -44,12 +44,10 @@ class Family:
 
 def _moe(name: str, **shape: Any) -> Family:
     """A mixture of experts. vLLM serves its fused 3-D expert LoRA through the 2-D MoE LoRA wrapper only with the mixed
-    format on; its MoE LoRA kernel is Triton's, which vLLM's CPU build lacks (every forward fails with LoRA enabled:
-    measured with vLLM 0.32 here)."""
+    format on. On CPU the experts run through app.sampling.cpu_moe_lora (vLLM's own MoE LoRA kernel is Triton's)."""
     return Family(
         name,
         moe=True,
-        sampled_on_cpu=False,
         vllm_options={"enable_mixed_moe_lora_format": True},
         lora_request={"is_3d_lora_weight": True},
         **shape,
@@ -65,6 +63,7 @@ FAMILIES: dict[str, Family] = {
         _moe("qwen3_moe", sampler_rank_factor=2),
         _moe(
             "gpt_oss",
+            sampled_on_cpu=False,  # its experts' biases and clamped, interleaved SwiGLU: not in cpu_moe_lora
             mlp_modules=(),
             expert_parameters=("mlp.experts.gate_up_proj", "mlp.experts.down_proj"),
             trainer_attention="eager",  # transformers 5.19 has no SDPA path for its attention sinks
@@ -92,6 +91,6 @@ def sampler_refusal(family: Family, on_gpu: bool) -> str | None:
     if on_gpu or family.sampled_on_cpu:
         return None
     return (
-        f"a {family.name} base (mixture of experts) cannot be sampled with LoRA on CPU: vLLM's CPU build has no MoE "
-        "LoRA kernel (vLLM's is Triton, GPU only). Give its sampler a GPU (sampler.num_gpus: 1)"
+        f"a {family.name} base cannot be sampled with LoRA on CPU: vLLM runs its experts with LoRA through Triton "
+        "kernels only, which its CPU build lacks. Give its sampler a GPU (sampler.num_gpus: 1)"
     )

@@ -101,6 +101,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         "test_worker_failure.py",
         "test_object_storage.py",
         "test_quotas.py",
+        "test_families.py",
         "test_postgres_app.py",
     )
     items.sort(

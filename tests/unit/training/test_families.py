@@ -52,23 +52,24 @@ def test_an_unknown_family_is_named_with_the_supported_ones() -> None:
         family_of("mamba")
 
 
-def test_only_mixtures_of_experts_need_a_gpu_sampler() -> None:
+def test_only_gpt_oss_needs_a_gpu_sampler() -> None:
     for name, family in FAMILIES.items():
         assert sampler_refusal(family, on_gpu=True) is None
         refusal = sampler_refusal(family, on_gpu=False)
-        assert (refusal is not None) == family.moe, name
+        assert (refusal is not None) == (name == "gpt_oss"), name
         assert refusal is None or "sampler.num_gpus" in refusal
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
-def test_a_moe_base_on_a_cpu_sampler_is_refused_before_anything_starts(family: str, models: dict[str, Path]) -> None:
-    def config(num_gpus: float) -> ServerConfig:
-        base = {"name": "org/moe", "path": str(models[family]), "sampler": {"num_gpus": num_gpus}}
-        return ServerConfig.model_validate({"auth": {"mode": "any_tml_key_on_loopback"}, "base_models": [base]})
+def _served(path: Path, num_gpus: float) -> ServerConfig:
+    base = {"name": "org/moe", "path": str(path), "sampler": {"num_gpus": num_gpus}}
+    return ServerConfig.model_validate({"auth": {"mode": "any_tml_key_on_loopback"}, "base_models": [base]})
 
-    with pytest.raises(ValueError, match=rf"base_models\[0\] \(org/moe\): a {family} base .*sampler\.num_gpus: 1"):
-        _model_limits(config(0))
-    assert _model_limits(config(1))["org/moe"]["arch"] == family
+
+def test_a_base_its_sampler_cannot_serve_is_refused_before_anything_starts(models: dict[str, Path]) -> None:
+    with pytest.raises(ValueError, match=r"base_models\[0\] \(org/moe\): a gpt_oss base .*sampler\.num_gpus: 1"):
+        _model_limits(_served(models["gpt_oss"], num_gpus=0))
+    assert _model_limits(_served(models["gpt_oss"], num_gpus=1))["org/moe"]["arch"] == "gpt_oss"
+    assert _model_limits(_served(models["qwen3_moe"], num_gpus=0))["org/moe"]["arch"] == "qwen3_moe"
 
 
 def _losses(engine: TrainingEngine, model_id: str, loss: str, batch: PackedBatch, steps: int) -> list[float]:
