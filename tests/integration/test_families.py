@@ -69,4 +69,8 @@ def test_mlp_only_lora_learns_and_its_sampler_agrees(client: tinker.ServiceClien
     params = types.SamplingParams(max_tokens=12, temperature=1.0, seed=3)
     (sequence,) = sampler.sample(types.ModelInput.from_ints(prompt), 1, params).result().sequences
     expected = trainer_logprobs(tc, prompt + sequence.tokens)[-len(sequence.tokens) :]
+    print(
+        f"{family}: loss {losses[0]:.1f} -> {losses[-1]:.1f}; sampler vs trainer max |dlogprob| "
+        f"{np.abs(np.asarray(sequence.logprobs) - expected).max():.1e}"
+    )  # pytest -s
     np.testing.assert_allclose(sequence.logprobs, expected, atol=SAMPLER_ATOL)
