@@ -2,7 +2,7 @@
 app is replaced by one serving a tiny Qwen3, Llama 3 and Qwen3-MoE, each built offline; test_postgres_app replaces it
 next, then brings the standard app back). With MLP-only LoRA (expert LoRA on the MoE) the real SDK's loss falls,
 get_info names the family, and the Sampler's vLLM gives the trained adapter's own tokens the trainer's logprobs. The
-trainer side of every family, gpt-oss included, is tests/unit/training/test_families.py."""
+trainer side of every family, gpt-oss included, is tests/unit/training/test_family_engines.py."""
 
 from __future__ import annotations
 
