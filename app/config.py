@@ -38,7 +38,9 @@ class LimitsConfig(_Strict):
 
     max_datums_per_request: int = Field(1024, ge=1)
     max_tokens_per_datum: int = Field(32768, ge=2)  # and at most the base model's max_context_length
-    max_request_bytes: int = Field(64 * 2**20, ge=1024)
+    max_request_bytes: int = Field(64 * 2**20, ge=1024)  # a forward(_backward) body, as sent and decompressed
+    max_sample_request_bytes: int = Field(16 * 2**20, ge=1024)  # asample and /v1/ bodies (prompts with images)
+    max_control_request_bytes: int = Field(2**20, ge=1024)  # every other route's body
     max_lora_rank: int = Field(32, ge=1)  # also the samplers' LoRA width (vLLM pads every adapter to it)
     max_models_per_base: int = Field(64, ge=1)
     fwdbwd_max_chunk_len: int = Field(1024, ge=1)  # advertised to clients in client/config
@@ -81,8 +83,11 @@ class LimitsConfig(_Strict):
     max_live_models_per_user: int = Field(64, ge=1)  # models not unloaded, across the user's sessions
     max_checkpoint_bytes_per_user: int = Field(2**40, ge=1)  # live checkpoints; a save beyond it is refused
     max_pending_requests_per_user: int = Field(1024, ge=1)  # training operations queued or running
+    max_pending_bytes_per_user: int = Field(2**30, ge=1)  # their batches' decoded bytes, held until they run
+    max_long_polls_per_user: int = Field(256, ge=1)  # retrieve_future(s) waiting at once, per ingress replica
     sample_tokens_per_minute_per_user: int = Field(10_000_000, ge=1)  # num_samples x max_tokens, per ingress replica
     requests_per_minute_per_key: int = Field(60_000, ge=1)  # every call, long-polls included, per ingress replica
+    failed_auth_per_minute_per_client: int = Field(600, ge=1)  # refused keys per client address and ingress replica
 
 
 class SamplerConfig(_Strict):

@@ -49,6 +49,12 @@ class LimitExceeded(UserError):
     """A configured limit was exceeded; `field` names the offending request field."""
 
 
+class BodyTooLarge(LimitExceeded):
+    """A request body over its route's byte limit (refused before it is read)."""
+
+    status_code = 413
+
+
 class NotFound(UserError):
     status_code = 404
 

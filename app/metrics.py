@@ -71,7 +71,7 @@ def server_metrics() -> ServerMetrics:
 
 class RequestMetrics:
     """ASGI middleware counting answered requests by route template (never the raw path: ids would explode
-    the label set) and status code, and by user (app.api.main.authenticate sets it; requests that need no key, or
+    the label set) and status code, and by user (app.api.gate.RequestGate sets it; requests that need no key, or
     whose key was refused, count as `none`)."""
 
     def __init__(self, app: Callable[..., Awaitable[None]]) -> None:

@@ -123,6 +123,7 @@ class Ingress:
             quotas=QuotaStore(db),
             request_rate=RateLimiter(limits.requests_per_minute_per_key),
             sample_rate=RateLimiter(limits.sample_tokens_per_minute_per_user),
+            failed_auth_rate=RateLimiter(limits.failed_auth_per_minute_per_client),
             url_signing_key=await shared_secret(db, "url_signing_key"),
             replicas=ServeReplicaCounts(),
         )

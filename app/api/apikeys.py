@@ -15,7 +15,7 @@ ORGANIZATION = "tinker-serve"
 
 
 def _caller_key(request: Request) -> KeyRecord:
-    record: KeyRecord = request.state.key  # always set: these routes need a key (app.api.main.authenticate)
+    record: KeyRecord = request.state.key  # always set: these routes need a key (app.api.gate.RequestGate)
     return record
 
 

@@ -68,8 +68,10 @@ class Services:
     quotas: QuotaStore  # what each user holds (app.api.quotas)
     request_rate: RateLimiter  # requests a minute, per key
     sample_rate: RateLimiter  # sampled tokens a minute, per user
+    failed_auth_rate: RateLimiter  # refused keys a minute, per client address
     url_signing_key: str  # signs download URLs; shared by every ingress replica (see app.db.settings)
     replicas: ReplicaCounts | None = None  # the deployments' replicas (server_status); None: not known here
+    long_polls: dict[str, int] = field(default_factory=dict)  # user -> retrieve_future(s) waiting on this replica
     _runs: dict[str, TrainingRun] = field(default_factory=dict)
     _sampling_sessions: dict[str, SamplingSession] = field(default_factory=dict)
     _owners: dict[str, str | None] = field(default_factory=dict)  # session id -> owner (owners never change)
@@ -180,7 +182,7 @@ async def get_services(request: Request) -> Services:
 
 
 async def get_user(request: Request) -> str:
-    """The caller's user id, set by app.api.main.authenticate on every route that needs a key."""
+    """The caller's user id, set by app.api.gate.RequestGate on every route that needs a key."""
     user = request.state.user
     if user is None:  # a route that needs no key never asks for the user
         raise RuntimeError(f"{request.url.path} has no authenticated user")

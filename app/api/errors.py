@@ -29,13 +29,18 @@ def validation_message(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
     return "; ".join(parts), first
 
 
+def error_response(path: str, exc: TinkerServeError) -> JSONResponse:
+    """The answer to one of our errors on `path` (OpenAI's shape on the OpenAI-compatible routes)."""
+    if exc.status_code >= 500:
+        logger.error("server error on %s: %s", path, exc.message)
+    body = exc.to_openai_body() if path.startswith(OPENAI_PREFIX) else exc.to_body()
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers())
+
+
 def register_exception_handlers(app: FastAPI) -> None:
     @app.exception_handler(TinkerServeError)
     async def _known(request: Request, exc: TinkerServeError) -> JSONResponse:
-        if exc.status_code >= 500:
-            logger.error("server error on %s: %s", request.url.path, exc.message)
-        body = exc.to_openai_body() if request.url.path.startswith(OPENAI_PREFIX) else exc.to_body()
-        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers())
+        return error_response(request.url.path, exc)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -3,10 +3,13 @@ sampling session, as the SDK's session poller asks) and cancel_future."""
 
 from __future__ import annotations
 
+import json
+
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from app.api.deps import ServicesDep, UserDep
+from app.api.quotas import long_poll_slot
 from app.db.completions import Target
 from app.db.futures import PROTO_CONTENT_TYPE, Completed, Failed, Pending, future_not_found
 from app.errors import UserError
@@ -24,12 +27,15 @@ async def retrieve_future(
     body: RetrieveFutureRequest, request: Request, services: ServicesDep, user: UserDep
 ) -> Response:
     await services.future(body.request_id, user)
-    outcome = await services.futures.wait(body.request_id, services.config.limits.long_poll_seconds)
+    with long_poll_slot(services, user):
+        outcome = await services.futures.wait(body.request_id, services.config.limits.long_poll_seconds)
     if isinstance(outcome, Pending):
         return JSONResponse({"type": "try_again", "request_id": body.request_id, "queue_state": outcome.queue_state})
     if isinstance(outcome, Completed):
         if outcome.content_type == PROTO_CONTENT_TYPE and PROTO_CONTENT_TYPE not in request.headers.get("accept", ""):
-            return JSONResponse(_JSON_VIEWS[outcome.kind](outcome.payload))  # SDKs before protobuf results
+            # SDKs before protobuf results; a loss of inf is sent as JSON's Infinity, which Python's json reads
+            view = json.dumps(_JSON_VIEWS[outcome.kind](outcome.payload), allow_nan=True, separators=(",", ":"))
+            return Response(view, media_type="application/json")
         return Response(outcome.payload, media_type=outcome.content_type)
     if isinstance(outcome, Failed):
         return JSONResponse(outcome.error)
@@ -46,9 +52,10 @@ async def retrieve_futures(body: RetrieveFuturesRequest, services: ServicesDep, 
     completions = services.futures.completions
     await completions.trim(target, body.prev_cursor, idle=body.timeout == 0)  # timeout 0: the poller only acks
     limit = services.config.limits.long_poll_seconds
-    found = await completions.wait(
-        target, body.prev_cursor, limit if body.timeout is None else min(body.timeout, limit)
-    )
+    with long_poll_slot(services, user):
+        found = await completions.wait(
+            target, body.prev_cursor, limit if body.timeout is None else min(body.timeout, limit)
+        )
     return {
         "completions": [completion.to_wire() for completion in found],
         "cursor": found[-1].cursor if found else body.prev_cursor,

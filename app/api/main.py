@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 
 from app.api import (
     admin,
@@ -26,28 +26,14 @@ from app.api import (
     usage,
 )
 from app.api.errors import register_exception_handlers
-from app.api.quotas import check_request_rate
+from app.api.gate import RequestGate
 from app.console import install as install_console
 from app.errors import Unavailable
 
 
-async def authenticate(request: Request) -> None:
-    """Every route's first dependency (cheaper than an HTTP middleware on each request): the caller's key record
-    goes to `request.state.key` and its user to `request.state.user` (app.api.deps.UserDep); both None on routes
-    that need no key."""
-    services = request.app.state.services
-    record = await services.auth.authenticate(request)
-    if record is not None:
-        check_request_rate(services, record.key_id)
-    request.state.key = record
-    request.state.user = record.owner if record is not None else None
-
-
 def create_api() -> FastAPI:
     """Routes only; the owner sets `app.state.services` before serving."""
-    api = FastAPI(
-        title="tinker-serve", description="Tinker training API on Ray Serve", dependencies=[Depends(authenticate)]
-    )
+    api = FastAPI(title="tinker-serve", description="Tinker training API on Ray Serve")
     for router in (
         service.router,
         apikeys.router,
@@ -71,6 +57,7 @@ def create_api() -> FastAPI:
     ):
         api.include_router(router)
     register_exception_handlers(api)
+    api.add_middleware(RequestGate)  # before routing: Host/Origin, key, rate, body size (app.api.gate)
     install_console(api)
 
     @api.get("/ready")

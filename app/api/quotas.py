@@ -6,6 +6,8 @@ accepted is dropped: a refusal comes before a request's future exists."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from app.api.deps import Services
 from app.errors import LimitExceeded, Overloaded
@@ -72,3 +74,23 @@ async def check_checkpoint_bytes(services: Services, user: str) -> None:
             "(RestClient.delete_checkpoint) or let them expire first",
             field="path",
         )
+
+
+@contextmanager
+def long_poll_slot(services: Services, user: str) -> Iterator[None]:
+    """Hold one of `user`'s long-poll slots on this replica while a retrieve_future(s) waits; 429 when none is
+    free (the SDK backs off and polls again)."""
+    limit, held = services.config.limits.max_long_polls_per_user, services.long_polls
+    if held.get(user, 0) >= limit:
+        raise Overloaded(
+            f"you have {limit} retrieve_future calls waiting at once (limits.max_long_polls_per_user); retry when "
+            "some answer",
+            retry_after_s=1,
+        )
+    held[user] = held.get(user, 0) + 1
+    try:
+        yield
+    finally:
+        held[user] -= 1
+        if not held[user]:
+            del held[user]

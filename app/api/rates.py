@@ -19,11 +19,18 @@ class RateLimiter:
     def take(self, key: str, amount: float, now: float | None = None) -> float:
         """Take `amount` for `key`: 0.0 when granted, else the seconds until it would be."""
         now = time.monotonic() if now is None else now
-        rate = self.per_minute / 60.0
-        level, at = self._buckets.get(key, (self.per_minute, now))
-        level = min(self.per_minute, level + (now - at) * rate)
+        rate, level = self.per_minute / 60.0, self._level(key, now)
         if amount <= level or level >= self.per_minute:
             remember(self._buckets, key, (level - amount, now))
             return 0.0
         remember(self._buckets, key, (level, now))
         return (min(amount, self.per_minute) - level) / rate
+
+    def waiting(self, key: str, now: float | None = None) -> float:
+        """The seconds until `key` may take one unit (0.0: now), taking nothing."""
+        level = self._level(key, time.monotonic() if now is None else now)
+        return 0.0 if level >= 1 else (1 - level) * 60.0 / self.per_minute
+
+    def _level(self, key: str, now: float) -> float:
+        level, at = self._buckets.get(key, (self.per_minute, now))
+        return min(self.per_minute, level + (now - at) * self.per_minute / 60.0)

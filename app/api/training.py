@@ -8,6 +8,7 @@ user error and the trainer is told to skip that seq_id, so the model's order nev
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import TypeVar, cast
@@ -19,7 +20,7 @@ from app.api.deps import Services, ServicesDep, UserDep
 from app.api.errors import validation_message
 from app.api.quotas import check_pending_requests
 from app.db.metadata import TrainingRun
-from app.errors import TinkerServeError, UserError
+from app.errors import ServerError, TinkerServeError, UserError
 from app.messages import (
     AdamParams,
     DimuonParams,
@@ -38,6 +39,7 @@ from app.training.losses import CUSTOM, get_loss
 from app.training.provenance import behaviour_inputs, referenced_sequences
 from app.training.validation import validate_forward_backward
 
+logger = logging.getLogger("tinker_serve.api")
 router = APIRouter(prefix="/api/v1")
 _P = TypeVar("_P", bound=BaseModel)
 
@@ -56,14 +58,11 @@ async def sequenced(
     request_id, created = await services.futures.create(kind, model_id, seq_id)
     if not created:
         log_request("retried", op=kind, model_id=model_id, seq_id=seq_id, tinker_request_id=request_id)
-    else:
-        error = None
-        try:
-            op = await build_op(request_id, run)
-        except TinkerServeError as exc:
-            error = exc.to_body()
+        return {"request_id": request_id, "model_id": model_id}
+    try:
+        op, error = await _build_or_skip(build_op, request_id, run)
+        if error is not None:
             await services.futures.fail(request_id, error)
-            op = Skip(request_id)
         log_request(
             "queued" if error is None else "rejected",
             op=kind,
@@ -76,11 +75,11 @@ async def sequenced(
         await asyncio.gather(  # one commit: the journal before the trainer has it (a restart reruns it), and usage
             services.journal.append(model_id, seq_id, op), _count_usage(services, run, op)
         )
-        try:
-            services.trainers.submit(run.trainer, model_id, seq_id, op, user)
-        except TinkerServeError as exc:  # no trainer to send it to: the future must not stay pending
-            await services.futures.fail_if_pending(request_id, exc.to_body())
-            raise
+        services.trainers.submit(run.trainer, model_id, seq_id, op, user)
+    except BaseException as exc:  # the future must not stay pending: a retry would find it and wait forever
+        failure = exc if isinstance(exc, TinkerServeError) else ServerError(f"{kind} was not queued: {exc!r}")
+        await asyncio.shield(services.futures.fail_if_pending(request_id, failure.to_body()))
+        raise
     return {"request_id": request_id, "model_id": model_id}
 
 
@@ -117,6 +116,20 @@ async def forward_backward(request: Request, services: ServicesDep, user: UserDe
         return ForwardBackward(request_id, args)
 
     return await sequenced(services, user, "forward_backward", decoded.model_id, decoded.seq_id, build)
+
+
+async def _build_or_skip(
+    build_op: Callable[[str, TrainingRun], Awaitable[SequencedOp]], request_id: str, run: TrainingRun
+) -> tuple[SequencedOp, dict | None]:
+    """The operation, or, when it cannot be built, a Skip (the model's later seq_ids must not wait for it) and the
+    error its future fails with: a user error as it is, anything else as a server error naming it."""
+    try:
+        return await build_op(request_id, run), None
+    except TinkerServeError as exc:
+        return Skip(request_id), exc.to_body()
+    except Exception as exc:
+        logger.exception("building %s failed", request_id)
+        return Skip(request_id), ServerError(f"the request could not be prepared: {exc!r}").to_body()
 
 
 async def _count_usage(services: Services, run: TrainingRun, op: SequencedOp) -> None:

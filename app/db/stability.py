@@ -18,6 +18,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.schema import stability_records
 
+_IDS_PER_QUERY = 500  # a query's bound parameters stay well under SQLite's and PostgreSQL's limits
+
 
 def sequence_ids(request_id: str, num_samples: int) -> list[str]:
     """`SampledSequence.sequence_id` of each sequence of the sample `request_id` (returned with its future)."""
@@ -77,14 +79,15 @@ class StabilityStore:
 
     async def get(self, session_id: str, sequence_ids: Iterable[str]) -> dict[str, StabilityRecord]:
         """The session's live records among `sequence_ids` (another session's are absent); reading keeps them."""
-        wanted = sorted(set(sequence_ids))
-        if not wanted:
-            return {}
-        where = (stability_records.c.session_id == session_id) & stability_records.c.sequence_id.in_(wanted)
+        wanted, found = sorted(set(sequence_ids)), dict[str, StabilityRecord]()
         async with self._db.begin() as conn:
-            rows = (await conn.execute(select(stability_records).where(where))).all()
-            await conn.execute(update(stability_records).where(where).values(last_used_at=time.time()))
-        return {row.sequence_id: _from_row(row) for row in rows}
+            for start in range(0, len(wanted), _IDS_PER_QUERY):
+                batch = wanted[start : start + _IDS_PER_QUERY]
+                where = (stability_records.c.session_id == session_id) & stability_records.c.sequence_id.in_(batch)
+                rows = (await conn.execute(select(stability_records).where(where))).all()
+                await conn.execute(update(stability_records).where(where).values(last_used_at=time.time()))
+                found.update({row.sequence_id: _from_row(row) for row in rows})
+        return found
 
     async def count(self, session_id: str) -> int:
         async with self._db.connect() as conn:

@@ -126,13 +126,44 @@ class TrainingEngine:
         until optim_step. A policy outputs `logprobs` of the target tokens, a critic `values`; both `elementwise_loss`
         when the loss's inputs were sent. A custom loss (`custom`, loss_fn "custom") runs through its interpreter and
         reports its own metrics. A loss that fails on this rank's data still runs its (zero) backward, so ranks of a
-        sharded base stay in step; the error is raised after the last pass."""
+        sharded base stay in step; the error is raised after the last pass. When any rank fails the operation, every
+        rank drops the gradients it added (the model stays as if it was never sent)."""
         model = self._activate(model_id)
         loss = LossStep(loss_fn, config, custom, self.device)
         indices = shard_indices(batch.num_datums, self.rank, self.world_size)
         shard = batch.select(indices)
-        runs = micro_batches(shard.lengths, self.micro_batch_tokens)
+        earlier = None if forward_only else _take_grads(model.params)  # this op's gradients apart until it succeeds
         parts: list[tuple[dict[str, np.ndarray], float, dict[str, tuple[float, float]]]] = []
+        error: Exception | None = None  # the loss's (the passes all ran)
+        raised: Exception | None = None  # a pass's (replicated base: the other ranks are not left waiting)
+        try:
+            error = self._run_passes(model, batch, shard, loss, forward_only, parts)
+        except Exception as exc:
+            if self.sharded:  # mid-pass: the other ranks wait in a gather this rank will not join (see execute)
+                raise
+            raised = exc
+        if earlier is not None:  # every rank keeps this op's gradients, or none does
+            failed = error is not None or raised is not None
+            if self.world_size > 1:
+                failed = _any_rank_failed(failed, self.device)
+            _give_back_grads(model.params, earlier, keep_current=not failed)
+        if raised is not None:
+            raise raised
+        if error is not None:
+            raise loss_error(loss_fn, error)
+        return ShardOutput(indices, shard.offsets, *joined(parts))
+
+    def _run_passes(
+        self,
+        model: _Model,
+        batch: PackedBatch,
+        shard: PackedBatch,
+        loss: LossStep,
+        forward_only: bool,
+        parts: list[tuple[dict[str, np.ndarray], float, dict[str, tuple[float, float]]]],
+    ) -> Exception | None:
+        """This rank's passes, their answers appended to `parts`; the loss's first error, raised by no pass."""
+        runs = micro_batches(shard.lengths, self.micro_batch_tokens)
         error: Exception | None = None
         for i in range(self._passes(batch, len(runs))):
             if i >= len(runs):  # backward only where the real passes have a loss to backpropagate
@@ -142,9 +173,7 @@ class TrainingEngine:
             outputs, loss_sum, stats, failure = self._pass(model, part, loss, forward_only)
             parts.append((outputs, loss_sum, stats))
             error = error or failure
-        if error is not None:
-            raise loss_error(loss_fn, error)
-        return ShardOutput(indices, shard.offsets, *joined(parts))
+        return error
 
     def _passes(self, batch: PackedBatch, own: int) -> int:
         """How many passes this rank runs: its micro-batches; with a sharded base, the most any rank has."""
@@ -313,6 +342,32 @@ def _unpadded(padded: torch.Tensor, lengths: np.ndarray) -> torch.Tensor:
         return flat
     rows = np.concatenate([i * width + np.arange(length) for i, length in enumerate(lengths)])
     return flat.index_select(0, torch.from_numpy(rows).to(padded.device))
+
+
+def _take_grads(params: list[torch.nn.Parameter]) -> list[torch.Tensor | None]:
+    """The gradients accumulated so far, taken off `params` (which start again from none)."""
+    taken = [p.grad for p in params]
+    for p in params:
+        p.grad = None
+    return taken
+
+
+def _give_back_grads(
+    params: list[torch.nn.Parameter], earlier: list[torch.Tensor | None], *, keep_current: bool
+) -> None:
+    """Put back what `_take_grads` took, with the gradients accumulated since added (`keep_current`) or dropped."""
+    for p, before in zip(params, earlier, strict=True):
+        if not keep_current or p.grad is None:
+            p.grad = before
+        elif before is not None:
+            p.grad.add_(before)
+
+
+def _any_rank_failed(failed: bool, device: torch.device) -> bool:
+    """Whether any rank failed the operation this one just ran (one small collective every rank joins)."""
+    flag = torch.tensor([1.0 if failed else 0.0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 def _all_reduce_sum_grads(params: list[torch.nn.Parameter]) -> None:
