@@ -19,6 +19,7 @@ from app.db.keys import KEY_PREFIX, KeyRecord, KeyStore, key_hash
 from app.errors import InvalidToken, Unauthorized
 
 OPEN_PATHS = frozenset({"/api/v1/healthz", "/ready", "/docs", "/openapi.json", "/console"})  # console: no data
+OPEN_PREFIXES = ("/console/static/",)  # the console's scripts and styles
 SIGNED_PREFIXES = ("/api/v1/downloads/", "/api/v1/traces/")  # a signature in the URL authorises these
 HUB_PREFIX = "/hub/"  # Hugging Face clients send their token as `Authorization: Bearer` (HF_TOKEN), never a key
 OPENAI_PREFIX = "/v1/"  # so do OpenAI clients (OPENAI_API_KEY), on the OpenAI-compatible routes
@@ -47,7 +48,7 @@ def check_mode_fits_bind(mode: str, host: str | None) -> None:
 def presented_key(request: Request, mode: str) -> str | None:
     """The API key the request presents; None on routes that need none (health, signed links, and on loopback
     the base models' tokenizers). Unauthorized when the mode cannot accept it."""
-    if request.url.path in OPEN_PATHS or request.url.path.startswith(SIGNED_PREFIXES):
+    if request.url.path in OPEN_PATHS or request.url.path.startswith((*OPEN_PREFIXES, *SIGNED_PREFIXES)):
         return None
     key = request.headers.get("x-api-key", "")
     hub = request.url.path.startswith(HUB_PREFIX)

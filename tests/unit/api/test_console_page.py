@@ -10,11 +10,15 @@ from fastapi.testclient import TestClient
 
 from app.api.auth import presented_key
 from app.api.main import create_api
+from app.api.rates import RateLimiter
+from app.config import LimitsConfig
 from app.console import STATIC
 
 
 class _KeysRefused:
     """An authenticator that only lets open paths through (as api_keys mode does without a key)."""
+
+    mode = "api_keys"
 
     async def authenticate(self, request: Request) -> None:
         assert presented_key(request, "api_keys") is None
@@ -22,7 +26,8 @@ class _KeysRefused:
 
 def client() -> TestClient:
     api = create_api()
-    api.state.services = SimpleNamespace(auth=_KeysRefused())
+    config = SimpleNamespace(limits=LimitsConfig())
+    api.state.services = SimpleNamespace(auth=_KeysRefused(), config=config, failed_auth_rate=RateLimiter(600))
     return TestClient(api, client=("10.1.2.3", 40000))
 
 
