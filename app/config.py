@@ -79,6 +79,11 @@ class LimitsConfig(_Strict):
     max_custom_loss_nodes: int = Field(512, ge=4)  # nodes of one traced custom loss graph
     max_custom_loss_elements: int = Field(2**24, ge=1024)  # elements of any tensor a custom loss computes, per datum
     max_history_points_per_run: int = Field(20_000, ge=1)  # a run's recorded steps (app.db.history): oldest go
+    # forward(_backward) loss_fn_inputs, checked from declared shapes before any datum is decoded: cells of all
+    # tensors of one request, a sparse CSR one counted densified (2**25: what a dense bf16 body of max_request_bytes
+    # could carry; raise the two together), and the K of an (N, K) one sent as sparse CSR (top-k inputs: K is small)
+    max_loss_input_cells_per_request: int = Field(2**25, ge=1)
+    max_sparse_input_width: int = Field(1024, ge=1)
     # per user (sizes: a user error naming the limit; rates: 429 with Retry-After, which the SDK waits out)
     max_live_models_per_user: int = Field(64, ge=1)  # models not unloaded, across the user's sessions
     max_checkpoint_bytes_per_user: int = Field(2**40, ge=1)  # live checkpoints; a save beyond it is refused

@@ -87,9 +87,18 @@ async def sequenced(
 async def forward_backward(request: Request, services: ServicesDep, user: UserDep) -> dict:
     body = await request.body()
     ctype, encoding = request.headers.get("content-type", ""), request.headers.get("content-encoding")
-    max_bytes = services.config.limits.max_request_bytes
+    limits = services.config.limits
+    max_bytes = limits.max_request_bytes
     try:
-        decoded = decode_forward_backward(body, ctype, encoding, max_body_bytes=max_bytes)
+        decoded = decode_forward_backward(
+            body,
+            ctype,
+            encoding,
+            max_body_bytes=max_bytes,
+            max_datums=limits.max_datums_per_request,
+            max_cells=limits.max_loss_input_cells_per_request,
+            max_sparse_width=limits.max_sparse_input_width,
+        )
     except UserError as exc:
         sequence = peek_sequence(body, ctype, encoding, max_body_bytes=max_bytes)
         if sequence is None:

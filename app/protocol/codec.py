@@ -2,7 +2,8 @@
 
 Requests are decoded straight into a PackedBatch; every structural problem becomes a UserError whose `field` names
 the offending request field (``data[3].loss_fn_inputs.weights``). The only limits applied here bound memory (body
-size, zstd output, densified CSR cells); semantic checks (vocab range, loss names, datum counts) belong to the caller.
+size, zstd output, then, before any datum is decoded, the datum count and the loss inputs' cells: app.protocol.bounds);
+semantic checks (vocab range, loss names, token counts) belong to the caller.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import numpy as np
 import zstandard
 from google.protobuf.message import DecodeError
 
+from app.config import LimitsConfig
 from app.errors import LimitExceeded, ServerError, UserError
+from app.protocol.bounds import CellBudget, check_datum_count
 from app.protocol.chunks import TEXT, not_text
 from app.protocol.proto import pb
 from app.protocol.provenance import collect, provenance_from_json, provenance_from_proto
@@ -39,6 +42,7 @@ _PROTO_DTYPES: dict[int, np.dtype] = {
 }
 _JSON_DTYPES = {"float32": np.float32, "int64": np.int64, "int32": np.int64}
 _INT_INPUTS = frozenset({"target_tokens"})
+_LIMITS = LimitsConfig()  # the defaults of the bounds a caller leaves out
 
 
 def _err(field: str, message: str) -> UserError:
@@ -64,11 +68,19 @@ def _decompress_zstd(body: bytes, max_body_bytes: int) -> bytes:
 
 
 def decode_forward_backward(
-    body: bytes, content_type: str, content_encoding: str | None, *, max_body_bytes: int
+    body: bytes,
+    content_type: str,
+    content_encoding: str | None,
+    *,
+    max_body_bytes: int,
+    max_datums: int = _LIMITS.max_datums_per_request,
+    max_cells: int = _LIMITS.max_loss_input_cells_per_request,
+    max_sparse_width: int = _LIMITS.max_sparse_input_width,
 ) -> ForwardBackwardInput:
     """Decode a forward_backward body: protobuf (or JSON from older SDKs), optionally zstd-compressed.
 
-    max_body_bytes bounds the raw body, the decompressed body and the cell count of any densified CSR tensor.
+    max_body_bytes bounds the raw and the decompressed body; before any datum is decoded, max_datums bounds their
+    number, max_cells the cells of all loss inputs (CSR ones densified) and max_sparse_width a CSR tensor's width.
     """
     if len(body) > max_body_bytes:
         raise LimitExceeded(f"body exceeds {max_body_bytes} bytes", field="body")
@@ -79,8 +91,8 @@ def decode_forward_backward(
         raise _err("body", f"has unsupported Content-Encoding {content_encoding!r} (use zstd or none)")
     mime = (content_type or "").split(";", 1)[0].strip().lower()
     if mime == "application/json" or mime.endswith("+json"):
-        return _decode_json(body, max_body_bytes)
-    return _decode_proto(body, max_body_bytes)
+        return _decode_json(body, max_datums, CellBudget(max_cells, max_sparse_width))
+    return _decode_proto(body, max_datums, CellBudget(max_cells, max_sparse_width))
 
 
 def peek_sequence(
@@ -143,9 +155,9 @@ def _finish_tensor(field: str, name: str, arr: np.ndarray, n_tokens: int) -> np.
 
 
 def _densify(
-    field: str, values: np.ndarray, crow: np.ndarray, col: np.ndarray, shape: list[int], n_tokens: int, max_cells: int
+    field: str, values: np.ndarray, crow: np.ndarray, col: np.ndarray, shape: list[int], n_tokens: int
 ) -> np.ndarray:
-    """Expand a CSR tensor; unlisted cells are 0. The dense size is bounded by max_cells."""
+    """Expand a CSR tensor; unlisted cells are 0. Its size was bounded (CellBudget) before any datum was decoded."""
     if len(shape) != 2:
         raise _err(field, f"is sparse CSR with shape {shape}; CSR must be 2-D")
     rows, cols = shape
@@ -153,8 +165,6 @@ def _densify(
         raise _err(field, f"has negative shape {shape}")
     if rows != n_tokens:
         raise _err(field, f"has length {rows} but model_input has {n_tokens} tokens")
-    if max(rows, 1) * cols > max_cells:  # zero rows still bound the width: numpy cannot allocate (0, 2**62)
-        raise LimitExceeded(f"{field} densifies to {rows} x {cols} cells, more than {max_cells}", field=field)
     nnz = len(values)
     if len(crow) != rows + 1 or len(col) != nnz or crow[0] != 0 or crow[-1] != nnz:
         raise _err(field, f"has inconsistent sparse CSR indices for shape {shape} and {nnz} values")
@@ -190,7 +200,7 @@ def _widen(arr: np.ndarray, proto_dtype: int) -> np.ndarray:
     return arr
 
 
-def _proto_tensor(field: str, name: str, msg: pb.Tensor, n_tokens: int, max_cells: int) -> np.ndarray:
+def _proto_tensor(field: str, name: str, msg: pb.Tensor, n_tokens: int) -> np.ndarray:
     if msg.dtype not in _PROTO_DTYPES:
         raise _err(f"{field}.dtype", f"is unknown ({msg.dtype}); expected FLOAT32, INT64, INT32 or BFLOAT16")
     np_dtype = _PROTO_DTYPES[msg.dtype]
@@ -200,19 +210,32 @@ def _proto_tensor(field: str, name: str, msg: pb.Tensor, n_tokens: int, max_cell
         values = _widen(_from_bytes(f"{field}.sparse_csr.values", csr.values, np_dtype), msg.dtype)
         crow = _from_bytes(f"{field}.sparse_csr.crow_indices", csr.crow_indices, np.dtype("<i8"))
         col = _from_bytes(f"{field}.sparse_csr.col_indices", csr.col_indices, np.dtype("<i8"))
-        arr = _densify(field, values, crow, col, shape, n_tokens, max_cells)
+        arr = _densify(field, values, crow, col, shape, n_tokens)
     else:
         arr = _widen(_from_bytes(field, msg.dense, np_dtype), msg.dtype)
         arr = _reshape(field, arr, shape or None)
     return _finish_tensor(field, name, arr, n_tokens)
 
 
-def _decode_proto(body: bytes, max_cells: int) -> ForwardBackwardInput:
+def _proto_bounds(req: pb.ForwardBackwardRequest, max_datums: int, budget: CellBudget) -> None:
+    """The datum count and every loss input's cells, from the message alone."""
+    check_datum_count(len(req.data), max_datums)
+    for i, d in enumerate(req.data):
+        for name, t in d.loss_fn_inputs.items():
+            field = f"data[{i}].loss_fn_inputs.{name}"
+            if t.WhichOneof("encoding") == "sparse_csr":
+                budget.add_sparse(field, [int(s) for s in t.shape])
+            elif t.dtype in _PROTO_DTYPES:
+                budget.add_dense(field, len(t.dense) // _PROTO_DTYPES[t.dtype].itemsize)
+
+
+def _decode_proto(body: bytes, max_datums: int, budget: CellBudget) -> ForwardBackwardInput:
     req = pb.ForwardBackwardRequest()
     try:
         req.ParseFromString(body)
     except DecodeError as exc:
         raise _err("body", f"is not a valid ForwardBackwardRequest protobuf: {exc}") from exc
+    _proto_bounds(req, max_datums, budget)
     datums, provenance = [], []
     for i, d in enumerate(req.data):
         parts = []
@@ -223,7 +246,7 @@ def _decode_proto(body: bytes, max_cells: int) -> ForwardBackwardInput:
             parts.append(_from_bytes(f"data[{i}].model_input[{j}].tokens", chunk.encoded_text.tokens, np.dtype("<i4")))
         tokens = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
         inputs = {
-            name: _proto_tensor(f"data[{i}].loss_fn_inputs.{name}", name, t, len(tokens), max_cells)
+            name: _proto_tensor(f"data[{i}].loss_fn_inputs.{name}", name, t, len(tokens))
             for name, t in d.loss_fn_inputs.items()
         }
         datums.append((tokens, inputs))
@@ -240,7 +263,43 @@ def _decode_proto(body: bytes, max_cells: int) -> ForwardBackwardInput:
     )
 
 
-def _json_tensor(field: str, name: str, obj: Any, n_tokens: int, max_cells: int) -> np.ndarray:
+def _json_shape(obj: dict[str, Any]) -> list[int] | None:
+    """A JSON tensor's declared shape; TypeError, ValueError or OverflowError when it is not a list of integers."""
+    return [int(s) for s in obj["shape"]] if obj.get("shape") is not None else None
+
+
+def _json_sparse(obj: dict[str, Any]) -> bool:
+    return obj.get("sparse_crow_indices") is not None or obj.get("sparse_col_indices") is not None
+
+
+def _json_values(data: Any) -> int:
+    """How many values a dense JSON tensor carries: a flat list, or a list of equal rows."""
+    if not isinstance(data, list) or not data:
+        return 0
+    return len(data) * (len(data[0]) if isinstance(data[0], list) else 1)
+
+
+def _json_bounds(data: list[Any], max_datums: int, budget: CellBudget) -> None:
+    """The datum count and every loss input's cells, before any is converted; malformed ones are left to the
+    decoder, which names them."""
+    check_datum_count(len(data), max_datums)
+    for i, d in enumerate(data):
+        inputs = d.get("loss_fn_inputs") if isinstance(d, dict) else None
+        for name, obj in inputs.items() if isinstance(inputs, dict) else ():
+            if not isinstance(obj, dict):
+                continue
+            field = f"data[{i}].loss_fn_inputs.{name}"
+            if not _json_sparse(obj):
+                budget.add_dense(field, _json_values(obj.get("data")))
+                continue
+            try:
+                shape = _json_shape(obj)
+            except (TypeError, ValueError, OverflowError):
+                continue
+            budget.add_sparse(field, shape or [])
+
+
+def _json_tensor(field: str, name: str, obj: Any, n_tokens: int) -> np.ndarray:
     if not isinstance(obj, dict):
         raise _err(field, "must be an object with data and dtype")
     dtype = obj.get("dtype")
@@ -251,18 +310,18 @@ def _json_tensor(field: str, name: str, obj: Any, n_tokens: int, max_cells: int)
         if raw.size and (raw.dtype.kind not in "iuf" or (dtype != "float32" and raw.dtype.kind == "f")):
             raise _err(field, f"data must hold {'numbers' if dtype == 'float32' else 'integers'}")
         values = raw.astype(_JSON_DTYPES[dtype])
-        shape = [int(s) for s in obj["shape"]] if obj.get("shape") is not None else None
-        crow, col = obj.get("sparse_crow_indices"), obj.get("sparse_col_indices")
-        if crow is not None or col is not None:
-            crow_a, col_a = np.asarray(crow or [], dtype=np.int64), np.asarray(col or [], dtype=np.int64)
-            arr = _densify(field, values.reshape(-1), crow_a, col_a, shape or [], n_tokens, max_cells)
+        shape = _json_shape(obj)
+        if _json_sparse(obj):
+            crow, col = obj.get("sparse_crow_indices") or [], obj.get("sparse_col_indices") or []
+            crow_a, col_a = np.asarray(crow, dtype=np.int64), np.asarray(col, dtype=np.int64)
+            arr = _densify(field, values.reshape(-1), crow_a, col_a, shape or [], n_tokens)
             return _finish_tensor(field, name, arr, n_tokens)
     except (TypeError, ValueError, OverflowError) as exc:
         raise _err(field, f"is malformed: {exc}") from exc
     return _finish_tensor(field, name, _reshape(field, values, shape), n_tokens)
 
 
-def _json_datum(i: int, d: Any, max_cells: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+def _json_datum(i: int, d: Any) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     if not isinstance(d, dict) or not isinstance(d.get("model_input"), dict):
         raise _err(f"data[{i}]", "must be an object with model_input and loss_fn_inputs")
     parts = []
@@ -285,12 +344,10 @@ def _json_datum(i: int, d: Any, max_cells: int) -> tuple[np.ndarray, dict[str, n
     raw_inputs = d.get("loss_fn_inputs") or {}
     if not isinstance(raw_inputs, dict):
         raise _err(f"data[{i}].loss_fn_inputs", "must be an object")
-    return tokens, {
-        k: _json_tensor(f"data[{i}].loss_fn_inputs.{k}", k, v, len(tokens), max_cells) for k, v in raw_inputs.items()
-    }
+    return tokens, {k: _json_tensor(f"data[{i}].loss_fn_inputs.{k}", k, v, len(tokens)) for k, v in raw_inputs.items()}
 
 
-def _decode_json(body: bytes, max_cells: int) -> ForwardBackwardInput:
+def _decode_json(body: bytes, max_datums: int, budget: CellBudget) -> ForwardBackwardInput:
     try:
         obj = json.loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
@@ -309,6 +366,7 @@ def _decode_json(body: bytes, max_cells: int) -> ForwardBackwardInput:
     data = inner.get("data")
     if not isinstance(data, list):
         raise _err("data", "must be a list of datums")
+    _json_bounds(data, max_datums, budget)
     raw_config = inner.get("loss_fn_config") or {}
     if not isinstance(raw_config, dict):
         raise _err("loss_fn_config", "must be an object")
@@ -321,7 +379,7 @@ def _decode_json(body: bytes, max_cells: int) -> ForwardBackwardInput:
         except OverflowError as exc:  # an integer beyond the float range
             raise _err(f"loss_fn_config.{k}", "is out of the float range") from exc
     forward_only = bool(obj.get("forward_only", inner.get("forward_only", False)))
-    batch = _pack([_json_datum(i, d, max_cells) for i, d in enumerate(data)])
+    batch = _pack([_json_datum(i, d) for i, d in enumerate(data)])
     provenance = collect([provenance_from_json(i, d) for i, d in enumerate(data)])  # datums are dicts: checked above
     return ForwardBackwardInput(model_id, seq_id, loss_fn, config, forward_only, batch, provenance)
 
