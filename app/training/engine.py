@@ -128,7 +128,7 @@ class TrainingEngine:
         reports its own metrics. A loss that fails on this rank's data still runs its (zero) backward, so ranks of a
         sharded base stay in step; the error is raised after the last pass."""
         model = self._activate(model_id)
-        loss = LossStep(loss_fn, config, custom, self.device)
+        loss = LossStep(loss_fn, config, custom, self.device, batch)
         indices = shard_indices(batch.num_datums, self.rank, self.world_size)
         shard = batch.select(indices)
         runs = micro_batches(shard.lengths, self.micro_batch_tokens)
