@@ -1,8 +1,10 @@
 """Runs a validated custom loss (CustomLossProgram) in torch on the workers, one datum at a time, node by node.
 
 Each allowed name of app.training.custom_loss.ops is bound here to its callable once; a node can call nothing
-else. Autograd flows through every node, so the summed loss's backward reaches the model. A loss that fails
-on the data (a shape mismatch, a non-scalar loss) is the user's error, naming the node.
+else. Before a node runs for real, its shape and FLOPs are found on the meta device (Planner: per datum length,
+for the whole request) and checked against the limits. Autograd flows through every node, so the summed loss's
+backward reaches the model. A loss that fails on the data (a shape mismatch, a non-scalar loss) is the user's
+error, naming the node.
 """
 
 from __future__ import annotations
