@@ -78,6 +78,11 @@ class LimitsConfig(_Strict):
     max_custom_losses_per_session: int = Field(256, ge=1)  # create_custom_loss beyond it is refused
     max_custom_loss_nodes: int = Field(512, ge=4)  # nodes of one traced custom loss graph
     max_custom_loss_elements: int = Field(2**24, ge=1024)  # elements of any tensor a custom loss computes, per datum
+    # a custom loss's FLOPs over one request, estimated from the datums' lengths before any node runs (matrix products
+    # as torch counts them, else elements read and written). Realistic losses (tens of element-wise nodes over [T] or
+    # [T, K]) take under 10^3 FLOPs a token, ~10^10 for the largest request; 2^40 (~1.1e12) leaves 100x beyond that,
+    # and refuses e.g. a [T, T] matmul per datum at T=2048 (~1.7e10 FLOPs each) past 64 datums
+    max_custom_loss_flops_per_request: int = Field(2**40, ge=2**20)
     max_history_points_per_run: int = Field(20_000, ge=1)  # a run's recorded steps (app.db.history): oldest go
     # forward(_backward) loss_fn_inputs, checked from declared shapes before any datum is decoded: cells of all
     # tensors of one request, a sparse CSR one counted densified (2**25: what a dense bf16 body of max_request_bytes

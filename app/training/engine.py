@@ -129,7 +129,7 @@ class TrainingEngine:
         sharded base stay in step; the error is raised after the last pass. When any rank fails the operation, every
         rank drops the gradients it added (the model stays as if it was never sent)."""
         model = self._activate(model_id)
-        loss = LossStep(loss_fn, config, custom, self.device)
+        loss = LossStep(loss_fn, config, custom, self.device, batch)
         indices = shard_indices(batch.num_datums, self.rank, self.world_size)
         shard = batch.select(indices)
         earlier = None if forward_only else _take_grads(model.params)  # this op's gradients apart until it succeeds

@@ -12,7 +12,7 @@ import torch
 from app.errors import ServerError, TinkerServeError
 from app.training.batch import PackedBatch
 from app.training.custom_loss import CustomLossProgram
-from app.training.custom_loss.interpreter import run_custom_loss
+from app.training.custom_loss.interpreter import Planner, run_custom_loss
 from app.training.losses import get_loss
 from app.training.losses.functions import LOSS_FUNCTIONS, LOSS_STATS
 
@@ -26,8 +26,16 @@ class LossStep:
     """The loss of one forward(_backward) request, applied to it micro-batch by micro-batch."""
 
     def __init__(
-        self, loss_fn: str, config: dict[str, float], custom: CustomLossProgram | None, device: torch.device
+        self,
+        loss_fn: str,
+        config: dict[str, float],
+        custom: CustomLossProgram | None,
+        device: torch.device,
+        batch: PackedBatch,
     ) -> None:
+        """`batch`: the whole request (every rank's datums), whose custom loss is checked against the limits here,
+        before any pass runs; every rank decides alike."""
+        self._planner = None if custom is None else _planner(custom, batch)
         self._loss_fn = loss_fn
         self._config = config
         self._custom = custom
@@ -43,12 +51,12 @@ class LossStep:
         (None: the inputs were not sent, so there is no loss)."""
         if not self.applies(part):
             return None
-        custom = self._custom
-        if custom is not None:
+        custom, planner = self._custom, self._planner
+        if custom is not None and planner is not None:
             named = {name: torch.from_numpy(part.loss_inputs[name]).to(self._device) for name in custom.input_names}
 
             def run_program(prediction: torch.Tensor) -> LossResult:
-                loss, stats = run_custom_loss(custom, prediction, named, part.offsets)
+                loss, stats = run_custom_loss(custom, prediction, named, part.offsets, planner)
                 return loss, {}, stats
 
             return run_program
@@ -62,6 +70,16 @@ class LossStep:
             return loss, {"elementwise_loss": elementwise}, stats
 
         return finish
+
+
+def _planner(custom: CustomLossProgram, batch: PackedBatch) -> Planner:
+    """The custom loss planned for the request: logprobs per token have target_tokens' shape (float32)."""
+    logprobs = (batch.loss_inputs["target_tokens"].shape[1:], torch.float32)
+    arrays = [batch.loss_inputs[name] for name in custom.input_names]
+    inputs = [(a.shape[1:], torch.from_numpy(np.empty(0, a.dtype)).dtype) for a in arrays]
+    planner = Planner(custom, [logprobs, *inputs])
+    planner.check(batch.lengths)
+    return planner
 
 
 def loss_error(loss_fn: str, error: Exception) -> TinkerServeError:

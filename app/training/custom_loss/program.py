@@ -23,6 +23,7 @@ _METRIC_KEY = re.compile(r"custom/[a-z0-9_./-]{1,64}:(sum|mean)")
 _MAX_INPUTS = 16
 _MAX_DEPTH = 8
 _MAX_STRING = 256
+_MAX_ITEMS = 64  # a node's arguments, and any list, tuple or dict among them (metrics included)
 _CONSTANTS = {
     "float": frozenset({"inf", "-inf", "nan"}),
     "dtype": DTYPES,
@@ -48,7 +49,10 @@ class CustomLossProgram:
     name: str
     inputs: tuple[tuple[str, int], ...]
     nodes: tuple[LossNode, ...]
-    max_elements: int = 2**24  # limits.max_custom_loss_elements, set when the ingress resolves the loss (not stored)
+    # limits.max_custom_loss_elements and max_custom_loss_flops_per_request (their defaults), set when the ingress
+    # resolves the loss (not stored)
+    max_elements: int = 2**24
+    max_flops: int = 2**40
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -137,15 +141,19 @@ def _node(i: int, obj: Any, seen: set[str]) -> LossNode:
         raise UserError(f"{field} ({name!r}) has unknown op {op!r}", field=f"{field}.op")
     if not isinstance(target, str) or not isinstance(args, list) or not isinstance(kwargs, dict):
         raise UserError(f"{field} ({name!r}) needs a string target, a list args and an object kwargs", field=field)
+    for part, items in (("args", args), ("kwargs", kwargs)):
+        _check_length(f"{field} ({name!r}) {part}", f"{field}.{part}", items)
     for key, value in [*enumerate(args), *kwargs.items()]:
-        _check_arg(f"{field} ({name!r}) argument {key!r}", value, seen, 0)
+        part = "args" if isinstance(key, int) else "kwargs"
+        _check_arg(f"{field} ({name!r}) argument {key!r}", f"{field}.{part}", value, seen, 0)
     if "out" in kwargs:
         raise UserError(f"{field} ({name!r}) writes into a tensor (out=); return new values instead", field=field)
     return LossNode(op, name, target, args, kwargs)
 
 
-def _check_arg(where: str, value: Any, seen: set[str], depth: int) -> None:
-    """An encoded argument: scalars, lists, and the SDK's one-key objects; a ref names an earlier node."""
+def _check_arg(where: str, field: str, value: Any, seen: set[str], depth: int) -> None:
+    """An encoded argument (of `field`): scalars, lists, and the SDK's one-key objects; a ref names an earlier
+    node."""
     if depth > _MAX_DEPTH:
         raise UserError(f"{where} nests deeper than {_MAX_DEPTH}", field="graph")
     if value is None or isinstance(value, (bool, int)):
@@ -159,8 +167,9 @@ def _check_arg(where: str, value: Any, seen: set[str], depth: int) -> None:
             raise UserError(f"{where} is a string over {_MAX_STRING} characters", field="graph")
         return
     if isinstance(value, list):
+        _check_length(where, field, value)
         for item in value:
-            _check_arg(where, item, seen, depth + 1)
+            _check_arg(where, field, item, seen, depth + 1)
         return
     if not (isinstance(value, dict) and len(value) == 1):
         raise UserError(f"{where} is not an encoded argument: {str(value)[:80]}", field="graph")
@@ -169,15 +178,24 @@ def _check_arg(where: str, value: Any, seen: set[str], depth: int) -> None:
         if inner not in seen:
             raise UserError(f"{where} refers to {inner!r}, which is not an earlier node", field="graph")
     elif kind in ("tuple", "slice") and isinstance(inner, list) and (kind == "tuple" or len(inner) == 3):
+        _check_length(where, field, inner)
         for item in inner:
-            _check_arg(where, item, seen, depth + 1)
+            _check_arg(where, field, item, seen, depth + 1)
     elif kind == "dict" and isinstance(inner, dict):
+        _check_length(where, field, inner)
         for item in inner.values():
-            _check_arg(where, item, seen, depth + 1)
+            _check_arg(where, field, item, seen, depth + 1)
     elif (kind == "ellipsis" and inner is True) or (kind == "device" and isinstance(inner, str)):
         return  # a device always means the worker's own
     elif kind not in _CONSTANTS or inner not in _CONSTANTS[kind]:
         raise UserError(f"{where} holds {kind} {str(inner)[:40]!r}, which a loss cannot use", field="graph")
+
+
+def _check_length(where: str, field: str, items: list[Any] | dict[str, Any]) -> None:
+    if len(items) > _MAX_ITEMS:
+        raise LimitExceeded(
+            f"{where} holds {len(items)} items; a list, tuple or dict in a loss holds at most {_MAX_ITEMS}", field=field
+        )
 
 
 def _check_call(field: str, node: LossNode) -> None:
