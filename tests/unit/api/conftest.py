@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,14 +25,14 @@ from app.api.rates import RateLimiter
 from app.api.tokens import TokenSigner
 from app.config import ServerConfig
 from app.db.audit import AuditLog
-from app.db.checkpoints import CheckpointStore
+from app.db.checkpoints import CheckpointRecord, CheckpointStore
 from app.db.copies import CopyLog
 from app.db.custom_losses import CustomLossStore
 from app.db.futures import FutureStore
 from app.db.history import HistoryStore
 from app.db.journal import JournalStore
 from app.db.keys import KeyStore, enrolled_owner
-from app.db.metadata import MetadataStore
+from app.db.metadata import MetadataStore, TrainingRun, model_id_for
 from app.db.quotas import QuotaStore
 from app.db.samplers import SamplerStore
 from app.db.schema import connect
@@ -40,6 +41,7 @@ from app.db.stability import StabilityStore
 from app.db.traces import TraceStore
 from app.db.usage import UsageStore
 from app.storage.objects import ObjectStorage
+from app.storage.paths import CheckpointPath
 from app.training.validation import ModelLimits
 from tests.conftest import run_on_db, sqlite_url
 
@@ -106,6 +108,32 @@ def services_over(db: AsyncEngine, config: ServerConfig, storage_root: Path) -> 
         sample_rate=RateLimiter(limits.sample_tokens_per_minute_per_user),
         url_signing_key="k",
     )
+
+
+def new_session(api: InProcessApi, user: str = "alice") -> str:
+    response = api.post("/api/v1/create_session", {"tags": []}, user)
+    assert response.status_code == 200, response.text
+    return str(response.json()["session_id"])
+
+
+def saved_checkpoint(api: InProcessApi, user: str, size_bytes: int = 10, public: bool = False) -> CheckpointPath:
+    """A run of `user`'s with one saved training checkpoint (files on storage): what the trainer would leave."""
+    session_id = new_session(api, user)
+    model_id = model_id_for(session_id, 0)
+    lora = {"rank": 4, "seed": 1, "train_attn": True, "train_mlp": True, "optimizer": "adamw"}
+    run = TrainingRun(model_id, session_id, BASE_MODEL, 4, "policy", BASE_MODEL, lora, {}, time.time(), True)
+    api.run(api.services.metadata.add_training_run(run))
+    path = CheckpointPath(model_id, "weights", "step-1")
+    location = path.new_location()
+
+    def build(out: Path) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "adapter_model.safetensors").write_bytes(b"x" * size_bytes)
+
+    api.services.storage.write(location, build)
+    record = CheckpointRecord(path, location, size_bytes, time.time(), public=public)
+    api.run(api.services.checkpoints.commit(record, overwrite=False))
+    return path
 
 
 @pytest.fixture

@@ -3,17 +3,12 @@ limit, never a 500, and nothing is written or queued first."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from app.db.checkpoints import CheckpointRecord
-from app.db.metadata import TrainingRun, model_id_for
-from app.storage.paths import CheckpointPath
-from tests.unit.api.conftest import BASE_MODEL, InProcessApi
+from tests.unit.api.conftest import BASE_MODEL, InProcessApi, new_session, saved_checkpoint
 
 
 def refused(response: Any, field: str, status: int = 400) -> dict:
@@ -23,32 +18,6 @@ def refused(response: Any, field: str, status: int = 400) -> dict:
     named = body["error"]["param"] if "error" in body and isinstance(body["error"], dict) else body["field"]
     assert named == field, body
     return body
-
-
-def new_session(api: InProcessApi, user: str = "alice") -> str:
-    response = api.post("/api/v1/create_session", {"tags": []}, user)
-    assert response.status_code == 200, response.text
-    return str(response.json()["session_id"])
-
-
-def saved_checkpoint(api: InProcessApi, user: str, size_bytes: int = 10, public: bool = False) -> CheckpointPath:
-    """A run of `user`'s with one saved training checkpoint (files on storage): what the trainer would leave."""
-    session_id = new_session(api, user)
-    model_id = model_id_for(session_id, 0)
-    lora = {"rank": 4, "seed": 1, "train_attn": True, "train_mlp": True, "optimizer": "adamw"}
-    run = TrainingRun(model_id, session_id, BASE_MODEL, 4, "policy", BASE_MODEL, lora, {}, time.time(), True)
-    api.run(api.services.metadata.add_training_run(run))
-    path = CheckpointPath(model_id, "weights", "step-1")
-    location = path.new_location()
-
-    def build(out: Path) -> None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "adapter_model.safetensors").write_bytes(b"x" * size_bytes)
-
-    api.services.storage.write(location, build)
-    record = CheckpointRecord(path, location, size_bytes, time.time(), public=public)
-    api.run(api.services.checkpoints.commit(record, overwrite=False))
-    return path
 
 
 def test_audit_of_the_last_day_is_a_user_error(api: InProcessApi) -> None:

@@ -16,8 +16,7 @@ from app.db.journal import JournalStore
 from app.db.schema import audit_events
 from app.messages import AdapterSpec, CreateModel
 from tests.conftest import run_on_db
-from tests.unit.api.conftest import InProcessApi
-from tests.unit.api.test_hostile_inputs import saved_checkpoint
+from tests.unit.api.conftest import InProcessApi, saved_checkpoint
 
 
 def test_finished_futures_expire_but_pending_and_journaled_ones_stay(tmp_path: Path) -> None:
