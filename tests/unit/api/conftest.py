@@ -106,6 +106,7 @@ def services_over(db: AsyncEngine, config: ServerConfig, storage_root: Path) -> 
         quotas=QuotaStore(db),
         request_rate=RateLimiter(limits.requests_per_minute_per_key),
         sample_rate=RateLimiter(limits.sample_tokens_per_minute_per_user),
+        failed_auth_rate=RateLimiter(limits.failed_auth_per_minute_per_client),
         url_signing_key="k",
     )
 
@@ -151,7 +152,7 @@ def make_api(tmp_path: Path) -> Iterator[Callable[..., InProcessApi]]:
         )
         api = create_api()
         api.state.services = services = services_over(connect(sqlite_url(path)), config, tmp_path / "objects")
-        client = TestClient(api, client=("127.0.0.1", 40000))
+        client = TestClient(api, base_url="http://127.0.0.1:8000", client=("127.0.0.1", 40000))
         clients.append(client.__enter__())
         portal = client.portal
         assert portal is not None
