@@ -98,6 +98,14 @@ class LimitsConfig(_Strict):
     sample_tokens_per_minute_per_user: int = Field(10_000_000, ge=1)  # num_samples x max_tokens, per ingress replica
     requests_per_minute_per_key: int = Field(60_000, ge=1)  # every call, long-polls included, per ingress replica
     failed_auth_per_minute_per_client: int = Field(600, ge=1)  # refused keys per client address and ingress replica
+    # retention and request bounds (issue 31)
+    # a finished future's row and result are removed this long after it finished (SDKs fetch results in seconds);
+    # futures a model's journal still replays stay
+    future_retention_seconds: float = Field(7 * 86400.0, ge=60)
+    audit_retention_days: float = Field(90.0, gt=0)  # audit events older than this are removed
+    # another user's published checkpoint read by one user for one purpose is audited once this often, per replica
+    audit_read_dedupe_seconds: float = Field(3600.0, ge=0)
+    max_sample_temperature: float = Field(2.0, gt=0)  # asample's and /v1/ routes' temperature above it is refused
 
 
 class SamplerConfig(_Strict):

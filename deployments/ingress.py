@@ -157,6 +157,16 @@ class Ingress:
                     60.0,
                 ),
                 sweep_forever(
+                    "finished futures past limits.future_retention_seconds",
+                    lambda: futures.expire_finished(time.time() - limits.future_retention_seconds),
+                    min(3600.0, limits.future_retention_seconds / 4),
+                ),
+                sweep_forever(
+                    "audit events past limits.audit_retention_days",
+                    lambda: services.audit.expire(time.time() - limits.audit_retention_days * 86400),
+                    3600.0,
+                ),
+                sweep_forever(
                     "stale sample futures",
                     lambda: fail_stale_samples(futures, limits.sample_timeout_seconds),
                     min(60.0, limits.sample_timeout_seconds / 4),

@@ -3,18 +3,21 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Path
 from pydantic import BaseModel, Field
 
 from app.api.deps import Services, ServicesDep, UserDep
 from app.db.keys import KeyRecord, expiry_after_days
 from app.errors import Forbidden
+from app.protocol.wire import INT64_MAX
 
 router = APIRouter(prefix="/api/v1/admin")
 
 
 class CreateKeyRequest(BaseModel):
-    user: str
+    user: str = Field(max_length=64)  # users.name
     name: str = Field("key", max_length=200)
     expires_in_days: float | None = Field(None, gt=0)
 
@@ -54,7 +57,7 @@ async def list_keys(services: ServicesDep, user: UserDep, owner: str | None = No
 
 
 @router.delete("/keys/{key_id}")
-async def revoke_key(key_id: int, services: ServicesDep, user: UserDep) -> dict:
+async def revoke_key(key_id: Annotated[int, Path(ge=1, le=INT64_MAX)], services: ServicesDep, user: UserDep) -> dict:
     _require_admin(services, user)
     key = await services.auth.keys.revoke(key_id)
     services.auth.forget(key_id)

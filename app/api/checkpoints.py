@@ -4,13 +4,12 @@ save_weights_for_sampler (named, or ephemeral for save_weights_and_get_sampling_
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import replace
 
 from fastapi import APIRouter
 
-from app.api.deps import Services, ServicesDep, UserDep
+from app.api.deps import Services, ServicesDep, UserDep, check_metadata_size
 from app.api.models import optimizer_of, register_model
 from app.api.quotas import check_checkpoint_bytes
 from app.api.training import sequenced
@@ -18,7 +17,7 @@ from app.config import LimitsConfig
 from app.db.checkpoints import CheckpointRecord, already_exists
 from app.db.metadata import TrainingRun
 from app.db.samplers import SamplingSession, sampling_session_id_for
-from app.errors import LimitExceeded, UserError
+from app.errors import UserError
 from app.messages import AdapterSpec, LoadCheckpoint, SaveCheckpoint, SaveForSampler, SequencedOp
 from app.protocol import wire
 from app.storage.paths import checkpoint_path
@@ -46,13 +45,7 @@ def _user_metadata(limits: LimitsConfig, metadata: dict | None) -> dict[str, str
             raise UserError(
                 f"user_metadata values must be strings; {key!r} is {type(value).__name__}", field=f"user_metadata.{key}"
             )
-    size = len(json.dumps(metadata or {}))
-    if size > limits.max_user_metadata_bytes:
-        raise LimitExceeded(
-            f"user_metadata is {size} bytes as JSON, over limits.max_user_metadata_bytes="
-            f"{limits.max_user_metadata_bytes}",
-            field="user_metadata",
-        )
+    check_metadata_size(limits, "user_metadata", metadata or {})
     return dict(metadata or {})
 
 

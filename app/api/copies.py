@@ -19,6 +19,7 @@ from fastapi import APIRouter, Request
 
 from app.api.checkpoints import checkpoint_expiry
 from app.api.deps import Services, ServicesDep, UserDep
+from app.api.quotas import check_checkpoint_bytes
 from app.db.checkpoints import CheckpointRecord
 from app.db.metadata import TrainingRun, model_id_for
 from app.errors import NotFound, ServerError, UserError
@@ -26,6 +27,7 @@ from app.protocol.wire import CopyWeightsRequest
 from app.storage.paths import CheckpointPath
 
 router = APIRouter(prefix="/api/v1")
+MAX_IDEMPOTENCY_KEY_CHARS = 128  # with the user id (64) and a colon, within copy_requests.idempotency_key (200)
 
 
 def _shape(run: TrainingRun) -> tuple:
@@ -94,6 +96,11 @@ def _collision(path: CheckpointPath) -> UserError:
 @router.post("/copy_weights")
 async def copy_weights(body: CopyWeightsRequest, request: Request, services: ServicesDep, user: UserDep) -> dict:
     sent_key = request.headers.get("x-idempotency-key")
+    if sent_key and len(sent_key) > MAX_IDEMPOTENCY_KEY_CHARS:  # stored with the user id, in copy_requests
+        raise UserError(
+            f"X-Idempotency-Key is {len(sent_key)} characters, over {MAX_IDEMPOTENCY_KEY_CHARS}",
+            field="x-idempotency-key",
+        )
     key = f"{user}:{sent_key}" if sent_key else None
     if key and (done := await services.copies.find(key)) is not None:
         return {"tinker_path": done}
@@ -105,6 +112,7 @@ async def copy_weights(body: CopyWeightsRequest, request: Request, services: Ser
         hint="copy training weights (save_state) or sampler weights (save_weights_for_sampler)",
     )
     expires_at = checkpoint_expiry(services.config.limits, body.ttl_seconds)
+    await check_checkpoint_bytes(services, user)
     run = await _destination_run(services, body, source_run, user)
     path = CheckpointPath(run.model_id, source.path.kind, source.path.name)
     if await services.checkpoints.find(path) is not None:

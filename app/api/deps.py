@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field, replace
 from typing import Annotated
@@ -12,7 +13,7 @@ from app.api.auth import Authenticator
 from app.api.backends import ReplicaCounts, SamplerClient, TrainerClient
 from app.api.rates import RateLimiter
 from app.caches import remember
-from app.config import BaseModelConfig, ServerConfig
+from app.config import BaseModelConfig, LimitsConfig, ServerConfig
 from app.db.audit import AuditLog
 from app.db.checkpoints import CheckpointRecord, CheckpointStore
 from app.db.copies import CopyLog
@@ -27,7 +28,7 @@ from app.db.session_views import SessionViews
 from app.db.stability import StabilityStore
 from app.db.traces import TraceStore
 from app.db.usage import UsageStore
-from app.errors import NotFound, UserError
+from app.errors import LimitExceeded, NotFound, UserError
 from app.protocol.wire import INT64_MAX
 from app.storage.objects import ObjectStorage
 from app.storage.paths import KINDS, parse_tinker_path
@@ -42,6 +43,16 @@ _PURPOSES = {
     "tinker_path": "weights_info",
     "checkpoint_id": "download",
 }
+
+
+def check_metadata_size(limits: LimitsConfig, field: str, value: object) -> None:
+    """Refuse user-supplied metadata (`field`: user_metadata, tags) over limits.max_user_metadata_bytes as JSON."""
+    size = len(json.dumps(value).encode())
+    if size > limits.max_user_metadata_bytes:
+        raise LimitExceeded(
+            f"{field} is {size} bytes as JSON, over limits.max_user_metadata_bytes={limits.max_user_metadata_bytes}",
+            field=field,
+        )
 
 
 @dataclass
@@ -75,6 +86,7 @@ class Services:
     _runs: dict[str, TrainingRun] = field(default_factory=dict)
     _sampling_sessions: dict[str, SamplingSession] = field(default_factory=dict)
     _owners: dict[str, str | None] = field(default_factory=dict)  # session id -> owner (owners never change)
+    _reads_audited: dict[tuple[str, str, str], float] = field(default_factory=dict)  # (reader, path, purpose) -> when
 
     def served_base_model(self, name: str) -> BaseModelConfig:
         """The configured base model called `name`; a user error listing the served ones otherwise."""
@@ -147,7 +159,13 @@ class Services:
         return await self.checkpoints.get(path, field=field), run  # its own message: never saved, deleted, expired
 
     async def audit_read(self, user: str, record: CheckpointRecord, run: TrainingRun, purpose: str) -> None:
-        """Record `user` reading another user's published checkpoint (their owner reads it in their audit log)."""
+        """Record `user` reading another user's published checkpoint (their owner reads it in their audit log), once
+        per limits.audit_read_dedupe_seconds for each checkpoint and purpose: reads in a loop do not flood the log."""
+        now, read = time.monotonic(), (user, record.path.uri, purpose)
+        last = self._reads_audited.get(read)
+        if last is not None and now - last < self.config.limits.audit_read_dedupe_seconds:
+            return
+        remember(self._reads_audited, read, now)
         owner = self._owners.get(run.session_id)
         details = {"tinker_path": record.path.uri, "model_id": run.model_id, "purpose": purpose}
         await self.audit.record("checkpoint_read", user, details, subject_owner=owner)

@@ -16,6 +16,7 @@ from app.api.quotas import check_sample_tokens
 from app.api.sampling import adapter_of
 from app.errors import LimitExceeded, NotFound, Overloaded, Relayed, UserError
 from app.sampling.openai import Route
+from app.sampling.params import check_sampling_ranges
 
 router = APIRouter(prefix="/v1")
 
@@ -29,6 +30,9 @@ class _Request(BaseModel):
     n: int = Field(1, ge=1)
     max_tokens: int | None = Field(None, ge=1)
     stream: bool = False
+    temperature: float | None = None  # checked with asample's ranges (app.sampling.params)
+    top_k: int | None = None
+    top_p: float | None = None
 
 
 class CompletionRequest(_Request):
@@ -58,11 +62,25 @@ async def _model(services: Services, model: str, user: str) -> tuple[str, str | 
     return model, None
 
 
-def _check_limits(services: Services, user: str, body: _Request, token_field: str, logprobs_field: str) -> int:
-    """Check n, the token budget and logprobs against the limits and the user's token rate; the budget."""
+def _check_limits(
+    services: Services, user: str, base_model: str, body: _Request, token_field: str, logprobs_field: str
+) -> int:
+    """Check the sampling ranges, the sequences (prompts x n), the token budget and logprobs against the limits and
+    the user's token rate; the budget. A request for more tokens than a whole minute's rate is refused outright."""
     limits = services.config.limits
-    if body.n > limits.max_num_samples:
-        raise LimitExceeded(f"n={body.n} exceeds limits.max_num_samples={limits.max_num_samples}", field="n")
+    check_sampling_ranges(
+        limits,
+        services.model_limits[base_model],
+        1.0 if body.temperature is None else body.temperature,
+        -1 if body.top_k in (None, 0) else body.top_k,  # vLLM reads 0 as off too
+        1.0 if body.top_p is None else body.top_p,
+    )
+    prompts = len(body.prompt) if isinstance(body, CompletionRequest) and _is_batch(body.prompt) else 1
+    if prompts * body.n > limits.max_num_samples:
+        raise LimitExceeded(
+            f"{prompts} prompts x n={body.n} exceed limits.max_num_samples={limits.max_num_samples} sequences",
+            field="n",
+        )
     max_tokens = getattr(body, token_field) or limits.default_sample_tokens
     if max_tokens > limits.max_sample_tokens:
         raise LimitExceeded(
@@ -74,8 +92,14 @@ def _check_limits(services: Services, user: str, body: _Request, token_field: st
             f"{logprobs_field}={logprobs} exceeds limits.max_topk_logprobs={limits.max_topk_logprobs}",
             field=logprobs_field,
         )
-    prompts = body.prompt if isinstance(body, CompletionRequest) and _is_batch(body.prompt) else [None]
-    check_sample_tokens(services, user, len(prompts) * body.n * max_tokens)
+    tokens, per_minute = prompts * body.n * max_tokens, limits.sample_tokens_per_minute_per_user
+    if tokens > per_minute:  # the token bucket would let it through when full
+        raise LimitExceeded(
+            f"{prompts} prompts x n={body.n} x {token_field}={max_tokens} = {tokens} tokens exceed "
+            f"limits.sample_tokens_per_minute_per_user={per_minute}",
+            field=token_field,
+        )
+    check_sample_tokens(services, user, tokens)
     return max_tokens
 
 
@@ -86,7 +110,7 @@ def _is_batch(prompt: object) -> bool:
 async def _forward(services: Services, user: str, route: Route, body: _Request, token_field: str) -> Any:
     base_model, adapter_location = await _model(services, body.model, user)
     logprobs_field = "logprobs" if route == "completions" else "top_logprobs"
-    max_tokens = _check_limits(services, user, body, token_field, logprobs_field)
+    max_tokens = _check_limits(services, user, base_model, body, token_field, logprobs_field)
     limit = services.config.limits.max_pending_samples
     if not services.samplers.admit(base_model, limit):
         raise Overloaded(f"{limit} samples are already queued for {base_model} (limits.max_pending_samples)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Body
 
-from app.api.deps import ServicesDep, UserDep
+from app.api.deps import ServicesDep, UserDep, check_metadata_size
 from app.api.sessions import unload_session_models
 from app.errors import Gone
 from app.protocol.wire import CreateSessionRequest, FinishSessionRequest, SessionHeartbeatRequest
@@ -46,6 +46,8 @@ async def capabilities(services: ServicesDep) -> dict:
 
 @router.post("/create_session")
 async def create_session(body: CreateSessionRequest, services: ServicesDep, user: UserDep) -> dict:
+    check_metadata_size(services.config.limits, "tags", body.tags)
+    check_metadata_size(services.config.limits, "user_metadata", body.user_metadata or {})
     session_id = await services.metadata.create_session(
         body.sdk_version, body.tags, body.user_metadata or {}, body.project_id, body.display_name, owner=user
     )
@@ -65,8 +67,8 @@ async def finish_session(
 ) -> dict:
     if not await services.owns(user, session_id):  # as for a missing session: finishing is harmless
         return {}
-    reason = ((body.reason or {}).get("type") if body else None) or "success"
-    await services.metadata.finish_session(session_id, str(reason))
+    reason = (body.reason.type if body and body.reason else None) or "success"
+    await services.metadata.finish_session(session_id, reason)
     await unload_session_models(services, session_id)
     return {}
 

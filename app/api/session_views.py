@@ -52,16 +52,24 @@ def _status_filter(queries: list[SessionStatusQuery] | None) -> Callable[[Sessio
     return matches
 
 
+def _timestamp(created_at: str) -> float:
+    """A cursor's RFC 3339 datetime as a POSIX timestamp (UTC when it names no offset)."""
+    try:
+        created = datetime.fromisoformat(created_at.replace("Z", "+00:00"))
+        return (created if created.tzinfo else created.replace(tzinfo=UTC)).timestamp()
+    except (ValueError, OverflowError):  # malformed, or out of datetime's range once in UTC
+        raise UserError(
+            f"cursor.last_created_at {created_at!r} is not an RFC 3339 datetime from year 1 to 9999",
+            field="cursor.last_created_at",
+        ) from None
+
+
 def _query(body: SessionSearchRequest, user: str) -> SessionQuery:
     if body.display_name is not None and not body.display_name.strip():
         raise UserError("display_name must not be empty; leave it out to match every name", field="display_name")
     before = None
     if body.cursor is not None:
-        try:
-            created = datetime.fromisoformat(body.cursor.last_created_at.replace("Z", "+00:00"))
-        except ValueError:
-            raise UserError("cursor.last_created_at is not an RFC 3339 datetime", field="cursor") from None
-        before = (created.timestamp(), body.cursor.last_session_id)
+        before = (_timestamp(body.cursor.last_created_at), body.cursor.last_session_id)
     return SessionQuery(
         owner=user,
         session_id=body.session_id,

@@ -1,5 +1,6 @@
-"""The audit log, append-only: who did what to which object, when. A user reads the events they did and those about
-their objects (another user reading a checkpoint they published, the console revoking their key); admins read all."""
+"""The audit log: who did what to which object, when. A user reads the events they did and those about their objects
+(another user reading a checkpoint they published, the console revoking their key); admins read all. Rows are only
+appended, and removed after limits.audit_retention_days (`expire`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import insert, or_, select
+from sqlalchemy import delete, insert, or_, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.schema import audit_events
@@ -41,14 +42,22 @@ class AuditLog:
                 )
             )
 
-    async def read(self, start: float, end: float, reader: str | None, prefix: str = "") -> list[AuditEvent]:
-        """Events in [start, end) whose name starts with `prefix`, oldest first: those `reader` did or that concern
-        their objects (None: every event, for admins)."""
+    async def read(
+        self, start: float, end: float, reader: str | None, prefix: str = "", limit: int | None = None, offset: int = 0
+    ) -> list[AuditEvent]:
+        """Events in [start, end) whose name starts with `prefix`, oldest first, `limit` of them (None: all) after
+        the first `offset`: those `reader` did or that concern their objects (None: every event, for admins)."""
         query = select(audit_events).where(audit_events.c.at >= start, audit_events.c.at < end)
         if prefix:
             query = query.where(audit_events.c.event.startswith(prefix, autoescape=True))
         if reader is not None:
             query = query.where(or_(audit_events.c.actor == reader, audit_events.c.subject_owner == reader))
         async with self._db.connect() as conn:
-            rows = await conn.execute(query.order_by(audit_events.c.at, audit_events.c.event_id))
+            query = query.order_by(audit_events.c.at, audit_events.c.event_id).limit(limit).offset(offset)
+            rows = await conn.execute(query)
             return [AuditEvent(r.at, r.event, r.actor, r.subject_owner, dict(r.details)) for r in rows]
+
+    async def expire(self, before: float) -> int:
+        """Remove the events recorded before `before`; returns how many."""
+        async with self._db.begin() as conn:
+            return (await conn.execute(delete(audit_events).where(audit_events.c.at < before))).rowcount

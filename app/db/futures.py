@@ -15,14 +15,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Row, insert, select, update
+from sqlalchemy import Row, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.caches import remember
 from app.db.completions import CompletionLog, target_of
 from app.db.group_commit import group_commit
-from app.db.schema import futures, session_requests
+from app.db.schema import futures, journal, session_requests
 from app.db.wakeups import Wakeups
 from app.errors import NotFound
 
@@ -173,6 +173,25 @@ class FutureStore:
         for row in _samples(rows):
             self.completions.wake_target(target_of(row.model_id, row.seq_id))
         return rows
+
+    async def expire_finished(self, before: float, batch: int = 10_000) -> int:
+        """Remove the futures (and their results) finished before `before`, but not those a model's journal still
+        replays (app.db.journal reads a missing future as failed); returns how many."""
+        old = (
+            select(futures.c.request_id)
+            .where(futures.c.state != "pending", futures.c.completed_at < before)
+            .where(~select(journal.c.request_id).where(journal.c.request_id == futures.c.request_id).exists())
+            .limit(batch)
+        )
+        removed = 0
+        while True:
+            async with self._db.begin() as conn:
+                ids = list((await conn.execute(old)).scalars())
+                await conn.execute(delete(session_requests).where(session_requests.c.request_id.in_(ids)))
+                await conn.execute(delete(futures).where(futures.c.request_id.in_(ids)))
+            removed += len(ids)
+            if len(ids) < batch:
+                return removed
 
     def notify(self, request_id: str) -> None:
         """Wake local waiters of a future finished by this or another process."""

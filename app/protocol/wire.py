@@ -5,7 +5,7 @@ Request models ignore unknown fields and treat absent and null alike, so newer S
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -34,6 +34,10 @@ __all__ = [
 
 
 INT64_MAX = 2**63 - 1  # ids, cursors and TTLs are stored as 64-bit database integers
+MAX_PROJECT_IDS = 1000  # a session search's project_ids: one SQL parameter each
+# strings stored in bounded database columns (app.db.schema): longer ones are refused naming their field
+ProjectId = Annotated[str, Field(max_length=200)]
+Name = Annotated[str, Field(max_length=200)]
 
 
 class _Lenient(BaseModel):
@@ -41,25 +45,31 @@ class _Lenient(BaseModel):
 
 
 class CreateSessionRequest(_Lenient):
+    """`tags` and `user_metadata` are bounded together by limits.max_user_metadata_bytes (app.api.service)."""
+
     tags: list[str] = Field(default_factory=list)
     user_metadata: dict[str, Any] | None = None
-    sdk_version: str | None = None
-    project_id: str | None = None
-    display_name: str | None = None
+    sdk_version: str | None = Field(None, max_length=32)
+    project_id: ProjectId | None = None
+    display_name: str | None = Field(None, max_length=400)
 
 
 class SessionHeartbeatRequest(_Lenient):
     session_id: str
 
 
+class FinishReason(_Lenient):
+    type: str | None = Field(None, max_length=32)  # success | errored | interrupted
+
+
 class FinishSessionRequest(_Lenient):
-    reason: dict[str, Any] | None = None
+    reason: FinishReason | None = None
     detail: str | None = None
 
 
 class LoraConfig(_Lenient):
     rank: int = Field(32, ge=1)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)  # what torch.manual_seed takes
     train_unembed: bool = True
     train_mlp: bool = True
     train_attn: bool = True
@@ -80,7 +90,7 @@ class CreateCustomLossRequest(_Lenient):
 
     session_id: str
     custom_loss_seq_id: int = Field(ge=0, le=INT64_MAX)
-    name: str
+    name: Name
     inputs: list[Any]
     graph: dict[str, Any]
 
@@ -227,7 +237,7 @@ class SampleRequest(_Lenient):
 
 
 class SessionProjectRequest(_Lenient):
-    project_id: str | None = None
+    project_id: ProjectId | None = None
 
 
 class SessionStatusQuery(_Lenient):
@@ -242,7 +252,7 @@ class SessionSearchCursor(_Lenient):
 
 class SessionSearchRequest(_Lenient):
     session_id: str | None = None
-    project_ids: list[str] | None = None
+    project_ids: list[ProjectId] | None = Field(None, max_length=MAX_PROJECT_IDS)
     user_metadata: dict[str, str] = Field(default_factory=dict)
     display_name: str | None = None
     owner: dict[str, Any] | None = None  # one tenant: every owner's sessions are the caller's
@@ -255,5 +265,5 @@ class CopyWeightsRequest(_Lenient):
     source_path: str
     session_id: str | None = None
     model_seq_id: int | None = Field(None, ge=0, le=INT64_MAX)
-    destination_project_id: str | None = None
+    destination_project_id: ProjectId | None = None
     ttl_seconds: int | None = Field(None, le=INT64_MAX)

@@ -87,6 +87,25 @@ def _stops(stop: str | list | None, vocab_size: int) -> tuple[tuple[str, ...], t
     )
 
 
+def check_sampling_ranges(
+    limits: LimitsConfig, model: ModelLimits, temperature: float, top_k: int, top_p: float, prefix: str = ""
+) -> None:
+    """Refuse a temperature outside [0, limits.max_sample_temperature], a top_k other than -1 (off) or in [1, the
+    vocabulary], a top_p outside (0, 1] (non-finite values included), naming `prefix` + the field."""
+    high = limits.max_sample_temperature
+    require(
+        0 <= temperature <= high,
+        f"{prefix}temperature {temperature} must be in [0, limits.max_sample_temperature={high:g}]",
+        field=f"{prefix}temperature",
+    )
+    require(
+        top_k == -1 or 1 <= top_k <= model.vocab_size,
+        f"{prefix}top_k {top_k} must be -1 (off) or in [1, {model.vocab_size}]",
+        field=f"{prefix}top_k",
+    )
+    require(0 < top_p <= 1, f"{prefix}top_p {top_p} must be in (0, 1]", field=f"{prefix}top_p")
+
+
 def sample_args(req: SampleRequest, limits: LimitsConfig, model: ModelLimits) -> SampleArgs:
     """Validate an asample request; returns what the sampler needs."""
     tokens = prompt_tokens(req.prompt)
@@ -117,17 +136,7 @@ def sample_args(req: SampleRequest, limits: LimitsConfig, model: ModelLimits) ->
             f"model's context length {model.max_context_length}",
             field="sampling_params.max_tokens",
         )
-    require(
-        p.temperature >= 0,
-        f"sampling_params.temperature {p.temperature} must be >= 0",
-        field="sampling_params.temperature",
-    )
-    require(
-        p.top_k == -1 or 1 <= p.top_k <= model.vocab_size,
-        f"sampling_params.top_k {p.top_k} must be -1 (off) or in [1, {model.vocab_size}]",
-        field="sampling_params.top_k",
-    )
-    require(0 < p.top_p <= 1, f"sampling_params.top_p {p.top_p} must be in (0, 1]", field="sampling_params.top_p")
+    check_sampling_ranges(limits, model, p.temperature, p.top_k, p.top_p, prefix="sampling_params.")
     for name in ("topk_prompt_logprobs", "topk_sample_logprobs"):
         k = getattr(req, name)
         if not 0 <= k <= limits.max_topk_logprobs:
