@@ -13,7 +13,7 @@ from app.api.quotas import long_poll_slot
 from app.db.completions import Target
 from app.db.futures import PROTO_CONTENT_TYPE, Completed, Failed, Pending, future_not_found
 from app.errors import UserError
-from app.protocol.codec import forward_backward_json_from_proto
+from app.protocol.results import forward_backward_json_from_proto
 from app.protocol.wire import CancelFutureRequest, RetrieveFutureRequest, RetrieveFuturesRequest
 from app.request_log import log_request
 from app.sampling.response import sample_json_from_proto

@@ -65,14 +65,14 @@ async def check_live_models(services: Services, user: str, model_id: str) -> Non
         )
 
 
-async def check_checkpoint_bytes(services: Services, user: str) -> None:
+async def check_checkpoint_bytes(services: Services, user: str, field: str = "path") -> None:
     limit = services.config.limits.max_checkpoint_bytes_per_user
     used = await services.quotas.checkpoint_bytes(user)
     if used >= limit:
         raise LimitExceeded(
             f"your live checkpoints hold {used} bytes, limits.max_checkpoint_bytes_per_user={limit}: delete some "
             "(RestClient.delete_checkpoint) or let them expire first",
-            field="path",
+            field=field,
         )
 
 

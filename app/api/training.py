@@ -162,7 +162,10 @@ async def _custom_loss(services: Services, run: TrainingRun, config: dict[str, f
     if not isinstance(loss_id, str) or set(config) != {"loss_id"}:
         raise UserError('loss_fn "custom" takes loss_fn_config {"loss_id": <id>} only', field="loss_fn_config.loss_id")
     program = await services.custom_losses.get(run.session_id, loss_id)
-    return replace(program, max_elements=services.config.limits.max_custom_loss_elements)
+    limits = services.config.limits
+    return replace(
+        program, max_elements=limits.max_custom_loss_elements, max_flops=limits.max_custom_loss_flops_per_request
+    )
 
 
 @router.post("/optim_step")

@@ -1,4 +1,4 @@
-"""Wire codec for forward / forward_backward: request decoding (proto, zstd, legacy JSON) and output encoding.
+"""Wire codec for forward / forward_backward requests: protobuf, zstd, legacy JSON (results: app.protocol.results).
 
 Requests are decoded straight into a PackedBatch; every structural problem becomes a UserError whose `field` names
 the offending request field (``data[3].loss_fn_inputs.weights``). The only limits applied here bound memory (body
@@ -18,18 +18,16 @@ import zstandard
 from google.protobuf.message import DecodeError
 
 from app.config import LimitsConfig
-from app.errors import LimitExceeded, ServerError, UserError
+from app.errors import LimitExceeded, UserError
 from app.protocol.bounds import CellBudget, check_datum_count
 from app.protocol.chunks import TEXT, not_text
 from app.protocol.proto import pb
 from app.protocol.provenance import collect, provenance_from_json, provenance_from_proto
-from app.training.batch import ForwardBackwardInput, ForwardBackwardResult, PackedBatch
+from app.protocol.wire import INT64_MAX
+from app.training.batch import ForwardBackwardInput, PackedBatch
 
 __all__ = [
     "decode_forward_backward",
-    "encode_forward_backward_output",
-    "forward_backward_json_from_proto",
-    "forward_backward_output_to_json",
     "peek_sequence",
 ]
 
@@ -114,7 +112,7 @@ def peek_sequence(
             model_id, seq_id = msg.model_id, msg.seq_id
     except (UserError, DecodeError, ValueError, AttributeError, RecursionError):
         return None
-    if isinstance(model_id, str) and model_id and isinstance(seq_id, int) and seq_id >= 1:
+    if isinstance(model_id, str) and model_id and isinstance(seq_id, int) and 1 <= seq_id <= INT64_MAX:
         return model_id, seq_id
     return None
 
@@ -359,8 +357,8 @@ def _decode_json(body: bytes, max_datums: int, budget: CellBudget) -> ForwardBac
     model_id, seq_id, loss_fn = obj.get("model_id"), obj.get("seq_id") or 0, inner.get("loss_fn")
     if not isinstance(model_id, str):
         raise _err("model_id", "must be a string")
-    if not isinstance(seq_id, int) or isinstance(seq_id, bool):
-        raise _err("seq_id", "must be an integer")
+    if not isinstance(seq_id, int) or isinstance(seq_id, bool) or not 0 <= seq_id <= INT64_MAX:
+        raise _err("seq_id", f"must be an integer in [0, {INT64_MAX}]")
     if not isinstance(loss_fn, str):
         raise _err("loss_fn", "must be a string")
     data = inner.get("data")
@@ -382,75 +380,3 @@ def _decode_json(body: bytes, max_datums: int, budget: CellBudget) -> ForwardBac
     batch = _pack([_json_datum(i, d) for i, d in enumerate(data)])
     provenance = collect([provenance_from_json(i, d) for i, d in enumerate(data)])  # datums are dicts: checked above
     return ForwardBackwardInput(model_id, seq_id, loss_fn, config, forward_only, batch, provenance)
-
-
-def _output_arrays(result: ForwardBackwardResult) -> dict[str, tuple[np.ndarray, int]]:
-    """name -> (array in its wire dtype, proto dtype), checked against the offsets."""
-    total = int(result.offsets[-1])
-    out: dict[str, tuple[np.ndarray, int]] = {}
-    for name, arr in result.outputs.items():
-        if arr.shape[0] != total:
-            raise ServerError(f"output {name} has {arr.shape[0]} rows but offsets cover {total}")
-        if arr.dtype.kind in "iu":
-            out[name] = (np.ascontiguousarray(arr, dtype="<i8"), pb.DTYPE_INT64)
-        else:
-            out[name] = (np.ascontiguousarray(arr, dtype="<f4"), pb.DTYPE_FLOAT32)
-    return out
-
-
-def encode_forward_backward_output(result: ForwardBackwardResult) -> bytes:
-    """Serialize a result as a ``tinker_public.ForwardBackwardOutput`` with one batched ArrayRecord."""
-    offsets = np.asarray(result.offsets, dtype=np.int64)
-    msg = pb.ForwardBackwardOutput(loss_fn_output_type=result.loss_fn_output_type)
-    record = msg.loss_fn_outputs.add(type_tag="ArrayRecord", num_datums=len(offsets) - 1)
-    for name, (arr, dtype) in _output_arrays(result).items():
-        row_bytes = int(np.prod(arr.shape[1:], dtype=np.int64)) * arr.itemsize
-        bt = record.fields[name]
-        bt.data = arr.tobytes()
-        bt.offsets = (offsets * row_bytes).astype("<i8").tobytes()
-        bt.dtype = dtype
-        bt.trailing_shape.extend(int(s) for s in arr.shape[1:])
-    for k, v in result.metrics.items():
-        msg.metrics[k] = float(v)
-    return msg.SerializeToString()
-
-
-def forward_backward_output_to_json(result: ForwardBackwardResult) -> dict[str, Any]:
-    """The JSON ForwardBackwardOutput older SDKs parse: one {name: TensorData} dict per datum."""
-    arrays = _output_arrays(result)
-    bounds = [(int(lo), int(hi)) for lo, hi in zip(result.offsets[:-1], result.offsets[1:])]
-    outputs = [
-        {
-            name: {
-                "data": arr[lo:hi].reshape(-1).tolist(),
-                "dtype": "int64" if dtype == pb.DTYPE_INT64 else "float32",
-                "shape": [hi - lo, *(int(s) for s in arr.shape[1:])],
-            }
-            for name, (arr, dtype) in arrays.items()
-        }
-        for lo, hi in bounds
-    ]
-    metrics = {k: float(v) for k, v in result.metrics.items()}
-    return {"loss_fn_output_type": result.loss_fn_output_type, "loss_fn_outputs": outputs, "metrics": metrics}
-
-
-def forward_backward_json_from_proto(payload: bytes) -> dict[str, Any]:
-    """The JSON view of a stored ForwardBackwardOutput (written by encode_forward_backward_output), for
-    SDKs that poll without ``Accept: application/x-protobuf``."""
-    msg = pb.ForwardBackwardOutput.FromString(payload)
-    outputs: dict[str, np.ndarray] = {}
-    offsets = np.zeros(1, dtype=np.int64)
-    for record in msg.loss_fn_outputs:
-        for name, bt in sorted(record.fields.items()):  # map order differs between processes
-            dtype = np.dtype("<i8") if bt.dtype == pb.DTYPE_INT64 else np.dtype("<f4")
-            trailing = tuple(int(t) for t in bt.trailing_shape)
-            row_bytes = int(np.prod(trailing, dtype=np.int64)) * dtype.itemsize
-            outputs[name] = np.frombuffer(bt.data, dtype=dtype).reshape(-1, *trailing)
-            offsets = np.frombuffer(bt.offsets, dtype="<i8") // row_bytes
-    result = ForwardBackwardResult(
-        offsets=offsets,
-        outputs=outputs,
-        metrics=dict(sorted(msg.metrics.items())),
-        loss_fn_output_type=msg.loss_fn_output_type,
-    )
-    return forward_backward_output_to_json(result)

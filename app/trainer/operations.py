@@ -30,7 +30,7 @@ from app.messages import (
     SaveForSampler,
     SequencedOp,
 )
-from app.protocol.codec import encode_forward_backward_output
+from app.protocol.results import encode_forward_backward_output
 from app.storage.objects import ObjectStorage
 from app.training.batch import PackedBatch
 from app.training.sharding import merge_shards

@@ -12,11 +12,8 @@ from tinker.proto import request_conv, response_conv
 from tinker.proto import tinker_public_pb2 as pb
 
 from app.errors import LimitExceeded, UserError
-from app.protocol.codec import (
-    decode_forward_backward,
-    encode_forward_backward_output,
-    forward_backward_output_to_json,
-)
+from app.protocol.codec import decode_forward_backward
+from app.protocol.results import encode_forward_backward_output, forward_backward_output_to_json
 from app.training.batch import ForwardBackwardResult
 from tests.unit.protocol.sdk_wire import legacy_json_input
 
@@ -368,7 +365,7 @@ def test_truncated_or_padded_zstd_rejected():
 
 
 def test_stored_proto_output_renders_as_json_for_older_sdks() -> None:
-    from app.protocol.codec import forward_backward_json_from_proto
+    from app.protocol.results import forward_backward_json_from_proto
 
     offsets = np.array([0, 2, 5], dtype=np.int64)
     result = ForwardBackwardResult(

@@ -21,12 +21,11 @@ from tinker.proto import tinker_public_pb2 as pb
 from tinker.types._pydantic_types.tensor_data import TensorData as PydTensorData
 
 from app.errors import LimitExceeded, UserError
-from app.protocol.codec import (
-    decode_forward_backward,
+from app.protocol.codec import decode_forward_backward, peek_sequence
+from app.protocol.results import (
     encode_forward_backward_output,
     forward_backward_json_from_proto,
     forward_backward_output_to_json,
-    peek_sequence,
 )
 from app.training.batch import ForwardBackwardInput, ForwardBackwardResult, PackedBatch
 from tests.unit.protocol.sdk_wire import legacy_json_input
