@@ -33,6 +33,8 @@ def _model_limits(config: ServerConfig) -> dict[str, dict[str, int | str]]:
         started = time.monotonic()
         if base.embedded_preset:
             build_embedded_model(base.embedded_preset, Path(base.path))
+        local = Path(base.path).is_dir()
+        if local:  # clients name its tokenizer by the served name: the server's paths are not theirs to see
             _register_name(base.name, Path(base.path))
         shape = model_shape(base.path)
         family = family_of(shape.model_type)
@@ -50,6 +52,7 @@ def _model_limits(config: ServerConfig) -> dict[str, dict[str, int | str]]:
             "vocab_size": shape.vocab_size,
             "max_context_length": _context_length(base, shape),
             "arch": family.name,
+            "tokenizer_id": base.name if local else base.path,  # a Hub id is public
         }
     return limits
 
@@ -76,7 +79,8 @@ def _context_length(base: BaseModelConfig, shape: ModelShape) -> int:
 
 
 def _register_name(name: str, path: Path) -> None:
-    """Make the embedded model's served name resolve offline on this machine (tokenizers by model name)."""
+    """Make a local base's served name resolve offline on this machine (tokenizers by model name; other machines
+    resolve it through the /hub routes)."""
     try:
         snapshot = hub_cache.register(name, path)
     except (OSError, ValueError) as exc:

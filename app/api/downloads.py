@@ -11,6 +11,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from typing import Literal
 from urllib.parse import quote
 
 from fastapi import APIRouter, Query
@@ -30,18 +31,25 @@ _CHUNK = 1 << 20
 
 
 def signed_urls(
-    base_url: str, key: str, record: CheckpointRecord, files: list[StoredFile], ttl_s: int
+    base_url: str, key: str, record: CheckpointRecord, files: list[StoredFile], ttl_s: int, *, owner: bool
 ) -> tuple[dict[str, str], datetime]:
-    """A download URL per file of an external-weights checkpoint, valid for `ttl_s`; and when they expire."""
+    """A download URL per file of an external-weights checkpoint, valid for `ttl_s`; and when they expire. URLs
+    given to another user than the checkpoint's `owner` say so, and stop working once it is unpublished."""
     expires = int(time.time()) + ttl_s
     urls = {}
     for f in files:
         resource = f"{record.path.model_id}/{record.path.name}/{f.relative_path}"
+        grant = "" if owner else "&grant=public"
         urls[f.relative_path] = (
             f"{base_url.rstrip('/')}{DOWNLOAD_PREFIX}{quote(resource)}"
-            f"?expires={expires}&signature={sign(key, resource, expires)}"
+            f"?expires={expires}{grant}&signature={sign(key, _granted(resource, owner), expires)}"
         )
     return urls, datetime.fromtimestamp(expires, UTC)
+
+
+def _granted(resource: str, owner: bool) -> str:
+    """What a URL's signature covers: the file, and for another user's URL that it holds while published."""
+    return resource if owner else f"{resource}\npublic"
 
 
 async def _chunks(stream: NativeFile) -> AsyncIterator[bytes]:
@@ -60,15 +68,18 @@ async def download(
     services: ServicesDep,
     expires: int = Query(...),
     signature: str = Query(...),
+    grant: Literal["owner", "public"] = Query("owner"),
 ) -> StreamingResponse:
-    resource = f"{model_id}/{name}/{file_path}"
-    if not signature_valid(services.url_signing_key, resource, expires, signature):
+    resource, owner = f"{model_id}/{name}/{file_path}", grant == "owner"
+    if not signature_valid(services.url_signing_key, _granted(resource, owner), expires, signature):
         raise Forbidden(
             "this download link is not valid; get fresh links with external_weights_urls", field="signature"
         )
     if time.time() > expires:
         raise Forbidden("this download link expired; get fresh links with external_weights_urls", field="expires")
     record = await services.checkpoints.get(checkpoint_path(model_id, "external_weights", name), field="name")
+    if not owner and not record.public:
+        raise Forbidden("this checkpoint is no longer published; ask its owner", field="grant")
     files = {f.relative_path: f for f in await asyncio.to_thread(services.storage.files, record.location)}
     if file_path not in files:
         raise NotFound(f"{record.path.uri!r} has no file {file_path!r}", field="file_path")

@@ -138,10 +138,9 @@ async def register_model(
 @router.post("/get_info")
 async def get_info(body: GetInfoRequest, services: ServicesDep, user: UserDep) -> dict:
     run = await services.training_run(body.model_id, user)
-    base = services.config.base_model(run.base_model)
-    tokenizer_id = base.path if base else run.base_model
     served = services.model_limits.get(run.base_model)
     arch = served.arch if served else None  # a base no longer served: its family is not known here
+    tokenizer_id = served.tokenizer_id if served and served.tokenizer_id else run.base_model
     return {
         "model_id": run.model_id,
         "model_data": {"arch": arch, "model_name": run.base_model, "tokenizer_id": tokenizer_id},

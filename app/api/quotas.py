@@ -39,17 +39,31 @@ def check_sample_tokens(services: Services, user: str, tokens: int) -> None:
         )
 
 
-async def check_pending_requests(services: Services, user: str, model_id: str, seq_id: int) -> None:
-    """Past the limit, only an operation that comes before all of its model's pending ones is admitted: they wait
+async def check_pending_requests(services: Services, user: str, model_id: str, seq_id: int, nbytes: int = 0) -> None:
+    """Room for one more of `user`'s training operations, holding `nbytes` (a forward_backward's batch) until it runs.
+    Past the limits, only an operation that comes before all of its model's pending ones is admitted: they wait
     for it (the SDK sends a forward_backward's chunks out of order), so refusing it would stall them."""
-    limit = services.config.limits.max_pending_requests_per_user
-    if await services.quotas.pending_requests(user) >= limit:
+    limits = services.config.limits
+    if nbytes > limits.max_pending_bytes_per_user:
+        raise LimitExceeded(
+            f"this request's batch holds {nbytes} bytes, more than limits.max_pending_bytes_per_user="
+            f"{limits.max_pending_bytes_per_user}: send fewer datums per request",
+            field="data",
+        )
+    count, held = await services.quotas.pending(user)
+    full = count >= limits.max_pending_requests_per_user
+    if full or held + nbytes > limits.max_pending_bytes_per_user:
         first = await services.quotas.first_pending_seq(model_id)
         if first is not None and seq_id < first:
             return
+        limit = (
+            f"{limits.max_pending_requests_per_user} training operations pending (limits.max_pending_requests_per_user)"
+            if full
+            else f"{held} bytes of training data pending (limits.max_pending_bytes_per_user="
+            f"{limits.max_pending_bytes_per_user})"
+        )
         raise Overloaded(
-            f"you have {limit} training operations pending (limits.max_pending_requests_per_user); retry when some "
-            "finish",
+            f"you have {limit}; retry when some finish",
             retry_after_s=2,
             details={"queue_state": "paused_rate_limit"},
         )

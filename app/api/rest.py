@@ -141,7 +141,7 @@ async def set_ttl(
 async def external_weights_urls(
     run_id: str, checkpoint_id: str, request: Request, services: ServicesDep, user: UserDep
 ) -> dict:
-    record, _ = await services.saved_by(f"tinker://{run_id}/{checkpoint_id}", user, field="checkpoint_id")
+    record, run = await services.saved_by(f"tinker://{run_id}/{checkpoint_id}", user, field="checkpoint_id")
     if record.path.kind != "external_weights":
         raise UserError(
             f"{checkpoint_id!r} is not an export; download URLs exist for external_weights "
@@ -152,9 +152,8 @@ async def external_weights_urls(
         files = await asyncio.to_thread(services.storage.files, record.location)
     except FileNotFoundError:
         raise ServerError(f"the files of {record.path.uri!r} are missing from storage") from None
-    urls, expires = signed_urls(
-        str(request.base_url), services.url_signing_key, record, files, services.config.limits.download_url_ttl_seconds
-    )
+    ttl_s, owner = services.config.limits.download_url_ttl_seconds, await services.owns(user, run.session_id)
+    urls, expires = signed_urls(str(request.base_url), services.url_signing_key, record, files, ttl_s, owner=owner)
     return {"urls": urls, "expires": expires.isoformat()}
 
 

@@ -51,10 +51,12 @@ async def sequenced(
     model_id: str,
     seq_id: int,
     build_op: Callable[[str, TrainingRun], Awaitable[SequencedOp]],
+    nbytes: int = 0,
 ) -> dict:
-    """Create (or find, for a retry) the future of (model_id, seq_id) of `user`'s model and queue its operation."""
+    """Create (or find, for a retry) the future of (model_id, seq_id) of `user`'s model and queue its operation,
+    which holds `nbytes` of training data until it runs."""
     run = await services.training_run(model_id, user)
-    await check_pending_requests(services, user, model_id, seq_id)
+    await check_pending_requests(services, user, model_id, seq_id, nbytes)
     request_id, created = await services.futures.create(kind, model_id, seq_id)
     if not created:
         log_request("retried", op=kind, model_id=model_id, seq_id=seq_id, tinker_request_id=request_id)
@@ -124,7 +126,8 @@ async def forward_backward(request: Request, services: ServicesDep, user: UserDe
         args = ForwardBackwardArgs(loss.name, loss.config, decoded.forward_only, batch, custom)
         return ForwardBackward(request_id, args)
 
-    return await sequenced(services, user, "forward_backward", decoded.model_id, decoded.seq_id, build)
+    nbytes = decoded.batch.nbytes
+    return await sequenced(services, user, "forward_backward", decoded.model_id, decoded.seq_id, build, nbytes)
 
 
 async def _build_or_skip(

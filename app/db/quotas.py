@@ -1,4 +1,5 @@
-"""What a user holds, for their quotas: live models, live checkpoint bytes, training operations still pending. Only
+"""What a user holds, for their quotas: live models, live checkpoint bytes, training operations still pending (and
+their bytes). Only
 the user's own sessions count (not those made before owners were recorded)."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.owners import owned_runs
-from app.db.schema import checkpoints, futures, training_runs
+from app.db.schema import checkpoints, futures, journal, training_runs
 
 
 class QuotaStore:
@@ -41,8 +42,16 @@ class QuotaStore:
             first = (await conn.execute(query)).scalar_one()
         return None if first is None else int(first)
 
-    async def pending_requests(self, user: str) -> int:
-        """The user's training operations whose futures are still pending."""
-        query = select(func.count()).where(futures.c.model_id.in_(owned_runs(user)), futures.c.state == "pending")
+    async def pending(self, user: str) -> tuple[int, int]:
+        """The user's training operations whose futures are still pending, and the bytes their journal rows hold
+        (a forward_backward's batch: what the ingress and the trainer hold until it runs)."""
+        held = func.coalesce(func.sum(func.length(journal.c.op)), 0)
+        on_journal = (journal.c.model_id == futures.c.model_id) & (journal.c.seq_id == futures.c.seq_id)
+        query = (
+            select(func.count(), held)
+            .select_from(futures.outerjoin(journal, on_journal))
+            .where(futures.c.model_id.in_(owned_runs(user)), futures.c.state == "pending")
+        )
         async with self._db.connect() as conn:
-            return int((await conn.execute(query)).scalar_one())
+            count, nbytes = (await conn.execute(query)).one()
+        return int(count), int(nbytes)

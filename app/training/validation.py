@@ -27,6 +27,7 @@ class ModelLimits:
     vocab_size: int
     max_context_length: int
     arch: str = "qwen2"  # the base's model family (app.models.families), what get_info reports
+    tokenizer_id: str = ""  # what get_info reports: the served name of a local base, the Hub id of another
 
 
 def validate_forward_backward(

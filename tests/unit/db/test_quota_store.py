@@ -1,5 +1,6 @@
-"""QuotaStore on both backends: a user's live models, live checkpoint bytes and pending training operations count
-only their own sessions' (not another user's, nor sessions made before owners were recorded)."""
+"""QuotaStore on both backends: a user's live models, live checkpoint bytes and pending training operations (with
+their journal rows' bytes) count only their own sessions' (not another user's, nor sessions made before owners were
+recorded)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.checkpoints import CheckpointRecord, CheckpointStore
 from app.db.futures import FutureStore
+from app.db.journal import JournalStore
 from app.db.metadata import MetadataStore, TrainingRun
 from app.db.quotas import QuotaStore
+from app.messages import Skip
 from app.storage.paths import CheckpointPath
 from tests.conftest import run_on_db
 
@@ -18,6 +21,7 @@ from tests.conftest import run_on_db
 def test_counts_are_per_owner(db_url: str) -> None:
     async def body(db: AsyncEngine) -> None:
         meta, checkpoints, futures, quotas = MetadataStore(db), CheckpointStore(db), FutureStore(db), QuotaStore(db)
+        journal = JournalStore(db)
         now = time.time()
         sessions = {
             "alice": await meta.create_session(None, [], {}, owner="alice"),
@@ -44,7 +48,10 @@ def test_counts_are_per_owner(db_url: str) -> None:
         assert await quotas.live_models("alice") == 2
         assert await quotas.live_models("alice", besides=f"{sessions['alice']}:train:1") == 1
         assert await quotas.checkpoint_bytes("alice") == 300 and await quotas.checkpoint_bytes("bob") == 100
-        assert await quotas.pending_requests("alice") == 3 and await quotas.pending_requests("bob") == 1
+        assert await quotas.pending("alice") == (3, 0) and await quotas.pending("bob") == (1, 0)
+        await journal.append(alice_0, 3, Skip((await futures.create("optim_step", alice_0, 3))[0]))
+        count, held = await quotas.pending("alice")
+        assert count == 4 and held > 0  # the journal row's bytes
         assert await quotas.live_models("carol") == 0 and await quotas.checkpoint_bytes("carol") == 0
 
     run_on_db(db_url, body)
