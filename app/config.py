@@ -90,7 +90,9 @@ class LimitsConfig(_Strict):
     max_loss_input_cells_per_request: int = Field(2**25, ge=1)
     max_sparse_input_width: int = Field(1024, ge=1)
     # per user (sizes: a user error naming the limit; rates: 429 with Retry-After, which the SDK waits out)
-    max_live_models_per_user: int = Field(64, ge=1)  # models not unloaded, across the user's sessions
+    # models not unloaded, across the user's sessions; fewer than max_models_per_base, so that no one user fills a
+    # trainer
+    max_live_models_per_user: int = Field(32, ge=1)
     max_checkpoint_bytes_per_user: int = Field(2**40, ge=1)  # live checkpoints; a save beyond it is refused
     max_pending_requests_per_user: int = Field(1024, ge=1)  # training operations queued or running
     max_pending_bytes_per_user: int = Field(2**30, ge=1)  # their batches' decoded bytes, held until they run
@@ -98,7 +100,6 @@ class LimitsConfig(_Strict):
     sample_tokens_per_minute_per_user: int = Field(10_000_000, ge=1)  # num_samples x max_tokens, per ingress replica
     requests_per_minute_per_key: int = Field(60_000, ge=1)  # every call, long-polls included, per ingress replica
     failed_auth_per_minute_per_client: int = Field(600, ge=1)  # refused keys per client address and ingress replica
-    # retention and request bounds (issue 31)
     # a finished future's row and result are removed this long after it finished (SDKs fetch results in seconds);
     # futures a model's journal still replays stay
     future_retention_seconds: float = Field(7 * 86400.0, ge=60)
@@ -106,6 +107,15 @@ class LimitsConfig(_Strict):
     # another user's published checkpoint read by one user for one purpose is audited once this often, per replica
     audit_read_dedupe_seconds: float = Field(3600.0, ge=0)
     max_sample_temperature: float = Field(2.0, gt=0)  # asample's and /v1/ routes' temperature above it is refused
+
+    @model_validator(mode="after")
+    def _check(self) -> LimitsConfig:
+        if self.max_live_models_per_user >= self.max_models_per_base:
+            raise ValueError(
+                f"max_live_models_per_user {self.max_live_models_per_user} must be below max_models_per_base "
+                f"{self.max_models_per_base}: else one user can fill every model slot of a trainer"
+            )
+        return self
 
 
 class SamplerConfig(_Strict):

@@ -86,7 +86,7 @@ def server_config(state_dir: Path, sharded: bool = False) -> dict:
             "min_checkpoint_ttl_seconds": MIN_CHECKPOINT_TTL_S,
             "checkpoint_sweep_seconds": 1,
             "max_stability_records_per_session": MAX_STABILITY_RECORDS,
-            "max_live_models_per_user": 1000,  # the suite's shared user keeps well over the default 64 loaded
+            "max_live_models_per_user": 999,  # the suite's shared user keeps well over the default 32 loaded
             "max_models_per_base": 1000,  # and they stay loaded across the failure tests' restarts (rebuilt)
         },
     }
