@@ -83,16 +83,23 @@ def wide_datums(n: int = 32) -> list[types.Datum]:
     return [datum(1, target_tokens=[2], weights=empty_csr(1, 2**26)) for _ in range(n)]
 
 
+def refused_cheaply(body: bytes, ct: str, field: str, limit: str) -> None:
+    """Decoding `body` is refused naming `field` and `limits.{limit}`, having allocated under 16 MiB."""
+    with peak_traced() as peak, pytest.raises(LimitExceeded) as ei:
+        decode(body, ct)
+    assert ei.value.field == field
+    assert f"limits.{limit}" in str(ei.value)
+    assert peak[0] < 16 * MIB
+
+
 @pytest.mark.parametrize(("ct", "encode"), ENCODINGS)
 def test_wide_empty_csr_refused_before_allocating(ct: str, encode: Callable[[list[types.Datum]], bytes]) -> None:
     body = encode(wide_datums())
     if ct == PROTO:
         assert len(body) < 3000  # the 2.7 KB body of the finding
-    with peak_traced() as peak, pytest.raises(LimitExceeded) as ei:
-        decode(body, ct)
-    assert ei.value.field == "data[0].loss_fn_inputs.weights"
-    assert f"limits.max_sparse_input_width={LIMITS.max_sparse_input_width}" in str(ei.value)
-    assert peak[0] < 16 * MIB
+    refused_cheaply(
+        body, ct, "data[0].loss_fn_inputs.weights", f"max_sparse_input_width={LIMITS.max_sparse_input_width}"
+    )
 
 
 @pytest.mark.parametrize(("ct", "encode"), ENCODINGS)
@@ -100,11 +107,7 @@ def test_cells_are_bounded_per_request_not_per_tensor(ct: str, encode: Callable[
     """32 datums of 1024 tokens with (1024, 1024) CSR weights: each tensor is small, the request is 2**25 cells
     of weights plus its targets, over the default budget."""
     body = encode([datum(1024, target_tokens=[2] * 1024, weights=empty_csr(1024, 1024)) for _ in range(32)])
-    with peak_traced() as peak, pytest.raises(LimitExceeded) as ei:
-        decode(body, ct)
-    assert ei.value.field == "data[31].loss_fn_inputs.weights"
-    assert f"limits.max_loss_input_cells_per_request={2**25}" in str(ei.value)
-    assert peak[0] < 16 * MIB
+    refused_cheaply(body, ct, "data[31].loss_fn_inputs.weights", f"max_loss_input_cells_per_request={2**25}")
 
 
 @pytest.mark.parametrize(("ct", "encode"), ENCODINGS)
