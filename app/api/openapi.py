@@ -105,7 +105,9 @@ def links() -> list[tuple[Op, Op, dict[str, Any]]]:
         (RUN_CHECKPOINTS, t, _path(run_id="$request.path.run_id", checkpoint_id=f"{first}/checkpoint_id"))
         for t in TAKES_CHECKPOINT
     ]
-    table += [(RUN_CHECKPOINTS, ("post", "/api/v1/weights_info"), _body("tinker_path", f"{first}/tinker_path"))]
+    uri = f"{first}/tinker_path"
+    table += [(RUN_CHECKPOINTS, ("post", "/api/v1/weights_info"), _body("tinker_path", uri))]
+    table += [(RUN_CHECKPOINTS, ("post", "/api/v1/copy_weights"), _body("source_path", uri))]
     return table
 
 
