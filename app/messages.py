@@ -174,6 +174,9 @@ class ShardOutput:
     outputs: dict[str, np.ndarray]
     loss_sum: float
     stats: dict[str, tuple[float, float]] = field(default_factory=dict)  # the loss's metrics: name -> (sum, count)
+    # a custom loss's estimated compute over the whole request, in tokens of the base's training (what it costs in
+    # the fair share beyond the request's tokens)
+    loss_cost_tokens: int = 0
 
 
 @dataclass(frozen=True)

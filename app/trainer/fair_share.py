@@ -8,7 +8,8 @@ operation, an optim_step, leave with the forward_backward before it, so a run is
 time each active user gets the same tokens of worker time, whatever their operations' sizes. A user whose work runs
 out leaves the round and loses their credit (no banking while idle); one who (re)joins goes first, so a light user's
 operation waits for at most about one of a heavy user's. Within a user, their models take turns (least recently
-served first).
+served first). What an operation costs beyond its tokens is known only once it ran (a custom loss's compute): it is
+debited then, and such a debt stays, idle or not, until paid.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ class FairShare:
         cost of that model's next operation."""
         joined = [user for user in ready if user not in self._round]
         self._round = joined + [user for user in self._round if user in ready]
-        self._credit = {user: self._credit.get(user, 0) for user in self._round}
+        kept = {user: credit for user, credit in self._credit.items() if user in ready or credit < 0}  # debts stay
+        self._credit = kept | {user: kept.get(user, 0) for user in self._round}
         model_of = {user: self._next_model(user, ready[user]) for user in self._round}
         shortfall = {user: cost(model_of[user]) - self._credit[user] for user in self._round}
         grant = max(0, min(shortfall.values()) + self._extra)  # nothing while someone has that much to spare
@@ -46,6 +48,11 @@ class FairShare:
         models = self._models[user]
         models.remove(model)
         models.append(model)
+
+    def debit(self, user: str, tokens: int) -> None:
+        """`user` owes `tokens` beyond what their operations were charged when sent (a custom loss's compute, known
+        once it ran): their next turns wait until it is paid."""
+        self._credit[user] = self._credit.get(user, 0) - tokens
 
     def forget(self, user: str, model: str) -> None:
         """`model` is gone (closed)."""

@@ -90,6 +90,12 @@ class SeqScheduler(Generic[Op]):
             queue.cancelled[seq_id] = skipped
         return True
 
+    def debit(self, model_id: str, tokens: int) -> None:
+        """Charge the user of `model_id` `tokens` more in the fair share (app.trainer.fair_share.FairShare.debit)."""
+        queue = self._queues.get(model_id)
+        if queue is not None and tokens > 0:
+            self._fair.debit(queue.user, tokens)
+
     def waiting(self, model_id: str) -> int:
         """The model's operations submitted and not yet dispatched."""
         queue = self._queues.get(model_id)

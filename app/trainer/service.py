@@ -376,6 +376,8 @@ class TrainerService:
             await self._futures.fail(op.request_id, error)
             return error
         reply = await operation(op).reply(model_id, op, per_rank, self._committer)
+        if isinstance(op, ForwardBackward):  # a custom loss's compute, beyond the tokens charged when it was sent
+            self._scheduler.debit(model_id, max(shard.loss_cost_tokens for shard in per_rank))
         complete = self._futures.complete(op.request_id, reply.payload, reply.content_type)
         await asyncio.gather(complete, self._history.record(model_id, seq_id, op, reply))  # one commit (group_commit)
         return None

@@ -65,6 +65,9 @@ class TrainingEngine:
         self.micro_batch_tokens = micro_batch_tokens
         self.sharded = sharded
         self._autocast = autocast
+        # one token's forward and backward through the base, ~6 FLOPs a parameter: what a custom loss's estimated
+        # FLOPs are counted in (its cost in the fair share)
+        self._token_flops = max(1, 6 * sum(p.numel() for p in base.parameters()))
         self.pool = AdapterPool(base, cast_inputs=not autocast)
         self._models: dict[str, _Model] = {}
         self._next_name = 0
@@ -151,7 +154,7 @@ class TrainingEngine:
             raise raised
         if error is not None:
             raise loss_error(loss_fn, error)
-        return ShardOutput(indices, shard.offsets, *joined(parts))
+        return ShardOutput(indices, shard.offsets, *joined(parts), loss_cost_tokens=loss.flops // self._token_flops)
 
     def _run_passes(
         self,

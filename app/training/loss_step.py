@@ -42,6 +42,11 @@ class LossStep:
         self._required = None if custom is not None else get_loss(loss_fn).required_inputs
         self._device = device
 
+    @property
+    def flops(self) -> int:
+        """A custom loss's FLOPs over the whole request, as estimated before it ran (0 for a built-in loss)."""
+        return 0 if self._planner is None else self._planner.estimated_flops
+
     def applies(self, batch: PackedBatch) -> bool:
         """Whether the batch sent the loss's inputs (a critic's forward may send none: values only)."""
         return self._required is None or self._required <= batch.loss_inputs.keys()

@@ -61,6 +61,7 @@ class Planner:
         self._inputs = inputs  # each input's shape per token and dtype, logprobs first
         self._plans: dict[int, _Plan] = {}
         self._flops_left = program.max_flops  # for the nodes no plan covers
+        self.estimated_flops = 0  # the request's, once checked
 
     @classmethod
     def of_tensors(cls, program: CustomLossProgram, logprobs: torch.Tensor, inputs: dict[str, torch.Tensor]) -> Planner:
@@ -72,7 +73,7 @@ class Planner:
         program = self._program
         unique, counts = np.unique(lengths, return_counts=True)
         plans = [(self._plan(int(length)), int(count)) for length, count in zip(unique, counts, strict=True)]
-        total = sum(plan.flops * count for plan, count in plans)
+        total = self.estimated_flops = sum(plan.flops * count for plan, count in plans)
         if total > program.max_flops:
             raise LimitExceeded(
                 f"custom loss {program.name!r} would take about {total:.3g} FLOPs over these {len(lengths)} datums "

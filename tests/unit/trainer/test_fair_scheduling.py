@@ -259,6 +259,24 @@ def test_fair_share_newcomer_goes_first_and_idle_users_lose_credit() -> None:
     assert fair.pick({"alice": ["a"], "bob": ["b"]}, costs.__getitem__)[0] == "alice"  # back, first in the round
 
 
+def test_a_debt_for_compute_beyond_tokens_is_paid_even_across_idle_time() -> None:
+    """A custom loss's compute is debited once it ran: its user waits while others are served that much, even
+    after going idle in between (a debt is not forgotten as unused credit is)."""
+    fair = FairShare()
+    costs = {"a": 10, "b": 10}
+    assert fair.pick({"alice": ["a"]}, costs.__getitem__)[0] == "alice"
+    fair.charge("alice", "a", 10)
+    fair.debit("alice", 35)  # the op cost 35 tokens of compute beyond its 10 tokens
+    assert fair.pick({"bob": ["b"]}, costs.__getitem__)[0] == "bob"  # alice idle meanwhile
+    fair.charge("bob", "b", 10)
+    served = []
+    for _ in range(5):
+        user, model, _ = fair.pick({"alice": ["a"], "bob": ["b"]}, costs.__getitem__)
+        fair.charge(user, model, 10)
+        served.append(user)
+    assert served == ["bob", "bob", "bob", "bob", "alice"]  # bob's 40 tokens pay for alice's 35 first
+
+
 def test_unbounded_depth_sends_in_arrival_order() -> None:
     """Without a bound (today's pipelining) nothing waits for a slot: the order is the order ops became ready."""
 

@@ -15,6 +15,7 @@ from app.training.batch import PackedBatch
 from app.training.engine import TrainingEngine
 from app.training.sharding import merge_shards
 from tests.conftest import TINY_MODEL
+from tests.unit.training.custom_loss_graphs import program
 
 VOCAB = 2048
 SPEC = AdapterSpec(rank=8, seed=1234)
@@ -270,3 +271,25 @@ def test_a_snapshot_is_a_copy_that_resumes_training_exactly(tmp_path) -> None:
     expected, got = live.adapter_state("m"), rebuilt.adapter_state("m")
     assert expected.keys() == got.keys()
     assert all(torch.equal(expected[k], got[k]) for k in expected)
+
+
+def test_a_custom_losss_compute_is_reported_as_its_fair_share_cost(engine: TrainingEngine) -> None:
+    """What a custom loss computes beyond the model's pass comes back in tokens of the base's training (the trainer
+    debits it in the fair share); a matmul-heavy loss costs more than an element-wise one, a built-in loss nothing."""
+
+    def weighted(logprobs, advantages):  # type: ignore[no-untyped-def]
+        return -(logprobs * advantages).sum(), {}
+
+    def outer(logprobs, advantages):  # type: ignore[no-untyped-def]
+        return (torch.outer(logprobs, logprobs) @ torch.outer(advantages, advantages)).sum(), {}
+
+    engine.create_model("cost", SPEC)
+    batch = make_batch([256, 256, 256, 256])
+    batch = PackedBatch(batch.tokens, batch.offsets, {**batch.loss_inputs, "advantages": batch.loss_inputs["weights"]})
+    ranks = {"logprobs": 1, "advantages": 1}
+    light = engine.forward_backward("cost", "custom", {}, batch, True, program(weighted, ranks))
+    heavy = engine.forward_backward("cost", "custom", {}, batch, True, program(outer, ranks))
+    assert engine.forward_backward("cost", "cross_entropy", {}, batch, True).loss_cost_tokens == 0
+    assert 0 <= light.loss_cost_tokens < heavy.loss_cost_tokens
+    flops = 4 * 2 * 256**3  # each datum's [256, 256] @ [256, 256], as torch counts it (~40 tokens of training)
+    assert heavy.loss_cost_tokens == pytest.approx(flops / (6 * sum(p.numel() for p in _base().parameters())), rel=0.5)
