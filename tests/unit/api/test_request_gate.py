@@ -6,20 +6,29 @@ the checkpoint is unpublished."""
 
 from __future__ import annotations
 
+import json
+import math
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 from urllib.parse import urlsplit
 
+import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from app.api.training import sequenced
 from app.config import LimitsConfig
 from app.db.checkpoints import CheckpointRecord
-from app.messages import Skip
+from app.db.futures import PROTO_CONTENT_TYPE
+from app.db.metadata import TrainingRun
+from app.messages import SequencedOp, Skip
+from app.protocol.results import encode_forward_backward_output
 from app.storage.paths import CheckpointPath
+from app.training.batch import ForwardBackwardResult
 from tests.unit.api.conftest import InProcessApi, saved_checkpoint
 from tests.unit.api.test_hostile_inputs import refused
 
@@ -203,3 +212,42 @@ def test_another_users_download_links_end_at_unpublish(api: InProcessApi) -> Non
     assert api.client.delete(f"{route}/publish", headers=api.headers("bob")).status_code == 200
     refused(api.client.get(alices), "grant", 403)
     assert api.client.get(bobs).content == b"w"  # the owner's own link lasts until it expires
+
+
+def test_a_failure_preparing_an_operation_fails_its_future(api: InProcessApi) -> None:
+    """Any exception while an operation is prepared fails its future and lets the model's order go on: a retry of
+    the same seq_id finds the failed future, never a pending one."""
+    model_id = saved_checkpoint(api, "alice").model_id
+    submitted: list[tuple] = []
+    api.services.trainers = SimpleNamespace(submit=lambda *args: submitted.append(args))  # type: ignore[assignment]
+
+    async def broken(request_id: str, run: TrainingRun) -> SequencedOp:
+        raise RuntimeError("too many SQL variables")
+
+    def send() -> dict:
+        return api.run(sequenced(api.services, api.user_id(), "forward_backward", model_id, 1, broken))
+
+    first = send()
+    failed = api.post("/api/v1/retrieve_future", {"request_id": first["request_id"]}).json()
+    assert failed["category"] == "server" and "too many SQL variables" in failed["error"]
+    assert [type(args[3]) for args in submitted] == [Skip]  # the trainer skips the seq_id
+    assert send()["request_id"] == first["request_id"]
+
+
+def test_old_sdks_read_a_non_finite_loss(api: InProcessApi) -> None:
+    """Results are JSON for SDKs before protobuf results; an infinite loss is JSON's Infinity, as Python writes it."""
+    model_id = saved_checkpoint(api, "alice").model_id
+    request_id, _ = api.run(api.services.futures.create("forward_backward", model_id, 1))
+    logprobs = np.array([-np.inf, -0.5], dtype=np.float32)
+    result = ForwardBackwardResult(np.array([0, 2]), {"logprobs": logprobs}, {"loss:sum": float("inf")})
+    api.run(api.services.futures.complete(request_id, encode_forward_backward_output(result), PROTO_CONTENT_TYPE))
+    answer = api.post("/api/v1/retrieve_future", {"request_id": request_id})
+    assert answer.status_code == 200
+    body = json.loads(answer.text)
+    assert body["metrics"]["loss:sum"] == math.inf
+    assert body["loss_fn_outputs"][0]["logprobs"]["data"] == [-math.inf, -0.5]
+
+
+def test_forward_backward_seq_id_beyond_int64(api: InProcessApi) -> None:
+    model_id = saved_checkpoint(api, "alice").model_id
+    refused(api.post("/api/v1/forward_backward", _forward_backward(model_id, 2**63, 1)), "seq_id")

@@ -48,6 +48,19 @@ def test_records_round_trip_per_session(db_url: str) -> None:
     run_on_db(db_url, body)
 
 
+def test_a_request_may_name_any_number_of_sequences(db_url: str) -> None:
+    """250,001 ids in one lookup (a forward_backward's provenance may name that many): more bound parameters than
+    SQLite or PostgreSQL take in one statement, so the store asks in batches."""
+    ids = [f"r{i}:0" for i in range(250_001)]
+
+    async def body(db: AsyncEngine) -> None:
+        store = StabilityStore(db)
+        await store.add([_record(ids[-1])])
+        assert list(await store.get("s1", ids)) == [ids[-1]]
+
+    run_on_db(db_url, body)
+
+
 def test_a_retried_sample_replaces_its_records(db_url: str) -> None:
     async def body(db: AsyncEngine) -> None:
         store = StabilityStore(db)
