@@ -147,7 +147,7 @@ class TrainingEngine:
             raised = exc
         if earlier is not None:  # every rank keeps this op's gradients, or none does
             failed = error is not None or raised is not None
-            if self.world_size > 1:
+            if self.world_size > 1 and dist.is_initialized():  # ranks simulated in one process have no group
                 failed = _any_rank_failed(failed, self.device)
             _give_back_grads(model.params, earlier, keep_current=not failed)
         if raised is not None:
