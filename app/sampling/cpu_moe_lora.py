@@ -51,17 +51,16 @@ def experts_forward(
         gate_up = xe @ w13[expert].T
         adapters = token_adapters[rows] if token_adapters is not None and lora is not None else None
         used = [] if adapters is None else [a for a in torch.unique(adapters).tolist() if a >= 0]
-        for adapter in used:
-            assert lora is not None and adapters is not None
-            mine = adapters == adapter
+        masks = {adapter: adapters == adapter for adapter in used} if adapters is not None else {}
+        for adapter, mine in masks.items():
+            assert lora is not None
             for half, (a, b) in enumerate(zip(lora[0], lora[1], strict=True)):
                 delta = (xe[mine] @ a[adapter, expert].T.to(xe.dtype)) @ b[adapter, expert].T.to(xe.dtype)
                 gate_up[mine, half * inter : (half + 1) * inter] += delta
         hidden = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
         ye = hidden @ w2[expert].T
-        for adapter in used:
-            assert lora is not None and adapters is not None
-            mine = adapters == adapter
+        for adapter, mine in masks.items():
+            assert lora is not None
             a, b = lora[2][adapter, expert], lora[3][adapter, expert]
             ye[mine] += (hidden[mine] @ a.T.to(hidden.dtype)) @ b.T.to(hidden.dtype)
         weights = 1.0 if weight_on_input else topk_weights[rows, slots].unsqueeze(1)

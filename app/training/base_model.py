@@ -28,9 +28,10 @@ TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 def load_base_model(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu") -> torch.nn.Module:
     """The base model at `path` in `dtype`, frozen, in eval mode (no dropout), with its family's attention: SDPA
     where transformers has it (memory-efficient kernels on CPU and GPU: no [tokens, tokens] score matrix is kept)."""
-    family = family_of(AutoConfig.from_pretrained(path).model_type)
+    config = AutoConfig.from_pretrained(path)  # read once: the family's attention, then the model
+    family = family_of(config.model_type)
     model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(
-        path, dtype=dtype, attn_implementation=family.trainer_attention
+        path, config=config, dtype=dtype, attn_implementation=family.trainer_attention
     )
     for p in model.parameters():
         p.requires_grad_(False)
