@@ -11,7 +11,6 @@ whole, and the journal keeps what follows that one (plus the creation, seq_id 0,
 from __future__ import annotations
 
 import contextlib
-import pickle
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from sqlalchemy import and_, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.db import journal_codec
 from app.db.group_commit import group_commit
 from app.db.schema import futures, journal, snapshots
 from app.messages import CreateModel, SequencedOp
@@ -54,7 +54,7 @@ class JournalStore:
             "model_id": model_id,
             "seq_id": seq_id,
             "request_id": op.request_id,
-            "op": pickle.dumps(op, protocol=5),  # only this server writes and reads it
+            "op": journal_codec.encode(op),
             "created_at": time.time(),
         }
         with contextlib.suppress(IntegrityError):  # shares a commit with the process's other writes of the moment
@@ -71,7 +71,8 @@ class JournalStore:
         async with self._db.connect() as conn:
             rows = (await conn.execute(query)).all()
         return [
-            JournalEntry(r.seq_id, r.request_id, pickle.loads(r.op), r.state or "failed", r.worker_deaths) for r in rows
+            JournalEntry(r.seq_id, r.request_id, journal_codec.decode(r.op), r.state or "failed", r.worker_deaths)
+            for r in rows
         ]
 
     async def charge_worker_death(self, request_ids: Collection[str]) -> dict[str, int]:

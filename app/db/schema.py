@@ -221,7 +221,7 @@ journal = Table(
     Column("model_id", String(200), primary_key=True),
     Column("seq_id", BigInteger, primary_key=True),  # 0: the model's creation
     Column("request_id", String(64), nullable=False),  # its future: completed ones are replayed, pending ones rerun
-    Column("op", LargeBinary, nullable=False),  # the operation (app.messages), pickled by this server
+    Column("op", LargeBinary, nullable=False),  # the operation (app.messages): app.db.journal_codec
     Column("created_at", Float, nullable=False),
     # how often the training workers died while it ran: at limits.max_worker_deaths_per_operation it fails
     Column("worker_deaths", Integer, nullable=False, server_default="0"),

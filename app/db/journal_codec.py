@@ -1,0 +1,149 @@
+"""How the journal stores an operation (app.messages): a versioned msgpack encoding that names each record's type and
+fields, so that any release can read what an earlier one wrote and reading a row never runs code.
+
+A blob is `MAGIC`, one format byte, then msgpack. Records (the dataclasses in `RECORD_TYPES`) are stored by their
+class name and field names: a field a later release adds must have a default (rows written before it get the
+default), and a class or field that is renamed or removed keeps an entry in `RENAMED_RECORDS` / is dropped with a
+new format byte and its reader here. numpy arrays keep their dtype, shape and bytes; tuples stay tuples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from app.db.checkpoints import CheckpointRecord
+from app.messages import (
+    AdamParams,
+    AdapterSpec,
+    CreateModel,
+    DimuonParams,
+    ForwardBackward,
+    ForwardBackwardArgs,
+    LoadCheckpoint,
+    OptimStep,
+    SaveCheckpoint,
+    SaveForSampler,
+    SequencedOp,
+    Skip,
+)
+from app.storage.paths import CheckpointPath
+from app.training.batch import PackedBatch
+from app.training.custom_loss.program import CustomLossProgram, LossNode
+
+MAGIC = b"TSJ"
+FORMAT = 1  # the format byte this release writes
+
+RECORD_TYPES: dict[str, type] = {
+    cls.__name__: cls
+    for cls in (
+        AdamParams,
+        AdapterSpec,
+        CheckpointPath,
+        CheckpointRecord,
+        CreateModel,
+        CustomLossProgram,
+        DimuonParams,
+        ForwardBackward,
+        ForwardBackwardArgs,
+        LoadCheckpoint,
+        LossNode,
+        OptimStep,
+        PackedBatch,
+        SaveCheckpoint,
+        SaveForSampler,
+        Skip,
+    )
+}
+_OPERATIONS = (CreateModel, ForwardBackward, OptimStep, SaveCheckpoint, SaveForSampler, LoadCheckpoint, Skip)
+RENAMED_RECORDS: dict[str, str] = {}  # a record's name as an earlier release wrote it -> its name now
+
+_ARRAY, _TUPLE, _RECORD = 1, 2, 3  # msgpack extension codes
+
+
+class JournalFormatError(ValueError):
+    """A journal row this release cannot read (written by a newer release, or not by tinker-serve at all)."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """A record by name and fields: what a dataclass in `RECORD_TYPES` is stored as (and what migrations build)."""
+
+    name: str
+    fields: dict[str, Any]
+
+
+def encode(op: CreateModel | SequencedOp) -> bytes:
+    """The journal blob of an operation."""
+    return encode_tree(op)
+
+
+def encode_tree(value: Any) -> bytes:
+    """The blob of any value made of records (dataclasses of `RECORD_TYPES` or `Record`s), numpy arrays, tuples,
+    lists, dicts with string keys, strings, bytes, numbers, booleans and None."""
+    return MAGIC + bytes([FORMAT]) + _pack(value)
+
+
+def decode(blob: bytes) -> CreateModel | SequencedOp:
+    """The operation a journal blob holds."""
+    if blob[: len(MAGIC)] != MAGIC or len(blob) <= len(MAGIC):
+        raise JournalFormatError("not a tinker-serve journal entry (unknown header)")
+    version = blob[len(MAGIC)]
+    if version != FORMAT:
+        raise JournalFormatError(
+            f"journal entry in format {version}; this release reads format {FORMAT}: use the release that wrote it"
+        )
+    op = msgpack.unpackb(blob[len(MAGIC) + 1 :], ext_hook=_ext, raw=False)
+    if not isinstance(op, _OPERATIONS):
+        raise JournalFormatError(f"a journal entry holds a {type(op).__name__}, not an operation")
+    return op
+
+
+def _pack(value: Any) -> bytes:
+    return msgpack.packb(value, default=_default, use_bin_type=True, strict_types=True)
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        if value.dtype.hasobject:
+            raise TypeError("arrays of Python objects are not journaled")
+        return msgpack.ExtType(_ARRAY, _pack([value.dtype.str, list(value.shape), np.ascontiguousarray(value).data]))
+    if isinstance(value, tuple):
+        return msgpack.ExtType(_TUPLE, _pack(list(value)))
+    if isinstance(value, Record):
+        return msgpack.ExtType(_RECORD, _pack([value.name, value.fields]))
+    if dataclasses.is_dataclass(value) and RECORD_TYPES.get(type(value).__name__) is type(value):
+        fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        return msgpack.ExtType(_RECORD, _pack([type(value).__name__, fields]))
+    if isinstance(value, np.generic):  # numpy scalars as Python's
+        return value.item()
+    if isinstance(value, str):  # a StrEnum as its value
+        return str(value)
+    raise TypeError(f"{type(value).__name__} is not journaled")
+
+
+def _ext(code: int, data: bytes) -> Any:
+    if code == _ARRAY:
+        dtype, shape, raw = msgpack.unpackb(data, raw=False)
+        return np.frombuffer(raw, dtype=np.dtype(dtype)).reshape(shape).copy()
+    if code == _TUPLE:
+        return tuple(msgpack.unpackb(data, ext_hook=_ext, raw=False))
+    if code == _RECORD:
+        name, fields = msgpack.unpackb(data, ext_hook=_ext, raw=False)
+        return _record(RENAMED_RECORDS.get(name, name), fields)
+    raise JournalFormatError(f"unknown extension {code} in a journal entry")
+
+
+def _record(name: str, fields: dict[str, Any]) -> Any:
+    cls = RECORD_TYPES.get(name)
+    if cls is None:
+        raise JournalFormatError(f"a journal entry holds a {name!r}, which this release does not know")
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise JournalFormatError(f"a journal entry's {name} has fields this release does not know: {unknown}")
+    return cls(**fields)
