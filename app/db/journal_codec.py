@@ -62,7 +62,7 @@ RECORD_TYPES: dict[str, type] = {
 _OPERATIONS = (CreateModel, ForwardBackward, OptimStep, SaveCheckpoint, SaveForSampler, LoadCheckpoint, Skip)
 RENAMED_RECORDS: dict[str, str] = {}  # a record's name as an earlier release wrote it -> its name now
 
-_ARRAY, _TUPLE, _RECORD = 1, 2, 3  # msgpack extension codes
+_ARRAY, _TUPLE, _RECORD = 1, 2, 3  # msgpack extension codes: the markers leading a list
 
 
 class JournalFormatError(ValueError):
@@ -97,7 +97,7 @@ def decode(blob: bytes) -> CreateModel | SequencedOp:
         raise JournalFormatError(
             f"journal entry in format {version}; this release reads format {FORMAT}: use the release that wrote it"
         )
-    op = msgpack.unpackb(blob[len(MAGIC) + 1 :], ext_hook=_ext, raw=False)
+    op = _unpack(blob[len(MAGIC) + 1 :])
     if not isinstance(op, _OPERATIONS):
         raise JournalFormatError(f"a journal entry holds a {type(op).__name__}, not an operation")
     return op
@@ -107,18 +107,20 @@ def _pack(value: Any) -> bytes:
     return msgpack.packb(value, default=_default, use_bin_type=True, strict_types=True)
 
 
+# A record, tuple or array is a msgpack list led by an extension marker (its data: the record's name), so arrays'
+# bytes are copied once into the blob however deep they sit.
 def _default(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         if value.dtype.hasobject:
             raise TypeError("arrays of Python objects are not journaled")
-        return msgpack.ExtType(_ARRAY, _pack([value.dtype.str, list(value.shape), np.ascontiguousarray(value).data]))
+        return [msgpack.ExtType(_ARRAY, b""), value.dtype.str, list(value.shape), np.ascontiguousarray(value).data]
     if isinstance(value, tuple):
-        return msgpack.ExtType(_TUPLE, _pack(list(value)))
+        return [msgpack.ExtType(_TUPLE, b""), *value]
     if isinstance(value, Record):
-        return msgpack.ExtType(_RECORD, _pack([value.name, value.fields]))
+        return [msgpack.ExtType(_RECORD, value.name.encode()), value.fields]
     if dataclasses.is_dataclass(value) and RECORD_TYPES.get(type(value).__name__) is type(value):
         fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
-        return msgpack.ExtType(_RECORD, _pack([type(value).__name__, fields]))
+        return [msgpack.ExtType(_RECORD, type(value).__name__.encode()), fields]
     if isinstance(value, np.generic):  # numpy scalars as Python's
         return value.item()
     if isinstance(value, str):  # a StrEnum as its value
@@ -126,16 +128,24 @@ def _default(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not journaled")
 
 
-def _ext(code: int, data: bytes) -> Any:
-    if code == _ARRAY:
-        dtype, shape, raw = msgpack.unpackb(data, raw=False)
+def _unpack(data: bytes) -> Any:
+    return msgpack.unpackb(data, ext_hook=msgpack.ExtType, list_hook=_list, raw=False)
+
+
+def _list(items: list[Any]) -> Any:
+    """A decoded list, or the record, tuple or array it stands for (lists are decoded innermost first)."""
+    marker = items[0] if items else None
+    if not isinstance(marker, msgpack.ExtType):
+        return items
+    if marker.code == _ARRAY:
+        _, dtype, shape, raw = items
         return np.frombuffer(raw, dtype=np.dtype(dtype)).reshape(shape).copy()
-    if code == _TUPLE:
-        return tuple(msgpack.unpackb(data, ext_hook=_ext, raw=False))
-    if code == _RECORD:
-        name, fields = msgpack.unpackb(data, ext_hook=_ext, raw=False)
-        return _record(RENAMED_RECORDS.get(name, name), fields)
-    raise JournalFormatError(f"unknown extension {code} in a journal entry")
+    if marker.code == _TUPLE:
+        return tuple(items[1:])
+    if marker.code == _RECORD:
+        name = marker.data.decode()
+        return _record(RENAMED_RECORDS.get(name, name), items[1])
+    raise JournalFormatError(f"unknown extension {marker.code} in a journal entry")
 
 
 def _record(name: str, fields: dict[str, Any]) -> Any:
@@ -146,4 +156,7 @@ def _record(name: str, fields: dict[str, Any]) -> Any:
     unknown = sorted(set(fields) - known)
     if unknown:
         raise JournalFormatError(f"a journal entry's {name} has fields this release does not know: {unknown}")
-    return cls(**fields)
+    try:
+        return cls(**fields)
+    except TypeError as exc:  # a field without a default is missing
+        raise JournalFormatError(f"a journal entry's {name} cannot be read: {exc}") from None

@@ -152,6 +152,7 @@ def test_every_operation_round_trips_and_new_fields_get_their_defaults() -> None
         (journal_codec.encode_tree(journal_codec.Record("Unheard", {})), "'Unheard'"),
         (journal_codec.encode_tree(journal_codec.Record("Skip", {"request_id": "r", "extra": 1})), "['extra']"),
         (journal_codec.encode_tree(AdamParams()), "not an operation"),
+        (journal_codec.encode_tree(journal_codec.Record("Skip", {})), "Skip cannot be read"),
     ],
 )
 def test_a_row_this_release_cannot_read_is_refused_by_name(blob: bytes, message: str) -> None:
