@@ -136,13 +136,6 @@ class FutureStore:
         self.notify(request_id)
         return rows[0] if rows else None
 
-    async def fail_pending_of(self, model_ids: list[str], error: dict) -> int:
-        """Fail every pending future of these models (their trainer restarted); returns how many."""
-        if not model_ids:
-            return 0
-        failed = {"state": "failed", "error": error}
-        return len(await self._finish_where(failed, futures.c.model_id.in_(model_ids)))
-
     async def fail_stale(self, kind: str, created_before: float, error: dict) -> int:
         """Fail every pending future of `kind` created before `created_before`; returns how many."""
         failed = {"state": "failed", "error": error}

@@ -6,7 +6,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -19,6 +19,7 @@ from app.models.embedded import build_embedded_model
 from app.training.base_model import load_base_model
 from deployments.builder import build_app
 from tests.conftest import TINY_MODEL
+from tests.postgres import PostgresServer
 from tests.s3 import S3_ENV
 
 BASE_MODEL = "tinker-serve/tiny"
@@ -125,9 +126,15 @@ def wait_ready(url: str, budget_s: float = 300, route: str = "/ready", every_s: 
         time.sleep(every_s)
 
 
+# Set once the shared URL serves an app on another database than the standard one's: the shared client's session is
+# not in it. Kept in the environment: test modules import this file under another module name than pytest does.
+_ON_ANOTHER_DATABASE = "TINKER_SERVE_TEST_APP_ON_ANOTHER_DATABASE"
+
+
 def replace_app(config: dict, url: str, while_starting: Callable[[], None] | None = None) -> None:
     """Delete the shared Serve app and start one with `config` in its place (clients keep the same URL);
     `while_starting` runs once the new app's ingress answers, before the app is ready."""
+    os.environ[_ON_ANOTHER_DATABASE] = "1" if "database_url" in config else ""
     serve.delete("tinker", _blocking=False)  # the trainers' graceful shutdown waits up to 60 s for a submit
     deadline = time.monotonic() + 240  # left waiting, so this can take longer than serve's own wait
     while "tinker" in serve.status().applications:
@@ -193,11 +200,49 @@ def sharded_app(base_url: str, state_dir: Path) -> str:
     return base_url
 
 
+# family -> embedded preset; Qwen3-MoE's experts run through app.sampling.cpu_moe_lora in the CPU Sampler
+FAMILY_BASES = {"qwen3": "tiny-qwen3", "llama": "tiny-llama", "qwen3_moe": "tiny-qwen3-moe"}
+
+
+def _family_base(preset: str, root: Path) -> dict:
+    return {
+        "name": f"tinker-serve/{preset}",
+        "path": str(root / preset),
+        "embedded_preset": preset,
+        "trainer": {"num_workers": 1, "cpus_per_worker": 0.5, "dtype": "float32"},
+        "sampler": {"kv_cache_mib": 32, "num_cpus": 0.5, "dtype": "float32"},
+    }
+
+
+@pytest.fixture(scope="session")
+def families_on_postgres(
+    base_url: str, postgres: PostgresServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """The last app of the session (test_families, test_postgres_app): the shared app replaced by one serving a tiny
+    Qwen3, Llama 3 and Qwen3-MoE, each built offline, whose `database_url` is a fresh database on the session's own
+    PostgreSQL server. Yields that database's URL. Nothing runs after it, so the standard app is not brought back: the
+    app is deleted while its database still runs."""
+    root = tmp_path_factory.mktemp("families")
+    url = postgres.url(postgres.create_database())
+    config = {
+        "state_dir": str(root / "state"),
+        "database_url": url,
+        "auth": {"mode": "any_tml_key_on_loopback"},
+        "base_models": [_family_base(preset, root) for preset in FAMILY_BASES.values()],
+        "limits": {"max_lora_rank": 8},  # vLLM sizes its LoRA buffers by it (x 2 for Qwen3-MoE's experts)
+    }
+    replace_app(config, base_url)
+    yield url
+    serve.delete("tinker")
+    assert not (root / "state" / "tinker_serve.db").exists(), "the app made a SQLite file beside its Postgres database"
+
+
 @pytest.fixture(scope="session")
 def service_client(base_url: str) -> tinker.ServiceClient:
     client = tinker.ServiceClient(base_url=base_url, api_key="tml-integration-tests")
     yield client
-    client.close("success").result()
+    if not os.environ.get(_ON_ANOTHER_DATABASE):  # its session lives in the standard app's database
+        client.close("success").result()
 
 
 @pytest.fixture(scope="session")

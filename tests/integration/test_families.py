@@ -1,47 +1,26 @@
-"""The families beside Qwen2 that a CPU Sampler serves, through the whole app (runs after the quota tests: the shared
-app is replaced by one serving a tiny Qwen3, Llama 3 and Qwen3-MoE, each built offline; test_postgres_app replaces it
-next, then brings the standard app back). With MLP-only LoRA (expert LoRA on the MoE) the real SDK's loss falls,
+"""The families beside Qwen2 that a CPU Sampler serves, through the whole app (runs after the quota tests, on the
+session's last app: a tiny Qwen3, Llama 3 and Qwen3-MoE, each built offline, over PostgreSQL; conftest's
+`families_on_postgres`). With MLP-only LoRA (expert LoRA on the MoE) the real SDK's loss falls,
 get_info names the family, and the Sampler's vLLM gives the trained adapter's own tokens the trainer's logprobs. The
 trainer side of every family, gpt-oss included, is tests/unit/training/test_family_engines.py."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
 import tinker
 from tinker import types
 
-from tests.integration.conftest import replace_app
+from tests.integration.conftest import FAMILY_BASES
 from tests.integration.helpers import sft_datums, trainer_logprobs
 
-# family -> embedded preset; Qwen3-MoE's experts run through app.sampling.cpu_moe_lora in the CPU Sampler
-FAMILY_BASES = {"qwen3": "tiny-qwen3", "llama": "tiny-llama", "qwen3_moe": "tiny-qwen3-moe"}
 SAMPLER_ATOL = 2e-4  # as tests/integration/test_sampling.py: float32 vLLM and torch agree to ~1e-5
 
 
-def _base(preset: str, root: Path) -> dict:
-    return {
-        "name": f"tinker-serve/{preset}",
-        "path": str(root / preset),
-        "embedded_preset": preset,
-        "trainer": {"num_workers": 1, "cpus_per_worker": 0.5, "dtype": "float32"},
-        "sampler": {"kv_cache_mib": 32, "num_cpus": 0.5, "dtype": "float32"},
-    }
-
-
 @pytest.fixture(scope="module")
-def client(base_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tinker.ServiceClient]:
-    root = tmp_path_factory.mktemp("families")
-    config = {
-        "state_dir": str(root / "state"),
-        "auth": {"mode": "any_tml_key_on_loopback"},
-        "base_models": [_base(preset, root) for preset in FAMILY_BASES.values()],
-        "limits": {"max_lora_rank": 8},  # vLLM sizes its LoRA buffers by it (x 2 for Qwen3-MoE's experts)
-    }
-    replace_app(config, base_url)
+def client(families_on_postgres: str, base_url: str) -> Iterator[tinker.ServiceClient]:
     service = tinker.ServiceClient(base_url=base_url, api_key="tml-family-tests")
     yield service
     service.close("success").result()

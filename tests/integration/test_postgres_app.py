@@ -1,36 +1,18 @@
-"""The whole app on PostgreSQL (runs last: the shared app is replaced by one whose `database_url` is a fresh
-database on the test session's own server, tests/postgres.py). The real SDK trains, samples, saves and loads;
-every row lands in Postgres and no SQLite file is made. The standard app comes back afterwards: the shared client's
-session is not in this database, and the Postgres server stops before the shared client is closed."""
+"""The whole app on PostgreSQL (runs last, on the session's last app: conftest's `families_on_postgres`, whose
+`database_url` is a fresh database on the test session's own server, tests/postgres.py). The real SDK trains,
+samples, saves and loads; every row lands in Postgres and no SQLite file is made."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
-import pytest
 import tinker
 from sqlalchemy import func, select
 from tinker import types
 
 from app.db.schema import checkpoints, connect, training_runs
-from tests.integration.conftest import replace_app, server_config
 from tests.integration.helpers import logprobs_of, sft_datums
-from tests.postgres import PostgresServer
-
-
-@pytest.fixture(scope="module")
-def postgres_url(
-    base_url: str, state_dir: Path, postgres: PostgresServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[str]:
-    url = postgres.url(postgres.create_database())
-    pg_state_dir = tmp_path_factory.mktemp("pg-state")
-    replace_app({**server_config(pg_state_dir), "database_url": url}, base_url)
-    yield url
-    assert not (pg_state_dir / "tinker_serve.db").exists(), "the app made a SQLite file beside its Postgres database"
-    replace_app(server_config(state_dir), base_url)
 
 
 def _count_rows(url: str, model_id: str) -> tuple[int, int]:
@@ -47,10 +29,10 @@ def _count_rows(url: str, model_id: str) -> tuple[int, int]:
     return asyncio.run(main())
 
 
-def test_train_sample_save_and_load_on_postgres(postgres_url: str, base_url: str) -> None:
+def test_train_sample_save_and_load_on_postgres(families_on_postgres: str, base_url: str) -> None:
     client = tinker.ServiceClient(base_url=base_url, api_key="tml-postgres-tests")
     try:
-        tc = client.create_lora_training_client(base_model="tinker-serve/tiny", rank=8, seed=71).result()
+        tc = client.create_lora_training_client(base_model="tinker-serve/tiny-qwen3", rank=8, seed=71).result()
         data = sft_datums(tc.get_tokenizer())
         losses = []
         for _ in range(4):
@@ -70,7 +52,7 @@ def test_train_sample_save_and_load_on_postgres(postgres_url: str, base_url: str
         restored = client.create_training_client_from_state_with_optimizer(state).result()
         for got, want in zip(logprobs_of(restored.forward(data, "cross_entropy").result()), expected, strict=True):
             np.testing.assert_array_equal(got, want)
-        runs, saved = _count_rows(postgres_url, tc.model_id)
+        runs, saved = _count_rows(families_on_postgres, tc.model_id)
         assert runs == 1 and saved >= 1  # the run and its state, in Postgres
     finally:
         client.close("success").result()

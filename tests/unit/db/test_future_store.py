@@ -218,18 +218,3 @@ def test_every_local_waiter_wakes_at_once(db: str) -> None:
     assert isinstance(impatient, Pending)
     assert isinstance(outcome, Completed) and outcome.payload == b"both"
     assert elapsed < 3.0  # a local wake-up, with room for a loaded machine
-
-
-def test_fail_pending_of_fails_only_pending_futures_of_those_models(db: str) -> None:
-    async def body(store: FutureStore) -> None:
-        done, _ = await store.create("optim_step", "a", 1)
-        await store.complete(done, b"{}", JSON_CONTENT_TYPE)
-        stuck, _ = await store.create("forward_backward", "a", 2)
-        other, _ = await store.create("forward_backward", "b", 1)
-        assert await store.fail_pending_of(["a"], {"error": "restarted", "category": "server"}) == 1
-        assert await store.get(stuck) == Failed(stuck, {"error": "restarted", "category": "server"})
-        assert isinstance(await store.get(done), Completed)
-        assert isinstance(await store.get(other), Pending)
-        assert await store.fail_pending_of([], {"error": "x"}) == 0
-
-    run_with_store(db, body)
