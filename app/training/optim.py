@@ -9,6 +9,7 @@ from app.errors import UserError
 from app.messages import AdamParams, DimuonParams, OptimParams
 from app.training.dimuon import Dimuon
 
+
 def make_optimizer(params: list[torch.nn.Parameter], kind: str = "adamw") -> torch.optim.Optimizer:
     # Hyper-parameters are overwritten on every step; these are placeholders. The fused AdamW updates every
     # tensor in one pass (about 3x faster than foreach=True on CPU, which reads and writes each tensor per op).
