@@ -58,6 +58,11 @@ class ServerMetrics:
         self.replayed_ops = metrics.Counter(
             "tinker_serve_replayed_ops", "Journaled operations replayed to rebuild models", tag_keys=("trainer",)
         )
+        self.db_statements = metrics.Counter(
+            "tinker_serve_db_statements",
+            "Statements sent to the metadata database, by process and statement (`select futures`, ...)",
+            tag_keys=("process", "statement"),
+        )
         self.adapter_loads = metrics.Counter(
             "tinker_serve_adapter_loads", "LoRA adapters loaded into a sampler's engine", tag_keys=("base_model",)
         )

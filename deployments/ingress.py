@@ -34,6 +34,7 @@ from app.db.schema import connect
 from app.db.session_views import SessionViews
 from app.db.settings import shared_secret
 from app.db.stability import StabilityStore
+from app.db.statement_metrics import count_statements
 from app.db.traces import TraceStore
 from app.db.usage import UsageStore
 from app.metrics import RequestMetrics
@@ -83,6 +84,7 @@ class Ingress:
         cfg = ServerConfig.model_validate(config)
         check_mode_fits_bind(cfg.auth.mode, await asyncio.to_thread(_proxy_host))  # it asks the controller: blocks
         db = connect(cfg.db_url)
+        count_statements(db, "ingress")
         await migrate(db)
         logger.info("ingress: database %s ready in %.1f s", redacted(cfg.db_url), time.monotonic() - started)
         # Completions dispatched by this replica wake its long-polls at once; polling the row is for futures

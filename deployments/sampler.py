@@ -15,6 +15,7 @@ from app.db.futures import FutureStore
 from app.db.migrate import migrate
 from app.db.schema import connect
 from app.db.stability import StabilityStore
+from app.db.statement_metrics import count_statements
 from app.db.usage import UsageStore
 from app.sampling.cpu_env import CPU_ENGINE_ENV
 from app.sampling.engine import SamplerEngine
@@ -70,6 +71,7 @@ class Sampler:
             base.sampler.tensor_parallel_size,
         )
         db = connect(cfg.db_url)
+        count_statements(db, "sampler")
         await migrate(db)
         replica = serve.get_replica_context().replica_id.unique_id
         work_dir = Path(cfg.state_dir) / "sampler" / replica

@@ -16,6 +16,7 @@ from app.db.journal import JournalStore
 from app.db.metadata import MetadataStore
 from app.db.migrate import migrate
 from app.db.schema import connect
+from app.db.statement_metrics import count_statements
 from app.messages import CreateModel, SequencedOp
 from app.models.precision import DTYPE_BYTES, resolve_dtype
 from app.storage.objects import ObjectStorage
@@ -59,6 +60,7 @@ class Trainer:
             redacted(cfg.checkpoint_uri),
         )
         db = connect(cfg.db_url)
+        count_statements(db, "trainer")
         await migrate(db)
         group = TorchTrainerGroup(
             trainer,

@@ -49,6 +49,12 @@ def test_custom_metrics_reach_rays_metrics_endpoint(service_client) -> None:
         ),
         "queue depth of the model": lambda t: bool(_samples(t, "ray_tinker_serve_queue_depth", model_id=tc.model_id)),
         "adapter loads": lambda t: sum(_samples(t, "ray_tinker_serve_adapter_loads")) >= 1,
+        "the trainer's future writes": lambda t: (
+            sum(_samples(t, "ray_tinker_serve_db_statements", process="trainer", statement="update futures")) >= 2
+        ),
+        "the ingress's journal appends": lambda t: (
+            sum(_samples(t, "ray_tinker_serve_db_statements", process="ingress", statement="insert journal")) >= 2
+        ),
         "Serve's replica metrics": lambda t: bool(_samples(t, "ray_serve_deployment_replica_healthy")),
         "requests by user": lambda t: sum(_samples(t, "ray_tinker_serve_user_requests", user=USER, status="200")) >= 4,
     }
