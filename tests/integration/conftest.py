@@ -76,19 +76,20 @@ def server_config(state_dir: Path, sharded: bool = False) -> dict:
             },
             *([BF16_TWIN] if sharded else []),
         ],
-        "limits": {
-            "fwdbwd_max_chunk_len": CHUNK_LEN,
-            "max_tokens_per_datum": MAX_TOKENS,
-            "max_lora_rank": 16,
+        "limits": {"fwdbwd_max_chunk_len": CHUNK_LEN, "max_tokens_per_datum": MAX_TOKENS},
+        "timeouts": {"session_timeout_seconds": SESSION_TIMEOUT_S},
+        "retention": {
             "ephemeral_sampler_ttl_seconds": EPHEMERAL_TTL_S,
-            "max_pending_samples": MAX_PENDING_SAMPLES,
-            "session_timeout_seconds": SESSION_TIMEOUT_S,
             "min_checkpoint_ttl_seconds": MIN_CHECKPOINT_TTL_S,
             "checkpoint_sweep_seconds": 1,
+        },
+        "quotas": {
+            "max_pending_samples": MAX_PENDING_SAMPLES,
             "max_stability_records_per_session": MAX_STABILITY_RECORDS,
             "max_live_models_per_user": 999,  # the suite's shared user keeps well over the default 32 loaded
-            "max_models_per_base": 1000,  # and they stay loaded across the failure tests' restarts (rebuilt)
         },
+        # max_models_per_base: the shared user's models stay loaded across the failure tests' restarts (rebuilt)
+        "engine": {"max_lora_rank": 16, "max_models_per_base": 1000},
     }
 
 

@@ -39,7 +39,7 @@ def client(base_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         "state_dir": str(root / "state"),
         "auth": {"mode": "any_tml_key_on_loopback"},
         "base_models": [_base(preset, root) for preset in FAMILY_BASES.values()],
-        "limits": {"max_lora_rank": 8},  # vLLM sizes its LoRA buffers by it (x 2 for Qwen3-MoE's experts)
+        "engine": {"max_lora_rank": 8},  # vLLM sizes its LoRA buffers by it (x 2 for Qwen3-MoE's experts)
     }
     replace_app(config, base_url)
     service = tinker.ServiceClient(base_url=base_url, api_key="tml-family-tests")
