@@ -82,7 +82,7 @@ class Forbidden(UserError):
 
 class TooLargeForWorkers(UserError):
     """The operation was running each time the training workers died (killed for memory, most likely), as often as
-    limits.max_worker_deaths_per_operation allows: it is not run again, since unchanged it would kill them again."""
+    timeouts.max_worker_deaths_per_operation allows: it is not run again, since unchanged it would kill them again."""
 
 
 class Relayed(TinkerServeError):

@@ -68,7 +68,7 @@ def main() -> None:
     model = "tinker-serve/tiny"
     url, _ = start_server(
         [{"name": model, "path": str(path), "trainer": {"num_workers": 1, "cpus_per_worker": 1}}],
-        limits={"max_lora_rank": 8},
+        engine={"max_lora_rank": 8},
     )
     targets = token_set_targets(tinker.ServiceClient(base_url=url, api_key="tml-bench"), model)
     summary: dict[tuple[str, float], list[tuple[float, float]]] = {}

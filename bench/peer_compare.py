@@ -135,7 +135,7 @@ def our_config(model: Path, port: int, run: Path) -> dict[str, Any]:
     base.pop("embedded_preset", None)
     base.update(name=str(model), path=str(model))
     args["state_dir"] = str(run / "state")
-    args["limits"]["max_lora_rank"] = OUR_MAX_LORA_RANK
+    args.setdefault("engine", {})["max_lora_rank"] = OUR_MAX_LORA_RANK
     return config
 
 

@@ -41,7 +41,7 @@ def main() -> None:
     base = {"name": name, "path": str(path), "trainer": group, "sampler": {"kv_cache_mib": 128}}
     if args.critic_trainer:
         base["critic_trainer"] = group
-    url, _ = start_server([base], limits={"max_lora_rank": 8})
+    url, _ = start_server([base], engine={"max_lora_rank": 8})
     service = tinker.ServiceClient(base_url=url, api_key="tml-bench")
     policy = service.create_lora_training_client(base_model=name, rank=8, seed=0).result()
     critic = service.create_lora_training_client(

@@ -64,7 +64,7 @@ def main() -> None:
     vocab = AutoConfig.from_pretrained(path).vocab_size
     sampler_cfg = {"num_cpus": 1, "kv_cache_mib": 256, "max_num_seqs": 64, "max_ongoing_requests": 4 * args.prompts}
     base = {"name": name, "path": path, "trainer": {"num_workers": 1, "cpus_per_worker": 1}, "sampler": sampler_cfg}
-    url, _ = start_server([base], limits={"max_lora_rank": 8}, features={"sample_use_retrieve_futures": True})
+    url, _ = start_server([base], engine={"max_lora_rank": 8}, features={"sample_use_retrieve_futures": True})
     clients = {flag: sampler_with_flag(url, name, flag) for flag in (True, False)}
     rng = np.random.default_rng(0)
     batch = [rng.integers(3, vocab, size=int(rng.integers(16, 29))).tolist() for _ in range(args.prompts)]

@@ -233,7 +233,7 @@ def main() -> None:
                 "sampler": {"kv_cache_mib": 64},
             }
         )
-    url, state_dir = start_server(bases, limits={"max_lora_rank": RANK})  # the raw engine's LoRA width too
+    url, state_dir = start_server(bases, engine={"max_lora_rank": RANK})  # the raw engine's LoRA width too
     service = tinker.ServiceClient(base_url=url, api_key="tml-bench")
     batch = prompts(args.prompts, vocab)
     tc, _ = trained_client(service, name, batch[0])

@@ -44,7 +44,7 @@ def config(port: int, run: Path, context: int) -> dict[str, Any]:
     base["max_context_length"] = context
     base["sampler"].update(kv_cache_mib=context * 2 * 28 * 8 * 128 * 2 // 2**20 + 64, max_replicas=1)
     args["state_dir"] = str(run / "state")
-    args["limits"]["max_tokens_per_datum"] = context
+    args.setdefault("limits", {})["max_tokens_per_datum"] = context
     return text
 
 

@@ -22,16 +22,22 @@ serve_env.apply()  # as `make serve` runs Serve
 APP_NAME = "bench"
 
 
-def start_server(base_models: list[dict], **config: object) -> tuple[str, Path]:
+def start_server(base_models: list[dict], metrics_port: int | None = None, **config: object) -> tuple[str, Path]:
     """Deploy the app with these base models (and any other top-level config); once it is ready, returns
-    its URL and state directory."""
+    its URL and state directory. `metrics_port`: where Ray's metrics endpoint listens (on this node)."""
     import httpx
     import ray
     from ray import serve
 
     from deployments.builder import build_app
 
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, _temp_dir=f"/tmp/tsbench-{os.getpid()}")
+    ray.init(
+        num_cpus=8,
+        include_dashboard=False,
+        log_to_driver=False,
+        _temp_dir=f"/tmp/tsbench-{os.getpid()}",
+        **({"_metrics_export_port": metrics_port} if metrics_port else {}),
+    )
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -97,9 +97,11 @@ def _register_name(name: str, path: Path) -> None:
 
 def build_app(args: dict[str, Any]) -> Application:
     """Validate the whole config first (every error at once), then bind each base model's Trainers (one, or a
-    second for critics) and its Sampler."""
+    second for critics) and its Sampler. The API keys are loaded once here too, so that api_keys mode without any
+    fails before a replica starts; only the ingress replicas read them again (validation reads no file)."""
     route_app_logs()
     config = ServerConfig.model_validate(args).resolved()
+    config.auth.load_keys()
     raw = config.model_dump()
     limits = _model_limits(config)
     trainers = {

@@ -82,6 +82,7 @@ class Ingress:
         route_app_logs()
         started = time.monotonic()
         cfg = ServerConfig.model_validate(config)
+        configured_keys = cfg.auth.load_keys()  # the only replica that reads the key file; none: an error
         check_mode_fits_bind(cfg.auth.mode, await asyncio.to_thread(_proxy_host))  # it asks the controller: blocks
         db = connect(cfg.db_url)
         count_statements(db, "ingress")
@@ -90,8 +91,9 @@ class Ingress:
         # Completions dispatched by this replica wake its long-polls at once; polling the row is for futures
         # that another replica (or a restarted trainer) finishes, so one replica polls rarely.
         futures = FutureStore(db, poll_interval_s=5.0 if cfg.ingress_replicas == 1 else 1.0)
-        sampler_store, storage, limits = SamplerStore(db), ObjectStorage(cfg.checkpoint_uri), cfg.limits
-        stability, record_ttl = StabilityStore(db), limits.stability_record_ttl_seconds
+        sampler_store, storage = SamplerStore(db), ObjectStorage(cfg.checkpoint_uri)
+        timeouts, retention, quotas = cfg.timeouts, cfg.retention, cfg.quotas
+        stability, record_ttl = StabilityStore(db), retention.stability_record_ttl_seconds
         traces = TraceStore(db)
         self._services = services = Services(
             config=cfg,
@@ -103,19 +105,19 @@ class Ingress:
             sampler_store=sampler_store,
             stability=stability,
             journal=JournalStore(db),
-            history=HistoryStore(db, limits.max_history_points_per_run),
+            history=HistoryStore(db, retention.max_history_points_per_run),
             session_views=SessionViews(db),
             traces=traces,
             usage=UsageStore(db),
             copies=CopyLog(db),
             custom_losses=CustomLossStore(db),
             samplers=ServeSamplerClient(
-                samplers, futures, RetryPolicy(limits.sample_retries, limits.sample_retry_deadline_seconds)
+                samplers, futures, RetryPolicy(timeouts.sample_retries, timeouts.sample_retry_deadline_seconds)
             ),
             model_limits={name: ModelLimits(**limits) for name, limits in model_limits.items()},
             auth=Authenticator(
                 cfg.auth.mode,
-                cfg.auth.load_keys(),
+                configured_keys,
                 KeyStore(db),
                 cfg.auth.key_cache_seconds,
                 AuditLog(db),
@@ -123,13 +125,13 @@ class Ingress:
             ),
             audit=AuditLog(db),
             quotas=QuotaStore(db),
-            request_rate=RateLimiter(limits.requests_per_minute_per_key),
-            sample_rate=RateLimiter(limits.sample_tokens_per_minute_per_user),
-            failed_auth_rate=RateLimiter(limits.failed_auth_per_minute_per_client),
+            request_rate=RateLimiter(quotas.requests_per_minute_per_key),
+            sample_rate=RateLimiter(quotas.sample_tokens_per_minute_per_user),
+            failed_auth_rate=RateLimiter(quotas.failed_auth_per_minute_per_client),
             url_signing_key=await shared_secret(db, "url_signing_key"),
             replicas=ServeReplicaCounts(),
         )
-        sampler_ttl = limits.ephemeral_sampler_ttl_seconds
+        sampler_ttl = retention.ephemeral_sampler_ttl_seconds
         self._sweepers = [
             asyncio.create_task(sweep)
             for sweep in (
@@ -142,11 +144,13 @@ class Ingress:
                 sweep_forever(
                     "silent sessions",
                     lambda: expire_silent_sessions(services),
-                    min(30.0, limits.session_timeout_seconds / 4),
-                    first_delay_s=limits.session_timeout_seconds,
+                    min(30.0, timeouts.session_timeout_seconds / 4),
+                    first_delay_s=timeouts.session_timeout_seconds,
                 ),
                 sweep_forever(
-                    "expired checkpoints", lambda: remove_expired_checkpoints(services), limits.checkpoint_sweep_seconds
+                    "expired checkpoints",
+                    lambda: remove_expired_checkpoints(services),
+                    retention.checkpoint_sweep_seconds,
                 ),
                 sweep_forever(
                     "expired stability records",
@@ -154,24 +158,24 @@ class Ingress:
                     min(60.0, record_ttl / 4),
                 ),
                 sweep_forever(
-                    "trace entries beyond limits.max_trace_events_per_session",
-                    lambda: traces.trim(limits.max_trace_events_per_session),
+                    "trace entries beyond retention.max_trace_events_per_session",
+                    lambda: traces.trim(retention.max_trace_events_per_session),
                     60.0,
                 ),
                 sweep_forever(
-                    "finished futures past limits.future_retention_seconds",
-                    lambda: futures.expire_finished(time.time() - limits.future_retention_seconds),
-                    min(3600.0, limits.future_retention_seconds / 4),
+                    "finished futures past retention.future_retention_seconds",
+                    lambda: futures.expire_finished(time.time() - retention.future_retention_seconds),
+                    min(3600.0, retention.future_retention_seconds / 4),
                 ),
                 sweep_forever(
-                    "audit events past limits.audit_retention_days",
-                    lambda: services.audit.expire(time.time() - limits.audit_retention_days * 86400),
+                    "audit events past retention.audit_retention_days",
+                    lambda: services.audit.expire(time.time() - retention.audit_retention_days * 86400),
                     3600.0,
                 ),
                 sweep_forever(
                     "stale sample futures",
-                    lambda: fail_stale_samples(futures, limits.sample_timeout_seconds),
-                    min(60.0, limits.sample_timeout_seconds / 4),
+                    lambda: fail_stale_samples(futures, timeouts.sample_timeout_seconds),
+                    min(60.0, timeouts.sample_timeout_seconds / 4),
                 ),
             )
         ]

@@ -79,7 +79,7 @@ class Sampler:
             self._engine = await SamplerEngine.start(
                 base.path,
                 base.sampler.model_copy(update={"dtype": base.sampler_dtype()}),
-                max_lora_rank=cfg.limits.max_lora_rank,
+                max_lora_rank=cfg.engine.max_lora_rank,
                 max_model_len=max_model_len,
                 work_dir=work_dir,
             )

@@ -68,8 +68,8 @@ class Trainer:
             shape,
             f"{cfg.state_dir}/ray_train",
             checkpoint_uri=cfg.checkpoint_uri,
-            command_timeout_s=cfg.limits.command_timeout_seconds,
-            startup_timeout_s=cfg.limits.worker_start_timeout_seconds,
+            command_timeout_s=cfg.timeouts.command_timeout_seconds,
+            startup_timeout_s=cfg.timeouts.worker_start_timeout_seconds,
         )
         model_config = read_model_config(base.path)
         dtype_bytes = DTYPE_BYTES[resolve_dtype(shape.dtype, shape.use_gpu)]  # as the workers resolve it
@@ -85,14 +85,15 @@ class Trainer:
         )
         self._service = TrainerService(
             trainer,
-            cfg.limits,
+            cfg.timeouts,
+            cfg.engine,
             group,
             FutureStore(db),
             MetadataStore(db),
             CheckpointStore(db),
             ObjectStorage(cfg.checkpoint_uri),
             JournalStore(db),
-            HistoryStore(db, cfg.limits.max_history_points_per_run),
+            HistoryStore(db, cfg.retention.max_history_points_per_run),
             shape,
             activation_bytes,
         )

@@ -51,7 +51,7 @@ async def server_status(services: ServicesDep) -> dict:
                     "ready": sampler_ready.get(base.name, False),
                     "replicas": known.get(("sampler", base.name), {}) if known else None,
                     "in_flight": samplers_busy.get(base.name, 0),
-                    "max_pending": cfg.limits.max_pending_samples,
+                    "max_pending": cfg.quotas.max_pending_samples,
                 },
             }
         )

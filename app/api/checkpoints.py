@@ -13,7 +13,7 @@ from app.api.deps import Services, ServicesDep, UserDep, check_metadata_size
 from app.api.models import optimizer_of, register_model
 from app.api.quotas import check_checkpoint_bytes
 from app.api.training import sequenced
-from app.config import LimitsConfig
+from app.config import LimitsConfig, RetentionConfig
 from app.db.checkpoints import CheckpointRecord, already_exists
 from app.db.metadata import TrainingRun
 from app.db.samplers import SamplingSession, sampling_session_id_for
@@ -25,14 +25,14 @@ from app.storage.paths import checkpoint_path
 router = APIRouter(prefix="/api/v1")
 
 
-def checkpoint_expiry(limits: LimitsConfig, ttl_seconds: int | None) -> float | None:
+def checkpoint_expiry(retention: RetentionConfig, ttl_seconds: int | None) -> float | None:
     """When a checkpoint given `ttl_seconds` expires (None: never); a user error outside the configured bounds."""
     if ttl_seconds is None:
         return None
-    low, high = limits.min_checkpoint_ttl_seconds, limits.max_checkpoint_ttl_seconds
+    low, high = retention.min_checkpoint_ttl_seconds, retention.max_checkpoint_ttl_seconds
     if not low <= ttl_seconds <= high:
         raise UserError(
-            f"ttl_seconds must be between {low} and {high} (limits.min/max_checkpoint_ttl_seconds), "
+            f"ttl_seconds must be between {low} and {high} (retention.min/max_checkpoint_ttl_seconds), "
             f"got {ttl_seconds}; leave it out to keep the checkpoint until deleted",
             field="ttl_seconds",
         )
@@ -68,7 +68,7 @@ async def _new_checkpoint(
         path.new_location(),
         0,
         0.0,
-        checkpoint_expiry(services.config.limits, ttl_seconds),
+        checkpoint_expiry(services.config.retention, ttl_seconds),
         False,
         _user_metadata(services.config.limits, user_metadata),
     )

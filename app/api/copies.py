@@ -111,7 +111,7 @@ async def copy_weights(body: CopyWeightsRequest, request: Request, services: Ser
         kinds=("weights", "sampler_weights"),
         hint="copy training weights (save_state) or sampler weights (save_weights_for_sampler)",
     )
-    expires_at = checkpoint_expiry(services.config.limits, body.ttl_seconds)
+    expires_at = checkpoint_expiry(services.config.retention, body.ttl_seconds)
     await check_checkpoint_bytes(services, user, field="source_path")
     run = await _destination_run(services, body, source_run, user)
     path = CheckpointPath(run.model_id, source.path.kind, source.path.name)

@@ -23,13 +23,13 @@ router = APIRouter(prefix="/api/v1")
 async def create_custom_loss(body: CreateCustomLossRequest, services: ServicesDep, user: UserDep) -> dict:
     """Rejections are immediate user errors naming the node; a valid loss's future is complete at once."""
     await services.session(body.session_id, user)
-    limits = services.config.limits
+    limits, quotas = services.config.limits, services.config.quotas
     loss_id = loss_id_for(body.session_id, body.custom_loss_seq_id)
     program = validate_custom_loss(loss_id, body.name, body.inputs, body.graph, limits.max_custom_loss_nodes)
-    if await services.custom_losses.count(body.session_id) >= limits.max_custom_losses_per_session:
+    if await services.custom_losses.count(body.session_id) >= quotas.max_custom_losses_per_session:
         raise LimitExceeded(
-            f"this session has {limits.max_custom_losses_per_session} custom losses, "
-            "limits.max_custom_losses_per_session",
+            f"this session has {quotas.max_custom_losses_per_session} custom losses, "
+            "quotas.max_custom_losses_per_session",
             field="custom_loss_seq_id",
         )
     await services.custom_losses.add(body.session_id, program)

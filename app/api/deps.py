@@ -160,10 +160,11 @@ class Services:
 
     async def audit_read(self, user: str, record: CheckpointRecord, run: TrainingRun, purpose: str) -> None:
         """Record `user` reading another user's published checkpoint (their owner reads it in their audit log), once
-        per limits.audit_read_dedupe_seconds for each checkpoint and purpose: reads in a loop do not flood the log."""
+        per retention.audit_read_dedupe_seconds for each checkpoint and purpose: reads in a loop do not flood the
+        log."""
         now, read = time.monotonic(), (user, record.path.uri, purpose)
         last = self._reads_audited.get(read)
-        if last is not None and now - last < self.config.limits.audit_read_dedupe_seconds:
+        if last is not None and now - last < self.config.retention.audit_read_dedupe_seconds:
             return
         remember(self._reads_audited, read, now)
         owner = self._owners.get(run.session_id)
@@ -179,7 +180,7 @@ class Services:
         if not await self.owns(user, session.session_id):
             raise sampler_not_found(sampling_session_id)
         if session.ephemeral:
-            ttl, now = self.config.limits.ephemeral_sampler_ttl_seconds, time.time()
+            ttl, now = self.config.retention.ephemeral_sampler_ttl_seconds, time.time()
             if now - session.last_used_at > ttl / 10:  # refresh rarely: another replica may have used it
                 session = await self.sampler_store.get(sampling_session_id)
                 if now - session.last_used_at > ttl:

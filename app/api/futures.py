@@ -28,7 +28,7 @@ async def retrieve_future(
 ) -> Response:
     await services.future(body.request_id, user)
     with long_poll_slot(services, user):
-        outcome = await services.futures.wait(body.request_id, services.config.limits.long_poll_seconds)
+        outcome = await services.futures.wait(body.request_id, services.config.timeouts.long_poll_seconds)
     if isinstance(outcome, Pending):
         return JSONResponse({"type": "try_again", "request_id": body.request_id, "queue_state": outcome.queue_state})
     if isinstance(outcome, Completed):
@@ -45,13 +45,13 @@ async def retrieve_future(
 @router.post("/retrieve_futures")
 async def retrieve_futures(body: RetrieveFuturesRequest, services: ServicesDep, user: UserDep) -> dict:
     """The samples of one (sampling session, clone) that finished or failed after `prev_cursor`, waiting up to
-    `timeout` (at most limits.long_poll_seconds) for one; their payloads are fetched with retrieve_future."""
+    `timeout` (at most timeouts.long_poll_seconds) for one; their payloads are fetched with retrieve_future."""
     session_id = body.target.sampling_session_id
     await services.sampling_session(session_id, user)  # exists (and, if ephemeral, stays alive while polled)
     target = Target(session_id, body.target.cloned_sampler_id)
     completions = services.futures.completions
     await completions.trim(target, body.prev_cursor, idle=body.timeout == 0)  # timeout 0: the poller only acks
-    limit = services.config.limits.long_poll_seconds
+    limit = services.config.timeouts.long_poll_seconds
     with long_poll_slot(services, user):
         found = await completions.wait(
             target, body.prev_cursor, limit if body.timeout is None else min(body.timeout, limit)

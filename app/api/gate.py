@@ -102,7 +102,7 @@ class RequestGate:
         if wait:
             raise Overloaded(
                 f"too many requests from {client} with keys that were refused "
-                f"(limits.failed_auth_per_minute_per_client); retry in {wait:.0f} s",
+                f"(quotas.failed_auth_per_minute_per_client); retry in {wait:.0f} s",
                 retry_after_s=int(wait) + 1,
             )
         try:

@@ -44,9 +44,9 @@ async def create_model(body: CreateModelRequest, services: ServicesDep, user: Us
     base = services.served_base_model(body.base_model)
     role = _model_role(body)
     lora = body.lora_config
-    if lora.rank > services.config.limits.max_lora_rank:
+    if lora.rank > services.config.engine.max_lora_rank:
         raise LimitExceeded(
-            f"lora_config.rank {lora.rank} exceeds limits.max_lora_rank={services.config.limits.max_lora_rank}",
+            f"lora_config.rank {lora.rank} exceeds engine.max_lora_rank={services.config.engine.max_lora_rank}",
             field="lora_config.rank",
         )
     if not (lora.train_attn or lora.train_mlp):

@@ -67,7 +67,7 @@ def _check_limits(
 ) -> int:
     """Check the sampling ranges, the sequences (prompts x n), the token budget and logprobs against the limits and
     the user's token rate; the budget. A request for more tokens than a whole minute's rate is refused outright."""
-    limits = services.config.limits
+    limits, quotas = services.config.limits, services.config.quotas
     check_sampling_ranges(
         limits,
         services.model_limits[base_model],
@@ -92,11 +92,11 @@ def _check_limits(
             f"{logprobs_field}={logprobs} exceeds limits.max_topk_logprobs={limits.max_topk_logprobs}",
             field=logprobs_field,
         )
-    tokens, per_minute = prompts * body.n * max_tokens, limits.sample_tokens_per_minute_per_user
+    tokens, per_minute = prompts * body.n * max_tokens, quotas.sample_tokens_per_minute_per_user
     if tokens > per_minute:  # the token bucket would let it through when full
         raise LimitExceeded(
             f"{prompts} prompts x n={body.n} x {token_field}={max_tokens} = {tokens} tokens exceed "
-            f"limits.sample_tokens_per_minute_per_user={per_minute}",
+            f"quotas.sample_tokens_per_minute_per_user={per_minute}",
             field=token_field,
         )
     check_sample_tokens(services, user, tokens)
@@ -111,9 +111,9 @@ async def _forward(services: Services, user: str, route: Route, body: _Request, 
     base_model, adapter_location = await _model(services, body.model, user)
     logprobs_field = "logprobs" if route == "completions" else "top_logprobs"
     max_tokens = _check_limits(services, user, base_model, body, token_field, logprobs_field)
-    limit = services.config.limits.max_pending_samples
+    limit = services.config.quotas.max_pending_samples
     if not services.samplers.admit(base_model, limit):
-        raise Overloaded(f"{limit} samples are already queued for {base_model} (limits.max_pending_samples)")
+        raise Overloaded(f"{limit} samples are already queued for {base_model} (quotas.max_pending_samples)")
     payload = {**body.model_dump(exclude_unset=True), token_field: max_tokens}
     stream = services.samplers.openai(base_model, adapter_location, route, payload)
     first = await anext(stream)

@@ -149,7 +149,7 @@ def describe(schema: dict[str, Any], config: ServerConfig) -> dict[str, Any]:
         field = components[model]["properties"]["base_model"]
         target = next((s for s in field.get("anyOf", []) if s.get("type") == "string"), field)
         target["enum"] = served
-    components["LoraConfig"]["properties"]["rank"]["maximum"] = config.limits.max_lora_rank
+    components["LoraConfig"]["properties"]["rank"]["maximum"] = config.engine.max_lora_rank
     return schema
 
 

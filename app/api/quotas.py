@@ -1,4 +1,4 @@
-"""Per-user quotas and per-key rates (limits.*_per_user, limits.requests_per_minute_per_key). Sizes (live models,
+"""Per-user quotas and per-key rates (quotas.*_per_user, quotas.requests_per_minute_per_key). Sizes (live models,
 checkpoint bytes) answer a user error naming the limit; rates and queues (pending training operations, sampled
 tokens a minute, requests a minute) answer 429 with Retry-After, which the SDK waits out and retries. Nothing already
 accepted is dropped: a refusal comes before a request's future exists."""
@@ -18,22 +18,22 @@ def _retry_after(seconds: float) -> int:
 
 
 def check_request_rate(services: Services, key_id: int) -> None:
-    per_minute = services.config.limits.requests_per_minute_per_key
+    per_minute = services.config.quotas.requests_per_minute_per_key
     wait = services.request_rate.take(str(key_id), 1)
     if wait:
         raise Overloaded(
-            f"this API key sent more than limits.requests_per_minute_per_key={per_minute}; retry in {wait:.1f} s",
+            f"this API key sent more than quotas.requests_per_minute_per_key={per_minute}; retry in {wait:.1f} s",
             retry_after_s=_retry_after(wait),
         )
 
 
 def check_sample_tokens(services: Services, user: str, tokens: int) -> None:
-    per_minute = services.config.limits.sample_tokens_per_minute_per_user
+    per_minute = services.config.quotas.sample_tokens_per_minute_per_user
     wait = services.sample_rate.take(user, tokens)
     if wait:
         raise Overloaded(
             f"this sample asks for {tokens} tokens (num_samples x max_tokens) beyond your "
-            f"limits.sample_tokens_per_minute_per_user={per_minute}; retry in {wait:.1f} s",
+            f"quotas.sample_tokens_per_minute_per_user={per_minute}; retry in {wait:.1f} s",
             retry_after_s=_retry_after(wait),
             details={"queue_state": "paused_rate_limit"},
         )
@@ -43,24 +43,24 @@ async def check_pending_requests(services: Services, user: str, model_id: str, s
     """Room for one more of `user`'s training operations, holding `nbytes` (a forward_backward's batch) until it runs.
     Past the limits, only an operation that comes before all of its model's pending ones is admitted: they wait
     for it (the SDK sends a forward_backward's chunks out of order), so refusing it would stall them."""
-    limits = services.config.limits
-    if nbytes > limits.max_pending_bytes_per_user:
+    quotas = services.config.quotas
+    if nbytes > quotas.max_pending_bytes_per_user:
         raise LimitExceeded(
-            f"this request's batch holds {nbytes} bytes, more than limits.max_pending_bytes_per_user="
-            f"{limits.max_pending_bytes_per_user}: send fewer datums per request",
+            f"this request's batch holds {nbytes} bytes, more than quotas.max_pending_bytes_per_user="
+            f"{quotas.max_pending_bytes_per_user}: send fewer datums per request",
             field="data",
         )
     count, held = await services.quotas.pending(user)
-    full = count >= limits.max_pending_requests_per_user
-    if full or held + nbytes > limits.max_pending_bytes_per_user:
+    full = count >= quotas.max_pending_requests_per_user
+    if full or held + nbytes > quotas.max_pending_bytes_per_user:
         first = await services.quotas.first_pending_seq(model_id)
         if first is not None and seq_id < first:
             return
         limit = (
-            f"{limits.max_pending_requests_per_user} training operations pending (limits.max_pending_requests_per_user)"
+            f"{quotas.max_pending_requests_per_user} training operations pending (quotas.max_pending_requests_per_user)"
             if full
-            else f"{held} bytes of training data pending (limits.max_pending_bytes_per_user="
-            f"{limits.max_pending_bytes_per_user})"
+            else f"{held} bytes of training data pending (quotas.max_pending_bytes_per_user="
+            f"{quotas.max_pending_bytes_per_user})"
         )
         raise Overloaded(
             f"you have {limit}; retry when some finish",
@@ -70,21 +70,21 @@ async def check_pending_requests(services: Services, user: str, model_id: str, s
 
 
 async def check_live_models(services: Services, user: str, model_id: str) -> None:
-    limit = services.config.limits.max_live_models_per_user
+    limit = services.config.quotas.max_live_models_per_user
     if await services.quotas.live_models(user, besides=model_id) >= limit:
         raise LimitExceeded(
-            f"you have {limit} live models (limits.max_live_models_per_user): unload one (unload_model, or close "
+            f"you have {limit} live models (quotas.max_live_models_per_user): unload one (unload_model, or close "
             "its ServiceClient) first",
             field="model_seq_id",
         )
 
 
 async def check_checkpoint_bytes(services: Services, user: str, field: str = "path") -> None:
-    limit = services.config.limits.max_checkpoint_bytes_per_user
+    limit = services.config.quotas.max_checkpoint_bytes_per_user
     used = await services.quotas.checkpoint_bytes(user)
     if used >= limit:
         raise LimitExceeded(
-            f"your live checkpoints hold {used} bytes, limits.max_checkpoint_bytes_per_user={limit}: delete some "
+            f"your live checkpoints hold {used} bytes, quotas.max_checkpoint_bytes_per_user={limit}: delete some "
             "(RestClient.delete_checkpoint) or let them expire first",
             field=field,
         )
@@ -94,10 +94,10 @@ async def check_checkpoint_bytes(services: Services, user: str, field: str = "pa
 def long_poll_slot(services: Services, user: str) -> Iterator[None]:
     """Hold one of `user`'s long-poll slots on this replica while a retrieve_future(s) waits; 429 when none is
     free (the SDK backs off and polls again)."""
-    limit, held = services.config.limits.max_long_polls_per_user, services.long_polls
+    limit, held = services.config.quotas.max_long_polls_per_user, services.long_polls
     if held.get(user, 0) >= limit:
         raise Overloaded(
-            f"you have {limit} retrieve_future calls waiting at once (limits.max_long_polls_per_user); retry when "
+            f"you have {limit} retrieve_future calls waiting at once (quotas.max_long_polls_per_user); retry when "
             "some answer",
             retry_after_s=1,
         )

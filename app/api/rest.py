@@ -129,7 +129,7 @@ async def set_ttl(
     run_id: str, checkpoint_id: str, body: CheckpointTtlRequest, services: ServicesDep, user: UserDep
 ) -> dict:
     """Expire `ttl_seconds` from now; null keeps the checkpoint until deleted."""
-    expires_at = checkpoint_expiry(services.config.limits, body.ttl_seconds)
+    expires_at = checkpoint_expiry(services.config.retention, body.ttl_seconds)
     path = await _path(services, run_id, checkpoint_id, user)
     await services.checkpoints.update(path, expires_at=expires_at)
     details = {"tinker_path": path.uri, "model_id": run_id, "ttl_seconds": body.ttl_seconds}
@@ -152,7 +152,7 @@ async def external_weights_urls(
         files = await asyncio.to_thread(services.storage.files, record.location)
     except FileNotFoundError:
         raise ServerError(f"the files of {record.path.uri!r} are missing from storage") from None
-    ttl_s, owner = services.config.limits.download_url_ttl_seconds, await services.owns(user, run.session_id)
+    ttl_s, owner = services.config.retention.download_url_ttl_seconds, await services.owns(user, run.session_id)
     urls, expires = signed_urls(str(request.base_url), services.url_signing_key, record, files, ttl_s, owner=owner)
     return {"urls": urls, "expires": expires.isoformat()}
 

@@ -82,13 +82,13 @@ async def join_sampling_session(body: JoinSamplingSessionRequest, services: Serv
 
 async def _check_record_room(services: Services, session_id: str, num_samples: int) -> None:
     """Refuse a sample whose stability records would take the session past its limit."""
-    limit = services.config.limits.max_stability_records_per_session
+    limit, ttl = services.config.quotas.max_stability_records_per_session, services.config.retention
     live = await services.stability.count(session_id)
     if live + num_samples > limit:
         raise LimitExceeded(
             f"session {session_id!r} holds {live} stability records; {num_samples} more exceed "
-            f"limits.max_stability_records_per_session={limit}. Records expire after "
-            f"limits.stability_record_ttl_seconds={services.config.limits.stability_record_ttl_seconds:g} s unused",
+            f"quotas.max_stability_records_per_session={limit}. Records expire after "
+            f"retention.stability_record_ttl_seconds={ttl.stability_record_ttl_seconds:g} s unused",
             field="record_stability_info",
         )
 
@@ -106,10 +106,10 @@ async def asample(body: SampleRequest, services: ServicesDep, user: UserDep) -> 
     if body.record_stability_info:
         await _check_record_room(services, session.session_id, args.num_samples)
         args = replace(args, record_for_session=session.session_id)
-    limit = services.config.limits.max_pending_samples
+    limit = services.config.quotas.max_pending_samples
     if not services.samplers.admit(session.base_model, limit):
         raise Overloaded(
-            f"{limit} samples are already queued for {session.base_model} (limits.max_pending_samples); retry shortly",
+            f"{limit} samples are already queued for {session.base_model} (quotas.max_pending_samples); retry shortly",
             details={"queue_state": "paused_capacity"},
         )
     created = False

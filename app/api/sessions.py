@@ -28,8 +28,8 @@ async def unload_session_models(services: Services, session_id: str) -> int:
 
 
 async def expire_silent_sessions(services: Services) -> int:
-    """Expire every session silent past limits.session_timeout_seconds and unload its models."""
-    timeout = services.config.limits.session_timeout_seconds
+    """Expire every session silent past timeouts.session_timeout_seconds and unload its models."""
+    timeout = services.config.timeouts.session_timeout_seconds
     expired = await services.metadata.expire_sessions(time.time() - timeout)
     for session_id in expired:
         unloaded = await unload_session_models(services, session_id)

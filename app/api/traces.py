@@ -48,9 +48,9 @@ def trace_json(session_id: str, events: Iterable[RequestEvent], now: float) -> d
 
 @router.get("/sessions/{session_id}/trace_export")
 async def trace_export(session_id: str, request: Request, services: ServicesDep, user: UserDep) -> dict:
-    """Ready at once: the link builds the trace when fetched (valid limits.download_url_ttl_seconds)."""
+    """Ready at once: the link builds the trace when fetched (valid retention.download_url_ttl_seconds)."""
     await services.session(session_id, user)
-    expires = int(time.time()) + services.config.limits.download_url_ttl_seconds
+    expires = int(time.time()) + services.config.retention.download_url_ttl_seconds
     signature = sign(services.url_signing_key, f"trace/{session_id}", expires)
     url = f"{str(request.base_url).rstrip('/')}{TRACE_PREFIX}{session_id}?expires={expires}&signature={signature}"
     return {"status": "ready", "url": url}
@@ -63,5 +63,5 @@ async def trace(session_id: str, services: ServicesDep, expires: int = Query(...
     if time.time() > expires:
         raise Forbidden("this trace link expired; export the trace again", field="expires")
     await services.session_views.get(session_id)
-    events = await services.traces.events(session_id, services.config.limits.max_trace_events_per_session)
+    events = await services.traces.events(session_id, services.config.retention.max_trace_events_per_session)
     return trace_json(session_id, events, time.time())

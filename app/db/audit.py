@@ -1,6 +1,6 @@
 """The audit log: who did what to which object, when. A user reads the events they did and those about their objects
 (another user reading a checkpoint they published, the console revoking their key); admins read all. Rows are only
-appended, and removed after limits.audit_retention_days (`expire`)."""
+appended, and removed after retention.audit_retention_days (`expire`)."""
 
 from __future__ import annotations
 

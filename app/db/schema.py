@@ -139,7 +139,7 @@ session_labels = Table(
 session_requests = Table(
     "session_requests",
     metadata,  # which session each future belongs to (the trace export reads their timings from `futures`);
-    # trimmed to limits.max_trace_events_per_session per session by a sweep
+    # trimmed to retention.max_trace_events_per_session per session by a sweep
     Column("request_id", String(64), primary_key=True),
     Column("session_id", String(64), nullable=False),
     Column("created_at", Float, nullable=False),
@@ -223,7 +223,7 @@ journal = Table(
     Column("request_id", String(64), nullable=False),  # its future: completed ones are replayed, pending ones rerun
     Column("op", LargeBinary, nullable=False),  # the operation (app.messages): app.db.journal_codec
     Column("created_at", Float, nullable=False),
-    # how often the training workers died while it ran: at limits.max_worker_deaths_per_operation it fails
+    # how often the training workers died while it ran: at timeouts.max_worker_deaths_per_operation it fails
     Column("worker_deaths", Integer, nullable=False, server_default="0"),
 )
 

@@ -2,7 +2,7 @@
 stable_reinforce loss (the prompt, the sampled tokens, their sampler logprobs, and the weights that sampled them).
 
 Records live in the metadata database, so every replica reads them and restarts keep them. They belong to the
-session that sampled them and expire once unused for `limits.stability_record_ttl_seconds`. A record costs
+session that sampled them and expire once unused for `retention.stability_record_ttl_seconds`. A record costs
 8 bytes per sampled token (int32 token + float32 logprob) plus 4 per prompt token.
 """
 

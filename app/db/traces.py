@@ -2,7 +2,7 @@
 
 `FutureStore.create` files each future under its session in `session_requests`; the timings and outcomes are
 the futures' own (`created_at`, `completed_at`, `state`). A sweep keeps each session's newest
-`limits.max_trace_events_per_session` entries.
+`retention.max_trace_events_per_session` entries.
 """
 
 from __future__ import annotations

@@ -191,7 +191,7 @@ class FuturesTarget(_Lenient):
 class RetrieveFuturesRequest(_Lenient):
     target: FuturesTarget
     prev_cursor: int = Field(0, ge=0, le=INT64_MAX)
-    timeout: float | None = Field(None, ge=0)  # seconds to hold the poll; None: limits.long_poll_seconds
+    timeout: float | None = Field(None, ge=0)  # seconds to hold the poll; None: timeouts.long_poll_seconds
     retrieved_request_ids: list[str] = Field(default_factory=list)
 
 

@@ -25,7 +25,7 @@ async def sweep_expired_samplers(store: SamplerStore, storage: ObjectStorage, tt
 async def fail_stale_samples(futures: FutureStore, timeout_s: float) -> int:
     """Fail sample futures pending longer than `timeout_s`, so no client waits forever; returns how many."""
     error = ServerError(
-        f"the sample did not finish within {timeout_s:g} s (limits.sample_timeout_seconds): its "
+        f"the sample did not finish within {timeout_s:g} s (timeouts.sample_timeout_seconds): its "
         "sampler probably restarted; send it again"
     )
     return await futures.fail_stale("sample", time.time() - timeout_s, error.to_body())

@@ -113,7 +113,7 @@ class SeqScheduler(Generic[Op]):
         if seq_id < queue.next_seq or seq_id in queue.waiting:
             raise UserError(
                 f"seq_id {seq_id} of model {model_id!r} was already submitted, or arrived after "
-                "later operations had waited limits.seq_gap_timeout_seconds for it",
+                "later operations had waited timeouts.seq_gap_timeout_seconds for it",
                 field="seq_id",
             )
         if queue.user != user:

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Collection, Sequence
 from dataclasses import replace
 from typing import cast
 
-from app.config import LimitsConfig, WorkerGroupConfig
+from app.config import EngineConfig, TimeoutsConfig, WorkerGroupConfig
 from app.db.checkpoints import CheckpointStore
 from app.db.futures import FutureStore
 from app.db.history import HistoryStore
@@ -51,7 +51,8 @@ class TrainerService:
     def __init__(
         self,
         name: str,
-        limits: LimitsConfig,
+        timeouts: TimeoutsConfig,
+        engine: EngineConfig,
         group: WorkerGroup,
         futures: FutureStore,
         metadata: MetadataStore,
@@ -72,14 +73,14 @@ class TrainerService:
         self._storage = storage
         self._snapshots = SnapshotPolicy(shape.snapshot_every_steps, shape.snapshot_every_seconds)
         self._committer = CheckpointCommitter(checkpoints, storage)
-        self._limits = limits
-        self._deaths = WorkerDeaths(journal, futures, limits, shape, group.world_size, activation_bytes)
+        self._max_models = engine.max_models_per_base
+        self._deaths = WorkerDeaths(journal, futures, timeouts, shape, group.world_size, activation_bytes)
         self._group = group
         self._futures = futures
         self._fixed_op_cost = shape.fixed_op_cost_tokens
         self._scheduler: SeqScheduler[Queued] = SeqScheduler(
             self._dispatch,
-            gap_timeout_s=limits.seq_gap_timeout_seconds,
+            gap_timeout_s=timeouts.seq_gap_timeout_seconds,
             max_dispatched_runs=shape.max_dispatched_runs,
             cost=self._cost,
             extra_credit=shape.fixed_op_cost_tokens,  # an optim_step leaves with its forward_backward
@@ -167,10 +168,10 @@ class TrainerService:
         if create.load is not None:
             commands.append(operation(create.load).command(model_id, create.load))
         try:
-            if len(self._models) >= self._limits.max_models_per_base:
+            if len(self._models) >= self._max_models:
                 raise LimitExceeded(
-                    f"trainer {self.name} already holds limits.max_models_per_base="
-                    f"{self._limits.max_models_per_base} models; unload one first",
+                    f"trainer {self.name} already holds engine.max_models_per_base="
+                    f"{self._max_models} models; unload one first",
                     field="base_model",
                 )
             replies = await self._group.call(commands)

@@ -3,7 +3,7 @@ resent to kill them again, forever.
 
 Each death of the workers is charged to the operations they were running (the mailbox names them); the journal counts
 the charges (app.db.journal), so a replaced Trainer replica knows them too. One charged
-limits.max_worker_deaths_per_operation times fails with a user error saying what to change.
+timeouts.max_worker_deaths_per_operation times fails with a user error saying what to change.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import cast
 
 import numpy as np
 
-from app.config import LimitsConfig, WorkerGroupConfig
+from app.config import TimeoutsConfig, WorkerGroupConfig
 from app.db.futures import FutureStore
 from app.db.journal import JournalStore
 from app.errors import TooLargeForWorkers
@@ -33,18 +33,18 @@ ActivationBytes = Callable[..., int]
 
 class WorkerDeaths:
     """A trainer's charging of worker deaths, and its giving up on the operations charged `limit` times
-    (limits.max_worker_deaths_per_operation)."""
+    (timeouts.max_worker_deaths_per_operation)."""
 
     def __init__(
         self,
         journal: JournalStore,
         futures: FutureStore,
-        limits: LimitsConfig,
+        timeouts: TimeoutsConfig,
         shape: WorkerGroupConfig,
         world_size: int,
         activation_bytes: ActivationBytes | None,
     ) -> None:
-        self.limit = limits.max_worker_deaths_per_operation
+        self.limit = timeouts.max_worker_deaths_per_operation
         self._journal = journal
         self._futures = futures
         self._shape = shape

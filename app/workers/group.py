@@ -187,7 +187,7 @@ class TorchTrainerGroup(WorkerGroup):
         except TimeoutError as exc:
             raise ServerError(
                 f"worker group for {self._name} did not answer within "
-                f"{self._command_timeout_s:.0f} s (limits.command_timeout_seconds)"
+                f"{self._command_timeout_s:.0f} s (timeouts.command_timeout_seconds)"
             ) from exc
 
     @staticmethod

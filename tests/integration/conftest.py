@@ -77,19 +77,20 @@ def server_config(state_dir: Path, sharded: bool = False) -> dict:
             },
             *([BF16_TWIN] if sharded else []),
         ],
-        "limits": {
-            "fwdbwd_max_chunk_len": CHUNK_LEN,
-            "max_tokens_per_datum": MAX_TOKENS,
-            "max_lora_rank": 16,
+        "limits": {"fwdbwd_max_chunk_len": CHUNK_LEN, "max_tokens_per_datum": MAX_TOKENS},
+        "timeouts": {"session_timeout_seconds": SESSION_TIMEOUT_S},
+        "retention": {
             "ephemeral_sampler_ttl_seconds": EPHEMERAL_TTL_S,
-            "max_pending_samples": MAX_PENDING_SAMPLES,
-            "session_timeout_seconds": SESSION_TIMEOUT_S,
             "min_checkpoint_ttl_seconds": MIN_CHECKPOINT_TTL_S,
             "checkpoint_sweep_seconds": 1,
+        },
+        "quotas": {
+            "max_pending_samples": MAX_PENDING_SAMPLES,
             "max_stability_records_per_session": MAX_STABILITY_RECORDS,
             "max_live_models_per_user": 999,  # the suite's shared user keeps well over the default 32 loaded
-            "max_models_per_base": 1000,  # and they stay loaded across the failure tests' restarts (rebuilt)
         },
+        # max_models_per_base: the shared user's models stay loaded across the failure tests' restarts (rebuilt)
+        "engine": {"max_lora_rank": 16, "max_models_per_base": 1000},
     }
 
 
@@ -229,7 +230,7 @@ def families_on_postgres(
         "database_url": url,
         "auth": {"mode": "any_tml_key_on_loopback"},
         "base_models": [_family_base(preset, root) for preset in FAMILY_BASES.values()],
-        "limits": {"max_lora_rank": 8},  # vLLM sizes its LoRA buffers by it (x 2 for Qwen3-MoE's experts)
+        "engine": {"max_lora_rank": 8},  # vLLM sizes its LoRA buffers by it (x 2 for Qwen3-MoE's experts)
     }
     replace_app(config, base_url)
     yield url

@@ -13,7 +13,7 @@ import tinker
 from tests.integration.conftest import BASE_MODEL, replace_app, server_config
 from tests.integration.helpers import future_result, raw_client
 
-LIMITS = {
+QUOTAS = {
     "max_live_models_per_user": 2,
     "max_checkpoint_bytes_per_user": 1,  # the first save is let in (nothing held yet); the next is refused
     "max_pending_requests_per_user": 3,
@@ -24,7 +24,7 @@ LIMITS = {
 @pytest.fixture(scope="module")
 def quota_app(base_url: str, state_dir: Path) -> str:
     config = server_config(state_dir)
-    replace_app({**config, "limits": {**config["limits"], **LIMITS}}, base_url)
+    replace_app({**config, "quotas": {**config["quotas"], **QUOTAS}}, base_url)
     return base_url
 
 
@@ -38,7 +38,7 @@ def test_live_models_and_checkpoint_bytes(quota_app: str) -> None:
         session = http.post("/api/v1/create_session", json={}).json()["session_id"]
         models = [future_result(http, _model(http, session, i).json()["request_id"])["model_id"] for i in range(2)]
         third = _model(http, session, 2)
-        assert third.status_code == 400 and "limits.max_live_models_per_user" in third.json()["error"]
+        assert third.status_code == 400 and "quotas.max_live_models_per_user" in third.json()["error"]
         assert third.json()["field"] == "model_seq_id"
         with raw_client(quota_app, "tml-quota-other") as other:  # another user is not held back
             other_session = other.post("/api/v1/create_session", json={}).json()["session_id"]
@@ -52,7 +52,7 @@ def test_live_models_and_checkpoint_bytes(quota_app: str) -> None:
 
         first = save(1, "first")["path"]
         refused = save(2, "second")
-        assert refused["category"] == "user" and "limits.max_checkpoint_bytes_per_user" in refused["error"]
+        assert refused["category"] == "user" and "quotas.max_checkpoint_bytes_per_user" in refused["error"]
         listed = http.get(f"/api/v1/training_runs/{models[1]}/checkpoints").json()["checkpoints"]
         assert [c["tinker_path"] for c in listed] == [first]  # the accepted one is kept
         assert http.delete(f"/api/v1/training_runs/{models[1]}/checkpoints/weights/first").status_code == 200

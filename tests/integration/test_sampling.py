@@ -208,7 +208,7 @@ def test_unknown_sampler_path_fails_promptly(service_client, trained):
 
 
 def test_saturation_answers_429_with_queue_state_and_loses_nothing(base_url):
-    """Raw HTTP, as the SDK sends it: past limits.max_pending_samples a submit gets 429, never a silent drop."""
+    """Raw HTTP, as the SDK sends it: past quotas.max_pending_samples a submit gets 429, never a silent drop."""
     headers = {"X-API-Key": "tml-integration-tests"}
     with httpx.Client(base_url=base_url, headers=headers, timeout=30) as http:
         session = http.post("/api/v1/create_session", json={}).json()["session_id"]

@@ -1,5 +1,5 @@
 """Sessions end two ways, and either way their models are unloaded from the trainers (checkpoints stay):
-finish (ServiceClient.close) and silence past limits.session_timeout_seconds."""
+finish (ServiceClient.close) and silence past timeouts.session_timeout_seconds."""
 
 from __future__ import annotations
 

@@ -49,7 +49,7 @@ def _data(batch: list[tuple[Rollout, str]]) -> list[types.Datum]:
 
 @pytest.fixture
 def session(base_url: str) -> tinker.ServiceClient:
-    """A session per test: each stays under limits.max_stability_records_per_session."""
+    """A session per test: each stays under quotas.max_stability_records_per_session."""
     client = tinker.ServiceClient(base_url=base_url, api_key="tml-stable-reinforce")
     yield client
     client.close("success").result()

@@ -266,7 +266,7 @@ def test_ingress_restart_loses_nothing(service_client, state_dir: Path):
     sampler = service_client.create_sampling_client(base_model=BASE_MODEL).result()
     samples = _sample_in_flight(state_dir, [sampler], 4, tokens=800)
     # The ingress hands each sample to the Sampler just after creating its future; a hand-off still under way when
-    # the ingress dies is lost (the future fails after limits.sample_timeout_seconds). This test is about work the
+    # the ingress dies is lost (the future fails after timeouts.sample_timeout_seconds). This test is about work the
     # Sampler already has: give the hand-offs time to land on a loaded machine (the samples run for seconds).
     time.sleep(SAMPLE_HAND_OFF_S)
     in_flight = [tc.optim_step(ADAM), tc.forward(data, "cross_entropy")]

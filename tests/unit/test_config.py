@@ -1,14 +1,30 @@
-"""ServerConfig validation: model list, strictness, auth keys, path resolution, the shipped serve_config."""
+"""ServerConfig validation: model list, strictness, the sections and the fields that moved out of `limits`, a
+description on every field, auth keys (read outside validation), path resolution, the shipped serve_config."""
 
 from __future__ import annotations
 
+import types
+import typing
 from pathlib import Path
 
 import pytest
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from app.config import API_KEYS_ENV, DATABASE_URL_ENV, STORAGE_URI_ENV, AuthConfig, LimitsConfig, ServerConfig
+from app.config import (
+    API_KEYS_ENV,
+    DATABASE_URL_ENV,
+    MOVED_FROM_LIMITS,
+    SECTIONS,
+    STORAGE_URI_ENV,
+    AuthConfig,
+    EngineConfig,
+    LimitsConfig,
+    QuotasConfig,
+    RetentionConfig,
+    ServerConfig,
+    TimeoutsConfig,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 LOOPBACK = {"mode": "any_tml_key_on_loopback"}
@@ -27,7 +43,13 @@ def test_minimal_config_defaults() -> None:
     assert tiny.trainer_groups() == {"tiny": tiny.trainer}
     assert tiny.trainer_for("policy") == tiny.trainer_for("critic") == "tiny"  # one shared worker group
     assert cfg.base_model("other") is None
-    assert cfg.limits == LimitsConfig()
+    assert (cfg.limits, cfg.timeouts, cfg.retention, cfg.quotas, cfg.engine) == (
+        LimitsConfig(),
+        TimeoutsConfig(),
+        RetentionConfig(),
+        QuotasConfig(),
+        EngineConfig(),
+    )
     assert cfg.db_url == f"sqlite+aiosqlite:///{Path('state').resolve() / 'tinker_serve.db'}"
     assert (
         ServerConfig(base_models=[TINY], auth=LOOPBACK, database_url="postgresql+asyncpg://h/db").db_url
@@ -59,6 +81,8 @@ def test_duplicate_names_rejected() -> None:
         {"base_models": [{**TINY, "gpus": 1}], "auth": LOOPBACK},
         {"base_models": [TINY], "auth": {**LOOPBACK, "keys": ["k"]}},
         {"base_models": [TINY], "auth": LOOPBACK, "limits": {"max_datums": 3}},
+        {"base_models": [TINY], "auth": LOOPBACK, "timeouts": {"long_poll": 3}},
+        {"base_models": [TINY], "auth": LOOPBACK, "engine": {"max_datums_per_request": 3}},  # in another section
     ],
 )
 def test_unknown_keys_rejected(args: dict) -> None:
@@ -66,10 +90,102 @@ def test_unknown_keys_rejected(args: dict) -> None:
         ServerConfig(**args)
 
 
-@pytest.mark.parametrize("limits", [{"max_datums_per_request": 0}, {"long_poll_seconds": 41}])
-def test_limit_bounds(limits: dict) -> None:
-    with pytest.raises(ValidationError):
-        ServerConfig(base_models=[TINY], auth=LOOPBACK, limits=limits)
+@pytest.mark.parametrize(
+    "section, values, message",
+    [
+        ("limits", {"max_datums_per_request": 0}, "limits.max_datums_per_request"),
+        ("timeouts", {"long_poll_seconds": 41}, "timeouts.long_poll_seconds"),
+        ("retention", {"audit_retention_days": 0}, "retention.audit_retention_days"),
+        ("quotas", {"max_pending_samples": 0}, "quotas.max_pending_samples"),
+        ("engine", {"max_lora_rank": 0}, "engine.max_lora_rank"),
+        (
+            "retention",
+            {"min_checkpoint_ttl_seconds": 7200, "max_checkpoint_ttl_seconds": 3600},
+            "min_checkpoint_ttl_seconds exceeds retention.max_checkpoint_ttl_seconds",
+        ),
+    ],
+)
+def test_section_bounds(section: str, values: dict, message: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        ServerConfig(base_models=[TINY], auth=LOOPBACK, **{section: values})
+    assert message in str(info.value)
+
+
+def test_one_user_cannot_fill_a_trainer_across_sections() -> None:
+    with pytest.raises(
+        ValidationError, match=r"quotas\.max_live_models_per_user 8 must be below engine\.max_models_per_base 8"
+    ):
+        ServerConfig(
+            base_models=[TINY], auth=LOOPBACK, engine={"max_models_per_base": 8}, quotas={"max_live_models_per_user": 8}
+        )
+    config = ServerConfig(
+        base_models=[TINY], auth=LOOPBACK, engine={"max_models_per_base": 9}, quotas={"max_live_models_per_user": 8}
+    )
+    assert config.quotas.max_live_models_per_user == 8
+
+
+def test_every_field_that_left_limits_is_named_with_its_new_place() -> None:
+    assert set(MOVED_FROM_LIMITS.values()) == {"timeouts", "retention", "quotas", "engine"}
+    names = [name for model in SECTIONS.values() for name in model.model_fields]
+    assert len(names) == len(set(names)) == 51  # every field of the old LimitsConfig, each in one section
+    old = {"long_poll_seconds": 30, "max_lora_rank": 8, "max_datums_per_request": 8, "audit_retention_days": 30}
+    with pytest.raises(ValidationError) as info:
+        ServerConfig(base_models=[TINY], auth=LOOPBACK, limits=old)
+    message = str(info.value)
+    assert "limits.long_poll_seconds moved to timeouts.long_poll_seconds" in message
+    assert "limits.max_lora_rank moved to engine.max_lora_rank" in message
+    assert "limits.audit_retention_days moved to retention.audit_retention_days" in message
+    assert "Extra inputs" not in message and "max_datums_per_request" not in message  # that one stays in limits
+    for name, section in MOVED_FROM_LIMITS.items():
+        with pytest.raises(ValidationError, match=f"limits.{name} moved to {section}.{name}"):
+            ServerConfig.model_validate({"base_models": [TINY], "auth": LOOPBACK, "limits": {name: 1}})
+
+
+def _config_models(model: type[BaseModel], seen: set[type[BaseModel]]) -> set[type[BaseModel]]:
+    """`model` and every config model its fields hold, through optionals, lists and dicts."""
+    if model in seen:
+        return seen
+    seen.add(model)
+    for field in model.model_fields.values():
+        pending = [field.annotation]
+        while pending:
+            hint = pending.pop()
+            if isinstance(hint, type) and issubclass(hint, BaseModel):
+                _config_models(hint, seen)
+            elif isinstance(hint, types.UnionType) or typing.get_origin(hint) is not None:
+                pending += typing.get_args(hint)
+    return seen
+
+
+def test_every_config_field_has_a_description() -> None:
+    models = _config_models(ServerConfig, set())
+    assert {m.__name__ for m in models} >= {
+        "ServerConfig",
+        "BaseModelConfig",
+        "WorkerGroupConfig",
+        "SamplerConfig",
+        "AuthConfig",
+        "FeaturesConfig",
+        *(model.__name__ for model in SECTIONS.values()),
+    }
+    undescribed = sorted(
+        f"{model.__name__}.{name}"
+        for model in models
+        for name, field in model.model_fields.items()
+        if not (field.description or "").strip()
+    )
+    assert undescribed == []
+
+
+def test_the_walk_finds_an_undescribed_field() -> None:
+    class Inner(BaseModel):
+        bare: int = 1
+
+    class Outer(BaseModel):
+        inner: list[Inner] | None = None
+
+    assert Inner in _config_models(Outer, set())
+    assert Inner.model_fields["bare"].description is None
 
 
 @pytest.mark.parametrize(
@@ -99,9 +215,26 @@ def test_custom_resources_reach_workers_and_replicas() -> None:
     assert options["ray_actor_options"]["resources"] == {"sampler_node": 0.5}
 
 
-def test_api_keys_mode_needs_keys() -> None:
-    with pytest.raises(ValidationError, match=API_KEYS_ENV):
-        ServerConfig(base_models=[TINY])  # api_keys is the default mode
+def test_api_keys_mode_needs_keys_where_they_are_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = ServerConfig(base_models=[TINY])  # api_keys is the default mode: validation reads no keys
+    with pytest.raises(ValueError, match=f"auth.mode is api_keys but no keys are configured: set {API_KEYS_ENV}"):
+        cfg.auth.load_keys()
+    assert ServerConfig(base_models=[TINY], auth=LOOPBACK).auth.load_keys() == frozenset()
+
+    import deployments.builder
+
+    monkeypatch.setattr(deployments.builder, "route_app_logs", lambda: None)
+    monkeypatch.setattr(deployments.builder, "_model_limits", lambda config: pytest.fail("built past missing keys"))
+    with pytest.raises(ValueError, match=API_KEYS_ENV):  # `serve run` fails before anything is built or bound
+        deployments.builder.build_app({"base_models": [TINY]})
+
+
+def test_validation_reads_no_key_file(tmp_path: Path) -> None:
+    missing = tmp_path / "not-mounted-here"
+    cfg = ServerConfig(base_models=[TINY], auth={"mode": "api_keys", "api_keys_file": str(missing)})
+    assert cfg.auth.api_keys_file == str(missing)  # a trainer or sampler replica validates without the secret
+    with pytest.raises(FileNotFoundError):
+        cfg.auth.load_keys()  # the ingress, which checks keys, needs it
 
 
 def test_api_keys_from_env(monkeypatch: pytest.MonkeyPatch) -> None:

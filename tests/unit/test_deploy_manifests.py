@@ -48,6 +48,7 @@ def test_embedded_app_config_validates(source: str, monkeypatch: pytest.MonkeyPa
         args["auth"]["api_keys_file"] = str(keys)
     monkeypatch.setenv(API_KEYS_ENV, "tml-from-the-environment")
     config = ServerConfig.model_validate(args)
+    assert config.auth.load_keys()  # what the build step and the ingress read; validation reads no file
     if source != "embedded default":
         (base,) = config.base_models
         assert base.trainer.use_gpu and base.sampler.num_gpus >= 1 and config.auth.mode == "api_keys"
@@ -132,8 +133,8 @@ def test_a_wrong_value_fails_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
     args = yaml.safe_load(GPU_PROFILE.read_text())["applications"][0]["args"]
     args["auth"]["api_keys_file"] = None
     args["base_models"][0]["sampler"]["max_loras"] = 0
-    args["limits"]["max_lora_rank"] = "big"
+    args["engine"]["max_lora_rank"] = "big"
     with pytest.raises(ValidationError) as info:
         ServerConfig.model_validate(args)
     message = str(info.value)
-    assert "base_models.0.sampler.max_loras" in message and "limits.max_lora_rank" in message
+    assert "base_models.0.sampler.max_loras" in message and "engine.max_lora_rank" in message

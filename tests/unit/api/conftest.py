@@ -23,7 +23,7 @@ from app.api.deps import Services
 from app.api.main import create_api
 from app.api.rates import RateLimiter
 from app.api.tokens import TokenSigner
-from app.config import ServerConfig
+from app.config import MOVED_FROM_LIMITS, ServerConfig
 from app.db.audit import AuditLog
 from app.db.checkpoints import CheckpointRecord, CheckpointStore
 from app.db.copies import CopyLog
@@ -82,7 +82,7 @@ class InProcessApi:
 
 def services_over(db: AsyncEngine, config: ServerConfig, storage_root: Path) -> Services:
     """Services with every store real over `db`; no trainers or samplers."""
-    limits, futures, audit = config.limits, FutureStore(db, poll_interval_s=0.05), AuditLog(db)
+    quotas, futures, audit = config.quotas, FutureStore(db, poll_interval_s=0.05), AuditLog(db)
     return Services(
         config=config,
         futures=futures,
@@ -93,7 +93,7 @@ def services_over(db: AsyncEngine, config: ServerConfig, storage_root: Path) -> 
         sampler_store=SamplerStore(db),
         stability=StabilityStore(db),
         journal=JournalStore(db),
-        history=HistoryStore(db, limits.max_history_points_per_run),
+        history=HistoryStore(db, config.retention.max_history_points_per_run),
         session_views=SessionViews(db),
         traces=TraceStore(db),
         usage=UsageStore(db),
@@ -104,9 +104,9 @@ def services_over(db: AsyncEngine, config: ServerConfig, storage_root: Path) -> 
         auth=Authenticator("any_tml_key_on_loopback", frozenset(), KeyStore(db), 0, audit, TokenSigner("s" * 32)),
         audit=audit,
         quotas=QuotaStore(db),
-        request_rate=RateLimiter(limits.requests_per_minute_per_key),
-        sample_rate=RateLimiter(limits.sample_tokens_per_minute_per_user),
-        failed_auth_rate=RateLimiter(limits.failed_auth_per_minute_per_client),
+        request_rate=RateLimiter(quotas.requests_per_minute_per_key),
+        sample_rate=RateLimiter(quotas.sample_tokens_per_minute_per_user),
+        failed_auth_rate=RateLimiter(quotas.failed_auth_per_minute_per_client),
         url_signing_key="k",
     )
 
@@ -139,16 +139,20 @@ def saved_checkpoint(api: InProcessApi, user: str, size_bytes: int = 10, public:
 
 @pytest.fixture
 def make_api(tmp_path: Path) -> Iterator[Callable[..., InProcessApi]]:
-    """Makes the in-process API; keyword arguments are `limits` overrides."""
+    """Makes the in-process API; keyword arguments override config fields of the server-wide sections by name
+    (limits, timeouts, retention, quotas, engine: each name is in one of them)."""
     path = tmp_path / "api.sqlite"
     run_on_db(path, lambda db: asyncio.sleep(0))  # the tables
     clients: list[TestClient] = []
 
-    def make(**limits: Any) -> InProcessApi:
+    def make(**overrides: Any) -> InProcessApi:
+        sections: dict[str, dict[str, Any]] = {}
+        for name, value in overrides.items():
+            sections.setdefault(MOVED_FROM_LIMITS.get(name, "limits"), {})[name] = value
         config = ServerConfig(
             base_models=[{"name": BASE_MODEL, "path": "models/tiny"}],
             auth={"mode": "any_tml_key_on_loopback"},
-            limits=limits,
+            **sections,
         )
         api = create_api()
         api.state.services = services = services_over(connect(sqlite_url(path)), config, tmp_path / "objects")

@@ -126,7 +126,7 @@ def test_healthz_open_through_the_app_and_other_routes_are_not(tmp_path: Path) -
     local = TestClient(api, base_url=HERE, client=("127.0.0.1", 40000))
     ok = local.post("/api/v1/client/config", json={}, headers={"X-API-Key": "tml-abc"})
     assert ok.status_code == 200 and ok.json()["fwdbwd_max_chunk_len"] == 1024
-    # limits.requests_per_minute_per_key, here 60: the 61st call within a second waits (a slow machine's calls
+    # quotas.requests_per_minute_per_key, here 60: the 61st call within a second waits (a slow machine's calls
     # refill the bucket by one a second as they go)
     answers = [local.post("/api/v1/client/config", json={}, headers={"X-API-Key": "tml-abc"}) for _ in range(100)]
     limited = next(a for a in answers if a.status_code != 200)

@@ -40,7 +40,7 @@ def status(replicas: ReplicaCounts | None) -> dict:
                 "sampler": {"min_replicas": 1, "max_replicas": 3},
             }
         ],
-        limits={"max_pending_samples": 16},
+        quotas={"max_pending_samples": 16},
         auth={"mode": "any_tml_key_on_loopback"},
     )
     services = SimpleNamespace(

@@ -102,7 +102,7 @@ def test_completions_bound_prompts_times_n(make_api: Callable[..., InProcessApi]
     # larger than a whole minute's tokens: refused, not admitted on a full bucket
     big = {"model": BASE_MODEL, "prompt": [[1, 2]] * 4, "n": 2, "max_tokens": 200}
     body = refused(api.post("/v1/completions", big), "max_tokens")
-    assert "limits.sample_tokens_per_minute_per_user" in body["error"]["message"]
+    assert "quotas.sample_tokens_per_minute_per_user" in body["error"]["message"]
 
 
 @pytest.mark.parametrize(
@@ -141,5 +141,5 @@ def test_copy_weights_checks_the_key_and_the_quota_before_copying(make_api: Call
     copied = api.post("/api/v1/copy_weights", body, headers={"X-Idempotency-Key": "k" * 128})
     assert copied.status_code == 200, copied.text  # 60 bytes held: under the limit
     over = api.post("/api/v1/copy_weights", body)  # 120 held: over it
-    assert over.status_code == 400 and "limits.max_checkpoint_bytes_per_user" in over.json()["error"], over.text
+    assert over.status_code == 400 and "quotas.max_checkpoint_bytes_per_user" in over.json()["error"], over.text
     assert api.run(api.services.quotas.checkpoint_bytes(api.user_id())) == 120

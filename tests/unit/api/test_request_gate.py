@@ -21,7 +21,7 @@ import pytest
 from pydantic import ValidationError
 
 from app.api.training import sequenced
-from app.config import LimitsConfig
+from app.config import EngineConfig, QuotasConfig, ServerConfig
 from app.db.checkpoints import CheckpointRecord
 from app.db.futures import PROTO_CONTENT_TYPE
 from app.db.metadata import TrainingRun
@@ -114,7 +114,7 @@ def test_refused_keys_are_throttled_per_client(make_api: Callable[..., InProcess
         assert api.client.post("/api/v1/create_session", json={}, headers={"X-API-Key": "bad"}).status_code == 401
     throttled = api.client.post("/api/v1/create_session", json={}, headers={"X-API-Key": "bad"})
     assert throttled.status_code == 429 and int(throttled.headers["retry-after"]) >= 1
-    assert "limits.failed_auth_per_minute_per_client" in throttled.json()["error"]
+    assert "quotas.failed_auth_per_minute_per_client" in throttled.json()["error"]
 
 
 def _pending_future(api: InProcessApi, user: str = "alice") -> tuple[str, str]:
@@ -134,7 +134,7 @@ def test_long_polls_are_bounded_per_user(make_api: Callable[..., InProcessApi]) 
     waiting.start()
     time.sleep(1)  # the first long-poll holds the user's one slot
     second = api.post("/api/v1/retrieve_future", {"request_id": request_id})
-    assert second.status_code == 429 and "limits.max_long_polls_per_user" in second.json()["error"]
+    assert second.status_code == 429 and "quotas.max_long_polls_per_user" in second.json()["error"]
     _, bobs = _pending_future(api, "bob")
     started = time.monotonic()
     assert api.post("/api/v1/retrieve_future", {"request_id": bobs}, user="bob").json()["type"] == "try_again"
@@ -161,21 +161,26 @@ def test_pending_bytes_are_bounded_per_user(make_api: Callable[..., InProcessApi
     api = make_api(max_pending_bytes_per_user=64 * 1024)
     model_id, _ = _pending_future(api)
     too_big = api.post("/api/v1/forward_backward", _forward_backward(model_id, 5, 64))  # 64 x 256 x 16 bytes
-    assert refused(too_big, "data")["error"].count("limits.max_pending_bytes_per_user") == 1
+    assert refused(too_big, "data")["error"].count("quotas.max_pending_bytes_per_user") == 1
     held = Skip("r" * 60_000)  # a pending operation whose journal row holds ~60 KB
     request_id, _ = api.run(api.services.futures.create("optim_step", model_id, 2))
     api.run(api.services.journal.append(model_id, 2, Skip(request_id)))
     api.run(api.services.journal.append(model_id, 3, held))
     api.run(api.services.futures.create("optim_step", model_id, 3))
     queued = api.post("/api/v1/forward_backward", _forward_backward(model_id, 6, 4))  # 16 KiB more: over
-    assert queued.status_code == 429 and "limits.max_pending_bytes_per_user" in queued.json()["error"]
+    assert queued.status_code == 429 and "quotas.max_pending_bytes_per_user" in queued.json()["error"]
     assert int(queued.headers["retry-after"]) >= 1
 
 
 def test_one_user_cannot_fill_a_trainer() -> None:
-    with pytest.raises(ValidationError, match="max_live_models_per_user 64 must be below max_models_per_base 64"):
-        LimitsConfig(max_live_models_per_user=64, max_models_per_base=64)
-    assert LimitsConfig().max_live_models_per_user < LimitsConfig().max_models_per_base
+    match = "quotas.max_live_models_per_user 64 must be below engine.max_models_per_base 64"
+    with pytest.raises(ValidationError, match=match):
+        ServerConfig(
+            base_models=[{"name": "m", "path": "models/m"}],
+            quotas={"max_live_models_per_user": 64},
+            engine={"max_models_per_base": 64},
+        )
+    assert QuotasConfig().max_live_models_per_user < EngineConfig().max_models_per_base
 
 
 def test_get_info_shows_no_server_path(api: InProcessApi) -> None:

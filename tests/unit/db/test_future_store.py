@@ -90,7 +90,7 @@ def test_stale_samples_are_failed_and_nothing_else(db: str) -> None:
         fresh, _ = await store.create("sample", "s:sample:0", 3)
         assert await fail_stale_samples(store, timeout_s=0.2) == 1
         failed = await store.get(stale)
-        assert isinstance(failed, Failed) and "limits.sample_timeout_seconds" in failed.error["error"]
+        assert isinstance(failed, Failed) and "timeouts.sample_timeout_seconds" in failed.error["error"]
         assert failed.error["category"] == "server"
         for untouched in (fresh, training):
             assert isinstance(await store.get(untouched), Pending)

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.config import LimitsConfig, WorkerGroupConfig
+from app.config import EngineConfig, TimeoutsConfig, WorkerGroupConfig
 from app.db.checkpoints import CheckpointStore
 from app.db.futures import Completed, Failed, FutureStore
 from app.db.history import HistoryStore
@@ -134,7 +134,8 @@ def test_an_operation_that_kills_the_workers_fails_and_everything_else_goes_on(t
         group = DyingGroup(storage)
         service = TrainerService(
             "t",
-            LimitsConfig(),
+            TimeoutsConfig(),
+            EngineConfig(),
             group,
             futures,
             MetadataStore(db),

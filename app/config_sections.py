@@ -1,0 +1,255 @@
+"""The server-wide sections of the configuration (app.config.ServerConfig): what one request may ask (`limits`), how
+long the server waits and how often it tries again (`timeouts`), how long it keeps what it stores (`retention`),
+what one user, key, session or base model may hold or send at once (`quotas`), and the widths of the engines every
+base model runs (`engine`). Each field's description says what it bounds; validation reads no file."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Strict(BaseModel):
+    """Unknown keys are errors; a validated config never changes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LimitsConfig(Strict):
+    """Per-request size and shape limits; each is enforced with a user error naming the field."""
+
+    max_datums_per_request: int = Field(1024, ge=1, description="datums of one forward(_backward) request")
+    max_tokens_per_datum: int = Field(
+        32768, ge=2, description="tokens of one datum; also at most the base model's max_context_length"
+    )
+    max_request_bytes: int = Field(
+        64 * 2**20, ge=1024, description="a forward(_backward) body in bytes, as sent and after decompression"
+    )
+    max_sample_request_bytes: int = Field(
+        16 * 2**20, ge=1024, description="an asample or /v1/ body in bytes (prompts with images)"
+    )
+    max_control_request_bytes: int = Field(2**20, ge=1024, description="every other route's body in bytes")
+    fwdbwd_max_chunk_len: int = Field(
+        1024,
+        ge=1,
+        description="the SDK sends a forward(_backward) in requests of at most this many datums (client/config)",
+    )
+    max_num_samples: int = Field(64, ge=1, description="asample num_samples (on /v1/: prompts x n)")
+    max_sample_tokens: int = Field(4096, ge=1, description="asample sampling_params.max_tokens (/v1/: max_tokens)")
+    default_sample_tokens: int = Field(256, ge=1, description="the sample token budget when a request leaves it out")
+    max_topk_logprobs: int = Field(
+        20, ge=0, description="topk_prompt_logprobs and topk_sample_logprobs (/v1/: logprobs, top_logprobs)"
+    )
+    max_sample_temperature: float = Field(
+        2.0, gt=0, description="asample's and the /v1/ routes' temperature above it is refused"
+    )
+    max_user_metadata_bytes: int = Field(
+        16384, ge=2, description="a checkpoint's user_metadata (and a session's tags, user_metadata), as JSON"
+    )
+    max_usage_window_hours: int = Field(
+        14 * 24, ge=1, description="billing/usage/events: the widest window asked for at once"
+    )
+    max_custom_loss_nodes: int = Field(512, ge=4, description="nodes of one traced custom loss graph")
+    max_custom_loss_elements: int = Field(
+        2**24, ge=1024, description="elements of any tensor a custom loss computes, per datum"
+    )
+    max_custom_loss_flops_per_request: int = Field(
+        2**40,
+        ge=2**20,
+        description=(
+            "a custom loss's FLOPs over one request, estimated from the datums' lengths before any node runs (matrix "
+            "products as torch counts them, else elements read and written). Realistic losses (tens of element-wise "
+            "nodes over [T] or [T, K]) take under 10^3 FLOPs a token, ~10^10 for the largest request; 2^40 "
+            "(~1.1e12) leaves 100x beyond that, and refuses e.g. a [T, T] matmul per datum at T=2048 (~1.7e10 FLOPs "
+            "each) past 64 datums"
+        ),
+    )
+    max_loss_input_cells_per_request: int = Field(
+        2**25,
+        ge=1,
+        description=(
+            "forward(_backward) loss_fn_inputs, checked from declared shapes before any datum is decoded: cells of "
+            "all tensors of one request, a sparse CSR one counted densified (2**25: what a dense bf16 body of "
+            "max_request_bytes could carry; raise the two together)"
+        ),
+    )
+    max_sparse_input_width: int = Field(
+        1024, ge=1, description="the K of an (N, K) loss input sent as sparse CSR (top-k inputs: K is small)"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: Any) -> Any:
+        """A config written before the split names each field that left `limits` with its new place."""
+        if isinstance(data, dict):
+            moved = [
+                f"limits.{name} moved to {MOVED_FROM_LIMITS[name]}.{name}" for name in data if name in MOVED_FROM_LIMITS
+            ]
+            if moved:
+                raise ValueError("; ".join(moved))
+        return data
+
+
+class TimeoutsConfig(Strict):
+    """How long the server waits for something, and how often it tries again."""
+
+    long_poll_seconds: float = Field(
+        20.0, gt=0, le=40, description="how long retrieve_future(s) holds a poll (the SDK's poll timeout is 45 s)"
+    )
+    command_timeout_seconds: float = Field(
+        900.0, gt=0, description="one message to the training workers, their start-up excluded"
+    )
+    worker_start_timeout_seconds: float = Field(
+        600.0,
+        gt=0,
+        description=(
+            "a worker group's start or restart: Ray Train's wait for its resources (it would give up after 60 s) and "
+            "each rank's loading of the base model"
+        ),
+    )
+    max_worker_deaths_per_operation: int = Field(
+        2,
+        ge=1,
+        description=(
+            "an operation running each time the training workers died this often (killed for memory, most likely) "
+            "fails with a user error instead of being resent to kill them again (app.trainer.worker_deaths)"
+        ),
+    )
+    seq_gap_timeout_seconds: float = Field(
+        330.0, gt=0, description="operations waiting behind a seq_id that never arrived run after this long"
+    )
+    sample_timeout_seconds: float = Field(
+        900.0,
+        ge=10,
+        description="a sample still pending this long is failed (its sampler died along with the ingress that would "
+        "have noticed)",
+    )
+    sample_retries: int = Field(
+        3, ge=0, description="a sample whose Sampler replica died is sent again this often at most"
+    )
+    sample_retry_deadline_seconds: float = Field(
+        300.0,
+        gt=0,
+        description="and answered within this long of the death, or failed as a server error (a replacement replica "
+        "starts vLLM first: 20-60 s on CPU)",
+    )
+    session_timeout_seconds: float = Field(
+        300.0,
+        ge=30,
+        description="silent this long (SDKs beat every 10 s), a session expires and its models are unloaded; their "
+        "checkpoints stay",
+    )
+
+
+class RetentionConfig(Strict):
+    """How long what the server stores is kept, how much of it, and how often sweeps remove the rest."""
+
+    ephemeral_sampler_ttl_seconds: float = Field(
+        3600.0, gt=0, description="unused this long, an ephemeral sampler expires"
+    )
+    min_checkpoint_ttl_seconds: int = Field(
+        3600, ge=1, description="checkpoint ttl_seconds below it are refused (the hosted minimum)"
+    )
+    max_checkpoint_ttl_seconds: int = Field(
+        10 * 365 * 86400, ge=1, description="checkpoint ttl_seconds above it are refused"
+    )
+    checkpoint_sweep_seconds: float = Field(60.0, gt=0, description="how often expired checkpoints' files are removed")
+    download_url_ttl_seconds: int = Field(
+        3600, ge=60, description="signed links (external_weights_urls, trace exports) stay valid this long"
+    )
+    stability_record_ttl_seconds: float = Field(
+        3600.0, ge=1, description="unused this long, a stability record expires"
+    )
+    max_trace_events_per_session: int = Field(
+        10_000, ge=1, description="requests kept for a session's trace export; a sweep removes older ones"
+    )
+    max_history_points_per_run: int = Field(
+        20_000, ge=1, description="a run's recorded steps (app.db.history); the oldest go"
+    )
+    future_retention_seconds: float = Field(
+        7 * 86400.0,
+        ge=60,
+        description="a finished future's row and result are removed this long after it finished (SDKs fetch results "
+        "in seconds); futures a model's journal still replays stay",
+    )
+    audit_retention_days: float = Field(90.0, gt=0, description="audit events older than this are removed")
+    audit_read_dedupe_seconds: float = Field(
+        3600.0,
+        ge=0,
+        description="another user's published checkpoint read by one user for one purpose is audited once this "
+        "often, per ingress replica",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> RetentionConfig:
+        if self.min_checkpoint_ttl_seconds > self.max_checkpoint_ttl_seconds:
+            raise ValueError("retention.min_checkpoint_ttl_seconds exceeds retention.max_checkpoint_ttl_seconds")
+        return self
+
+
+class QuotasConfig(Strict):
+    """What one user, key, client, session or base model may hold or send at once. Sizes are refused with a user
+    error naming the field; rates and queues with 429 and Retry-After, which the SDK waits out."""
+
+    max_live_models_per_user: int = Field(
+        32,
+        ge=1,
+        description="models not unloaded, across the user's sessions; below engine.max_models_per_base, so that no "
+        "one user fills a trainer",
+    )
+    max_checkpoint_bytes_per_user: int = Field(
+        2**40, ge=1, description="bytes of the user's live checkpoints; a save beyond it is refused"
+    )
+    max_pending_requests_per_user: int = Field(
+        1024, ge=1, description="the user's training operations queued or running"
+    )
+    max_pending_bytes_per_user: int = Field(
+        2**30, ge=1, description="their batches' decoded bytes, held until they run"
+    )
+    max_long_polls_per_user: int = Field(
+        256, ge=1, description="retrieve_future(s) calls waiting at once, per ingress replica"
+    )
+    sample_tokens_per_minute_per_user: int = Field(
+        10_000_000, ge=1, description="sampled tokens (num_samples x max_tokens) per minute, per ingress replica"
+    )
+    requests_per_minute_per_key: int = Field(
+        60_000, ge=1, description="every call, long-polls included, per API key and ingress replica"
+    )
+    failed_auth_per_minute_per_client: int = Field(
+        600, ge=1, description="refused keys per client address and ingress replica; beyond it the client waits"
+    )
+    max_custom_losses_per_session: int = Field(256, ge=1, description="create_custom_loss beyond it is refused")
+    max_stability_records_per_session: int = Field(
+        200_000, ge=1, description="live stability records; a recording asample beyond it is refused"
+    )
+    max_pending_samples: int = Field(
+        512, ge=1, description="samples queued per base model and ingress replica; beyond it asample gets 429"
+    )
+
+
+class EngineConfig(Strict):
+    """What sizes every base model's trainers and samplers (the same for all base models)."""
+
+    max_lora_rank: int = Field(
+        32,
+        ge=1,
+        description="the largest lora_config.rank accepted, and the samplers' LoRA width: vLLM pads every adapter to "
+        "it, so it sets the memory and speed of sampling",
+    )
+    max_models_per_base: int = Field(
+        64, ge=1, description="models (adapters with their optimizer state) one trainer holds at once"
+    )
+
+
+SECTIONS: dict[str, type[Strict]] = {
+    "limits": LimitsConfig,
+    "timeouts": TimeoutsConfig,
+    "retention": RetentionConfig,
+    "quotas": QuotasConfig,
+    "engine": EngineConfig,
+}
+# every field that `limits` held before it was split, by the section that holds it now
+MOVED_FROM_LIMITS: dict[str, str] = {
+    name: section for section, model in SECTIONS.items() if section != "limits" for name in model.model_fields
+}
