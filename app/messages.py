@@ -9,17 +9,13 @@ or a CommandError.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
 from app.db.checkpoints import CheckpointRecord
 from app.training.batch import PackedBatch
 from app.training.custom_loss import CustomLossProgram
-
-if TYPE_CHECKING:
-    import ray
 
 
 @dataclass(frozen=True)
@@ -73,7 +69,7 @@ class ForwardBackwardArgs:
     loss_fn: str  # the loss to run, already resolved for the model's role
     loss_config: dict[str, float]  # with defaults filled in
     forward_only: bool
-    batch: PackedBatch | ray.ObjectRef  # an ObjectRef once shipped to the workers
+    batch: PackedBatch
     custom_loss: CustomLossProgram | None = None  # loss_fn "custom": the stored loss the request names
 
 
@@ -138,36 +134,108 @@ class CreateModel:
 
 
 # ---- Trainer -> workers: commands every rank runs, in the order sent ----
+# Each command's `name` is how logs and errors call it. `request_id`: the future a command serves, set on an
+# operation's command when the Trainer dispatches it (a cancelled one is dropped while no rank has taken it; a death of
+# the workers is charged to it); "" on one that serves no request. Each command's reply is named in its docstring.
 
 
-class CommandKind(StrEnum):
-    CREATE_MODEL = "create_model"
-    REMOVE_MODEL = "remove_model"
-    FORWARD_BACKWARD = "forward_backward"
-    OPTIM_STEP = "optim_step"
-    SAVE_ADAPTER = "save_adapter"  # the PEFT adapter (what samplers load)
-    SAVE_STATE = "save_state"  # adapter, value head, optimizer state and spec (what load_state reads)
-    SAVE_EXPORT = "save_export"  # a download: a policy's adapter, or a critic's whole state
-    LOAD_STATE = "load_state"
-    SNAPSHOT = "snapshot"  # rank 0 copies adapter + optimizer state and writes it to `location` on a thread
-    PING = "ping"
+class _ServesNoRequest:
+    request_id: ClassVar[str] = ""
 
 
 @dataclass(frozen=True)
-class Command:
-    kind: CommandKind
-    model_id: str = ""
-    spec: AdapterSpec | None = None
-    fwdbwd: ForwardBackwardArgs | None = None
-    optim: OptimParams | None = None
-    location: str = ""  # SAVE_*, LOAD_STATE, SNAPSHOT: the checkpoint's storage location
-    with_optimizer: bool = False  # LOAD_STATE: restore the optimizer state too
-    request_id: str = ""  # the future it serves (a cancelled one is dropped while no rank has taken it)
+class CreateModelCommand(_ServesNoRequest):
+    """Add the model's adapter (and value head, for a critic) on the shared base. Reply: None."""
+
+    name: ClassVar[str] = "create_model"
+    model_id: str
+    spec: AdapterSpec
+
+
+@dataclass(frozen=True)
+class RemoveModelCommand(_ServesNoRequest):
+    """Drop the model, if the rank has it. Reply: None."""
+
+    name: ClassVar[str] = "remove_model"
+    model_id: str
+
+
+@dataclass(frozen=True)
+class ForwardBackwardCommand:
+    """Run the rank's shard of the batch. Reply: a ShardOutput."""
+
+    name: ClassVar[str] = "forward_backward"
+    model_id: str
+    args: ForwardBackwardArgs
+    request_id: str = ""
+
+
+@dataclass(frozen=True)
+class OptimStepCommand:
+    """Step the model's optimizer on its accumulated gradients. Reply: the step's metrics."""
+
+    name: ClassVar[str] = "optim_step"
+    model_id: str
+    params: OptimParams
+    request_id: str = ""
+
+
+# What a save writes: "adapter", the PEFT adapter (what samplers load); "state", adapter, value head, optimizer state
+# and spec (what LoadStateCommand reads); "export", a download (a policy's adapter, or a critic's whole state).
+SavedParts = Literal["adapter", "state", "export"]
+
+
+@dataclass(frozen=True)
+class SaveCommand:
+    """Write the model's `what` at the storage `location` (rank 0 writes). Reply: the bytes written (0 on the other
+    ranks)."""
+
+    model_id: str
+    location: str
+    what: SavedParts
+    request_id: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"save_{self.what}"
+
+
+@dataclass(frozen=True)
+class LoadStateCommand:
+    """Fill the model from the training state stored at `location`, its optimizer state too `with_optimizer`.
+    Reply: None."""
+
+    name: ClassVar[str] = "load_state"
+    model_id: str
+    location: str
+    with_optimizer: bool
+    request_id: str = ""
+
+
+@dataclass(frozen=True)
+class SnapshotCommand(_ServesNoRequest):
+    """Rank 0 copies the model's adapter and optimizer state and writes it to `location` on a thread. Reply: None."""
+
+    name: ClassVar[str] = "snapshot"
+    model_id: str
+    location: str
+
+
+@dataclass(frozen=True)
+class PingCommand(_ServesNoRequest):
+    """Nothing to run (also what a cancelled or given-up command becomes). Reply: the rank's process id."""
+
+    name: ClassVar[str] = "ping"
+
+
+# What an operation sends (app.trainer.operations); the Trainer sets its request_id.
+OperationCommand = ForwardBackwardCommand | OptimStepCommand | SaveCommand | LoadStateCommand
+WorkerCommand = CreateModelCommand | RemoveModelCommand | OperationCommand | SnapshotCommand | PingCommand
 
 
 @dataclass(frozen=True)
 class ShardOutput:
-    """A rank's answer to FORWARD_BACKWARD: its datum indices and their flat per-token outputs."""
+    """A rank's answer to a ForwardBackwardCommand: its datum indices and their flat per-token outputs."""
 
     datum_indices: np.ndarray
     offsets: np.ndarray
@@ -184,3 +252,8 @@ class CommandError:
     """A command that raised on a rank; `error` is the failed-future body."""
 
     error: dict[str, Any]
+
+
+# A rank's reply to one command: what its docstring names, or the error it raised.
+RankReply = ShardOutput | dict[str, float] | int | None | CommandError
+Replies = list[list[RankReply]]  # every rank's replies to a message's commands: replies[rank][command]

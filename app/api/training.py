@@ -11,7 +11,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import TypeVar, cast
+from typing import TypeVar
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ValidationError
@@ -33,7 +33,6 @@ from app.messages import (
 from app.protocol import wire
 from app.protocol.codec import decode_forward_backward, peek_sequence
 from app.request_log import log_request, outcome_of
-from app.training.batch import PackedBatch
 from app.training.custom_loss import CustomLossProgram
 from app.training.losses import CUSTOM, get_loss
 from app.training.provenance import behaviour_inputs, referenced_sequences
@@ -147,7 +146,7 @@ async def _build_or_skip(
 async def _count_usage(services: Services, run: TrainingRun, op: SequencedOp) -> None:
     """A forward(_backward)'s tokens count as the session's training usage."""
     if isinstance(op, ForwardBackward):
-        tokens = len(cast(PackedBatch, op.args.batch).tokens)  # the ingress's op holds its batch
+        tokens = len(op.args.batch.tokens)
         await services.usage.record(run.session_id, run.base_model, {"training": tokens})
 
 

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import time
-from typing import cast
 
 from app.db.history import HistoryPoint, HistoryStore
 from app.messages import ForwardBackward, OptimStep, SequencedOp
 from app.trainer.operations import Reply
-from app.training.batch import PackedBatch
 
 
 class HistoryRecorder:
@@ -31,6 +29,6 @@ class HistoryRecorder:
             kind, tokens, learning_rate = "optim_step", 0, op.params.learning_rate
         else:
             kind = "forward" if op.args.forward_only else "forward_backward"
-            tokens, learning_rate = int(cast(PackedBatch, op.args.batch).offsets[-1]), None
+            tokens, learning_rate = int(op.args.batch.offsets[-1]), None
         point = HistoryPoint(seq_id, kind, time.time(), step, tokens, learning_rate, reply.metrics)
         await self._store.add(model_id, point)

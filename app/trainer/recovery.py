@@ -7,11 +7,23 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from app.db.journal import KEPT_SNAPSHOTS, JournalEntry, JournalStore, Snapshot
 from app.errors import GroupRestarted, ServerError, TinkerServeError
-from app.messages import Command, CommandKind, CreateModel, LoadCheckpoint, OptimStep, SequencedOp, Skip
+from app.messages import (
+    CreateModel,
+    CreateModelCommand,
+    LoadCheckpoint,
+    LoadStateCommand,
+    OptimStep,
+    RemoveModelCommand,
+    Replies,
+    SequencedOp,
+    Skip,
+    SnapshotCommand,
+    WorkerCommand,
+)
 from app.metrics import server_metrics
 from app.storage.objects import ObjectStorage
 from app.storage.paths import snapshot_location
@@ -23,7 +35,7 @@ logger = logging.getLogger("tinker_serve.trainer")
 
 @dataclass(frozen=True)
 class PlannedSnapshot:
-    index: int  # of the SNAPSHOT command in the run's commands
+    index: int  # of the SnapshotCommand in the run's commands
     seq_id: int  # the operation it follows
     location: str
 
@@ -54,6 +66,23 @@ class SnapshotPolicy:
         self._since[model_id] = (0, now)
         last = steps[-1]
         return PlannedSnapshot(last + 1, seq_ids[last], snapshot_location(model_id, seq_ids[last]))
+
+
+def creation_commands(model_id: str, create: CreateModel) -> list[WorkerCommand]:
+    """What the workers run to create the model: its adapter, then the checkpoint it is filled from, if any."""
+    load = [] if create.load is None else [operation(create.load).command(model_id, create.load)]
+    return [CreateModelCommand(model_id, create.spec), *load]
+
+
+def run_commands(model_id: str, ops: Sequence[SequencedOp], snapshot: PlannedSnapshot | None) -> list[WorkerCommand]:
+    """What the workers run for a run of the model's operations (Skips left out): each one's command, serving its
+    request, and the snapshot planned after its last step, if any."""
+    commands: list[WorkerCommand] = [
+        replace(operation(op).command(model_id, op), request_id=op.request_id) for op in ops
+    ]
+    if snapshot is not None:
+        commands.insert(snapshot.index, SnapshotCommand(model_id, snapshot.location))
+    return commands
 
 
 async def record_snapshot(
@@ -109,15 +138,15 @@ async def unfinished(journal: JournalStore, model_id: str, max_worker_deaths: in
     return Takeover(start, queued, given_up)
 
 
-def resend(group: WorkerGroup, unanswered: dict[int, list[Command]]) -> dict[int, Awaitable[list[list]]]:
+def resend(group: WorkerGroup, unanswered: dict[int, list[WorkerCommand]]) -> dict[int, Awaitable[Replies]]:
     """Send every unanswered run again, in dispatch order (runs of lost models fail on the workers); a group that
     is down gives each run's waiter the error."""
-    resent: dict[int, Awaitable[list[list]]] = {}
+    resent: dict[int, Awaitable[Replies]] = {}
     for number in sorted(unanswered):
         try:
             resent[number] = group.send(unanswered[number])
         except Exception as exc:  # noqa: BLE001 - handed to the run's waiter
-            failed: asyncio.Future[list[list]] = asyncio.get_running_loop().create_future()
+            failed: asyncio.Future[Replies] = asyncio.get_running_loop().create_future()
             failed.set_exception(exc)
             resent[number] = failed
     return resent
@@ -136,7 +165,7 @@ async def rebuild(group: WorkerGroup, journal: JournalStore, model_id: str) -> i
     candidates: list[Snapshot | None] = [*snapshots, *([None] if len(snapshots) < KEPT_SNAPSHOTS else [])]
     for snapshot in candidates:
         commands, replayed = _rebuild_commands(model_id, creation.op, entries, snapshot)
-        error = first_failed_command(await group.call([Command(CommandKind.REMOVE_MODEL, model_id), *commands]))
+        error = first_failed_command(await group.call([RemoveModelCommand(model_id), *commands]))
         if error is None:
             return replayed
         logger.warning(
@@ -167,12 +196,12 @@ async def rebuild_all(
 
 def _rebuild_commands(
     model_id: str, creation: CreateModel, entries: list[JournalEntry], snapshot: Snapshot | None
-) -> tuple[list[Command], int]:
-    commands = [Command(CommandKind.CREATE_MODEL, model_id, spec=creation.spec)]
-    if snapshot is not None:
-        commands.append(Command(CommandKind.LOAD_STATE, model_id, location=snapshot.location, with_optimizer=True))
-    elif creation.load is not None:
-        commands.append(operation(creation.load).command(model_id, creation.load))
+) -> tuple[list[WorkerCommand], int]:
+    if snapshot is None:
+        commands = creation_commands(model_id, creation)
+    else:  # the snapshot holds what the creation loaded, if anything
+        commands = [CreateModelCommand(model_id, creation.spec)]
+        commands.append(LoadStateCommand(model_id, snapshot.location, with_optimizer=True))
     after = snapshot.seq_id if snapshot is not None else 0
     replay = [e.op for e in entries if e.seq_id > after and e.state == "completed" and changes_model(e.op)]
     commands += [operation(op).command(model_id, op) for op in replay if not isinstance(op, CreateModel)]

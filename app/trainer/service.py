@@ -11,7 +11,6 @@ import itertools
 import logging
 import time
 from collections.abc import Awaitable, Collection, Sequence
-from dataclasses import replace
 from typing import cast
 
 from app.config import EngineConfig, TimeoutsConfig, WorkerGroupConfig
@@ -21,7 +20,16 @@ from app.db.history import HistoryStore
 from app.db.journal import JournalStore
 from app.db.metadata import MetadataStore
 from app.errors import GroupRestarted, LimitExceeded, ServerError, TinkerServeError
-from app.messages import Command, CommandKind, CreateModel, ForwardBackward, SequencedOp, Skip
+from app.messages import (
+    CreateModel,
+    ForwardBackward,
+    RankReply,
+    RemoveModelCommand,
+    Replies,
+    SequencedOp,
+    Skip,
+    WorkerCommand,
+)
 from app.metrics import server_metrics
 from app.request_log import log_request, outcome_of
 from app.storage.objects import ObjectStorage
@@ -31,15 +39,16 @@ from app.trainer.recovery import (
     PlannedSnapshot,
     SnapshotPolicy,
     Takeover,
+    creation_commands,
     rebuild_all,
     record_snapshot,
     resend,
+    run_commands,
     unfinished,
 )
 from app.trainer.scheduling import SeqScheduler
 from app.trainer.single_flight import SingleFlight
 from app.trainer.worker_deaths import ActivationBytes, WorkerDeaths
-from app.training.batch import PackedBatch
 from app.workers.group import WorkerGroup
 
 logger = logging.getLogger("tinker_serve.trainer")
@@ -91,8 +100,8 @@ class TrainerService:
         self._writes: set[asyncio.Task] = set()  # runs' outcomes being written (strong references)
         # runs sent to the workers and not answered, by dispatch number: a restarted group gets them again, in order
         self._dispatch_numbers = itertools.count()
-        self._unanswered: dict[int, list[Command]] = {}
-        self._sent: dict[int, tuple[Awaitable[list[list]] | None, int]] = {}  # (latest sending, the recovery before)
+        self._unanswered: dict[int, list[WorkerCommand]] = {}
+        self._sent: dict[int, tuple[Awaitable[Replies] | None, int]] = {}  # (latest sending, the recovery before)
         self._generation = 0  # recoveries started: a run sent before the latest one is resent by it
         self._recovery: asyncio.Task | None = None
         self._resumed: set[asyncio.Task] = set()  # journaled operations rerun after a trainer restart
@@ -154,7 +163,7 @@ class TrainerService:
 
     async def worker_pids(self) -> list[int]:
         """The process id of each rank, in rank order."""
-        return [rank_replies[0] for rank_replies in await self._group.call([Command(CommandKind.PING)])]
+        return await self._group.pids()
 
     async def create_model(self, model_id: str, create: CreateModel) -> None:
         """Create the model (seq_id 0), and with `create.load` fill it from a checkpoint in the same step. Asked
@@ -164,9 +173,6 @@ class TrainerService:
     async def _create(self, model_id: str, create: CreateModel) -> None:
         if model_id in self._models:
             return
-        commands = [Command(CommandKind.CREATE_MODEL, model_id, spec=create.spec)]
-        if create.load is not None:
-            commands.append(operation(create.load).command(model_id, create.load))
         try:
             if len(self._models) >= self._max_models:
                 raise LimitExceeded(
@@ -174,10 +180,10 @@ class TrainerService:
                     f"{self._max_models} models; unload one first",
                     field="base_model",
                 )
-            replies = await self._group.call(commands)
+            replies = await self._group.call(creation_commands(model_id, create))
             failed = first_failed_command(replies)
             if failed is not None:
-                await self._group.call([Command(CommandKind.REMOVE_MODEL, model_id)])
+                await self._group.call([RemoveModelCommand(model_id)])
                 await self._futures.fail(create.request_id, failed[1])
                 return
             reply = (
@@ -196,7 +202,7 @@ class TrainerService:
         self._scheduler.close(model_id, ServerError(f"model {model_id!r} was unloaded"))
         self._models.discard(model_id)
         self._snapshots.forget(model_id)
-        await self._group.call([Command(CommandKind.REMOVE_MODEL, model_id)])
+        await self._group.call([RemoveModelCommand(model_id)])
         for location in await self._journal.forget(model_id):
             await asyncio.to_thread(self._storage.delete, location)
         reply = Reply.json({"model_id": model_id, "type": "unload_model"})
@@ -237,7 +243,7 @@ class TrainerService:
         if isinstance(op, Skip):
             return 0
         if isinstance(op, ForwardBackward):
-            return int(cast(PackedBatch, op.args.batch).offsets[-1])
+            return int(op.args.batch.offsets[-1])
         return self._fixed_op_cost
 
     def _dispatch(self, model_id: str, run: list[Queued]) -> Awaitable[list[Awaitable[None]]]:
@@ -245,10 +251,8 @@ class TrainerService:
         it); the returned awaitable is done when the workers answer (which frees the run's dispatch slot), with,
         for each op, the writing of the run's futures to await."""
         work = [(seq_id, op) for seq_id, op in run if not isinstance(op, Skip)]
-        commands = [replace(operation(op).command(model_id, op), request_id=op.request_id) for _, op in work]
         snapshot = self._snapshots.plan(model_id, [seq_id for seq_id, _ in work], [op for _, op in work])
-        if snapshot is not None:
-            commands.insert(snapshot.index, Command(CommandKind.SNAPSHOT, model_id, location=snapshot.location))
+        commands = run_commands(model_id, [op for _, op in work], snapshot)
         number = next(self._dispatch_numbers)
         if work:
             self._unanswered[number] = commands
@@ -288,7 +292,7 @@ class TrainerService:
         task.add_done_callback(self._writes.discard)
         return [task] * run_length
 
-    async def _answers(self, number: int) -> list[list]:
+    async def _answers(self, number: int) -> Replies:
         """The replies to run `number`: through any restarts of the group, after which the recovery resends it."""
         while True:
             pending, generation = self._sent.pop(number)
@@ -346,7 +350,7 @@ class TrainerService:
             replayed,
         )
 
-    async def _write_outcomes(self, model_id: str, work: Sequence[Queued], replies: list[list], seconds: float) -> None:
+    async def _write_outcomes(self, model_id: str, work: Sequence[Queued], replies: Replies, seconds: float) -> None:
         self._record([op for _, op in work], seconds)
         for i, (seq_id, op) in enumerate(work):
             self._running.pop(op.request_id, None)
@@ -369,7 +373,9 @@ class TrainerService:
                 run_ops=len(work),
             )
 
-    async def _write_outcome(self, model_id: str, seq_id: int, op: SequencedOp, per_rank: list) -> dict | None:
+    async def _write_outcome(
+        self, model_id: str, seq_id: int, op: SequencedOp, per_rank: list[RankReply]
+    ) -> dict | None:
         """Complete the op's future with its reply (a step goes into the run's history), or fail it with the first
         rank's error (returned)."""
         error = first_error(per_rank)
@@ -377,8 +383,7 @@ class TrainerService:
             await self._futures.fail(op.request_id, error)
             return error
         reply = await operation(op).reply(model_id, op, per_rank, self._committer)
-        if isinstance(op, ForwardBackward):  # a custom loss's compute, beyond the tokens charged when it was sent
-            self._scheduler.debit(model_id, max(shard.loss_cost_tokens for shard in per_rank))
+        self._scheduler.debit(model_id, reply.cost_tokens)  # a custom loss's compute, beyond the tokens charged
         complete = self._futures.complete(op.request_id, reply.payload, reply.content_type)
         await asyncio.gather(complete, self._history.record(model_id, seq_id, op, reply))  # one commit (group_commit)
         return None
@@ -388,8 +393,7 @@ class TrainerService:
         for op in work:
             metrics.op_seconds.observe(seconds, tags={"trainer": self.name, "op": operation(op).name(op)})
             if isinstance(op, ForwardBackward) and not op.args.forward_only:
-                batch = cast(PackedBatch, op.args.batch)  # an op keeps its batch; only its command ships a ref
-                metrics.tokens.inc(int(batch.offsets[-1]), tags={"name": self.name, "kind": "trained"})
+                metrics.tokens.inc(int(op.args.batch.offsets[-1]), tags={"name": self.name, "kind": "trained"})
 
     def _lose_model(self, model_id: str, reason: Exception) -> None:
         logger.error("model %s on trainer %s is lost: %s", model_id, self.name, reason)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from typing import cast
 
 import numpy as np
 
@@ -18,7 +17,7 @@ from app.config import TimeoutsConfig, WorkerGroupConfig
 from app.db.futures import FutureStore
 from app.db.journal import JournalStore
 from app.errors import TooLargeForWorkers
-from app.messages import Command, CommandKind, ForwardBackward, SequencedOp
+from app.messages import ForwardBackward, ForwardBackwardCommand, PingCommand, SequencedOp, WorkerCommand
 from app.request_log import log_request
 from app.trainer.operations import operation
 from app.training.batch import PackedBatch
@@ -52,7 +51,10 @@ class WorkerDeaths:
         self._activation_bytes = activation_bytes
 
     async def charge(
-        self, runs: Iterable[list[Command]], running: Collection[str], ops: Mapping[str, tuple[str, SequencedOp]]
+        self,
+        runs: Iterable[list[WorkerCommand]],
+        running: Collection[str],
+        ops: Mapping[str, tuple[str, SequencedOp]],
     ) -> set[str]:
         """Charge a death to the operations that were `running` in `runs` (the messages sent and not answered), and
         give up on those charged `limit` times: their commands in `runs` become no-ops (not resent) and their futures
@@ -65,7 +67,7 @@ class WorkerDeaths:
                 await self.give_up(*ops[request_id], deaths)
                 given_up.add(request_id)
         for commands in runs:
-            commands[:] = [Command(CommandKind.PING) if c.request_id in given_up else c for c in commands]
+            commands[:] = [PingCommand() if c.request_id in given_up else c for c in commands]
         return given_up
 
     async def give_up(self, model_id: str, op: SequencedOp, deaths: int) -> None:
@@ -84,12 +86,12 @@ class WorkerDeaths:
         logger.warning("model %s: %s", model_id, error.message)
 
 
-def blamed(commands: Sequence[Command], running: Collection[str]) -> list[str]:
+def blamed(commands: Sequence[WorkerCommand], running: Collection[str]) -> list[str]:
     """Of a run's commands (one message to the ranks), the request ids a death of the workers is charged to: of those
     that were running, the forward(_backward)s if any (they hold the activations, what outgrows a rank's memory),
     else every one."""
     ran = [c for c in commands if c.request_id and c.request_id in running]
-    forwards = [c for c in ran if c.kind == CommandKind.FORWARD_BACKWARD]
+    forwards = [c for c in ran if isinstance(c, ForwardBackwardCommand)]
     return [c.request_id for c in forwards or ran]
 
 
@@ -119,7 +121,7 @@ def too_large(
             f"{name} {died}; it was not run again. The server's logs say why the workers died (Ray's memory monitor "
             "names the worker it kills)"
         )
-    batch = cast(PackedBatch, op.args.batch)
+    batch = op.args.batch
     largest = largest_pass_tokens(batch.lengths, world_size, shape.micro_batch_tokens)
     backward = not op.args.forward_only
     gradients = " and the model has no gradients from it" if backward else ""

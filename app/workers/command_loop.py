@@ -17,7 +17,7 @@ from app.storage.objects import ObjectStorage
 from app.training.base_model import TORCH_DTYPES, load_base_model, recompute_activations, shard_base
 from app.training.engine import TrainingEngine
 from app.workers.execute import execute
-from app.workers.mailbox import STOP
+from app.workers.mailbox import Answer, Message, Stop
 from app.workers.snapshots import SnapshotWriter
 
 logger = logging.getLogger("tinker_serve.worker")
@@ -67,10 +67,10 @@ def command_loop(config: dict) -> None:
         ", recomputing activations" if shape.activation_checkpointing else "",
         time.monotonic() - started,
     )
-    answer = None  # the last message's (msg_id, results), sent with the call that takes the next one
+    answer: Answer | None = None  # the last message's (msg_id, replies), sent with the call that takes the next one
     while True:
         try:
-            message = ray.get(mailbox.next.remote(rank, 30.0, answer))
+            message: Message | Stop | None = ray.get(mailbox.next.remote(rank, 30.0, answer))
         except ray.exceptions.ActorDiedError:
             # The mailbox dies with the trainer replica that owns it. Ending the run (not failing it) lets Ray Train
             # remove the group's placement group now; a failed run would start new workers, for nobody, whose
@@ -80,8 +80,8 @@ def command_loop(config: dict) -> None:
         answer = None
         if message is None:
             continue
-        msg_id, commands = message
-        if commands == STOP:
+        if isinstance(message, Stop):
             snapshots.flush()
             return
+        msg_id, commands = message
         answer = (msg_id, [execute(engine, storage, snapshots, cmd) for cmd in commands])

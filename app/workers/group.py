@@ -15,8 +15,7 @@ import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable
-from dataclasses import replace
+from collections.abc import Awaitable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +23,11 @@ import ray
 
 from app.config import WorkerGroupConfig
 from app.errors import ServerError
-from app.messages import Command, CommandKind
-from app.training.batch import PackedBatch
+from app.messages import PingCommand, Replies, WorkerCommand
 from app.workers.mailbox import Mailbox
+from app.workers.shipping import ship
 
 logger = logging.getLogger("tinker_serve.trainer")
-# Below Ray's inlining limit for call arguments and return values (max_direct_call_object_size, 100 KiB): larger ones
-# would go through the object store anyway, once more for every rank that takes the message.
-INLINE_BATCH_BYTES = 64 * 1024
 # How long Ray Train's controller waits for a worker group's placement group before it fails the start (default 60 s;
 # a restart under memory pressure raced it). Verified in Ray 2.60 (train v2): WorkerGroup reads it from os.environ in
 # the controller actor (_internal/execution/worker_group/worker_group.py), and DataParallelTrainer.fit() starts that
@@ -50,13 +46,22 @@ class WorkerGroup(ABC):
         anything else is sent; until this returns, sends fail with GroupRestarted."""
 
     @abstractmethod
-    def send(self, commands: list[Command]) -> Awaitable[list[list[Any]]]:
+    def send(self, commands: Sequence[WorkerCommand]) -> Awaitable[Replies]:
         """Send `commands` to every rank now; await the result for replies[rank][command].
 
         Messages run on the ranks in the order they were sent."""
 
-    async def call(self, commands: list[Command]) -> list[list[Any]]:
+    async def call(self, commands: Sequence[WorkerCommand]) -> Replies:
         return await self.send(commands)
+
+    async def pids(self) -> list[int]:
+        """The process id of each rank, in rank order (each answers a ping)."""
+        pids = []
+        for (reply,) in await self.call([PingCommand()]):
+            if not isinstance(reply, int):
+                raise ServerError(f"a training worker answered a ping with {reply!r}")
+            pids.append(reply)
+        return pids
 
     @abstractmethod
     async def cancel(self, request_id: str) -> bool:
@@ -162,7 +167,7 @@ class TorchTrainerGroup(WorkerGroup):
                 )
             await asyncio.sleep(0.5)
         self._generation = status["restarts"]
-        await self.call([Command(CommandKind.PING)])
+        await self.pids()
 
     def _run_fit(self, trainer: Any) -> None:
         try:
@@ -176,12 +181,12 @@ class TorchTrainerGroup(WorkerGroup):
         if self._fit_error is not None:
             raise ServerError(f"worker group for {self._name} is down: {self._fit_error!r}")
 
-    def send(self, commands: list[Command]) -> Awaitable[list[list[Any]]]:
+    def send(self, commands: Sequence[WorkerCommand]) -> Awaitable[Replies]:
         self.check_health()
-        shipped = [self._ship(cmd) for cmd in commands]
+        shipped = [ship(cmd) for cmd in commands]  # a large batch goes into the object store once, for every rank
         return self._replies(self._mailbox.call.remote(next(self._msg_ids), shipped, self._generation))
 
-    async def _replies(self, ref: ray.ObjectRef) -> list[list[Any]]:
+    async def _replies(self, ref: ray.ObjectRef) -> Replies:
         try:
             return await asyncio.wait_for(ref, self._command_timeout_s)
         except TimeoutError as exc:
@@ -190,17 +195,8 @@ class TorchTrainerGroup(WorkerGroup):
                 f"{self._command_timeout_s:.0f} s (timeouts.command_timeout_seconds)"
             ) from exc
 
-    @staticmethod
-    def _ship(cmd: Command) -> Command:
-        """Put a large batch into the object store once; every rank reads its shard from there. A small one travels
-        inside the message, which Ray inlines in the calls: no object store round trip before a rank starts."""
-        args = cmd.fwdbwd
-        if args is None or not isinstance(args.batch, PackedBatch) or args.batch.nbytes <= INLINE_BATCH_BYTES:
-            return cmd
-        return replace(cmd, fwdbwd=replace(args, batch=ray.put(args.batch)))
-
     async def cancel(self, request_id: str) -> bool:
-        return await self._mailbox.cancel.remote(request_id, Command(CommandKind.PING))
+        return await self._mailbox.cancel.remote(request_id, PingCommand())
 
     async def stop(self) -> None:
         if self._mailbox is None:

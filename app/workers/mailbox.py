@@ -16,12 +16,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from dataclasses import dataclass
 
 from app.errors import GroupRestarted
+from app.messages import RankReply, Replies, WorkerCommand
+from app.workers.shipping import Shipped
 
 logger = logging.getLogger("tinker_serve.trainer")
-STOP = "__stop__"
+Message = tuple[int, list[Shipped]]  # (msg_id, its commands)
+Answer = tuple[int, list[RankReply]]  # (msg_id, a rank's reply to each of its commands)
+
+
+@dataclass(frozen=True)
+class Stop:
+    """What stop() hands every rank instead of a message: its loop ends."""
+
+
 # How long a message waits for the one numbered before it. Their calls are sent back to back, so that one is at most
 # moments late; one that never comes (its sending failed in the trainer) must not hold up every later message.
 MESSAGE_GAP_TIMEOUT_S = 10.0
@@ -31,10 +41,11 @@ class Mailbox:
     def __init__(self, world_size: int) -> None:
         self._world_size = world_size
         self._identities: dict[int, str] = {}
-        self._queues: dict[int, asyncio.Queue] = {r: asyncio.Queue() for r in range(world_size)}
-        self._pending: dict[int, tuple[asyncio.Future, dict[int, Any]]] = {}
-        self._untaken: dict[int, list[Any]] = {}  # messages no rank has taken yet: msg_id -> its commands
-        self._taken: dict[int, tuple[int, Any]] = {}  # rank -> the message (msg_id, commands) it took, unanswered
+        self._queues: dict[int, asyncio.Queue[Message | Stop]] = {r: asyncio.Queue() for r in range(world_size)}
+        # msg_id -> the replies to it, in rank order once every rank answered, and those so far: rank -> its answer
+        self._pending: dict[int, tuple[asyncio.Future[Replies], dict[int, list[RankReply]]]] = {}
+        self._untaken: dict[int, list[Shipped]] = {}  # messages no rank has taken yet: msg_id -> its commands
+        self._taken: dict[int, Message] = {}  # rank -> the message (msg_id, commands) it took, unanswered
         self._restarts = 0
         self._next_msg_id = 1  # the msg_id whose turn it is to be queued
         self._turn = asyncio.Condition()
@@ -70,10 +81,10 @@ class Mailbox:
     async def running(self) -> tuple[str, ...]:
         """The request ids of the commands in the messages some rank has taken and not answered, oldest first."""
         messages = dict(sorted(self._taken.values(), key=lambda taken: taken[0]))
-        ids = (getattr(command, "request_id", "") for commands in messages.values() for command in commands)
+        ids = (command.request_id for commands in messages.values() for command in commands)
         return tuple(dict.fromkeys(request_id for request_id in ids if request_id))
 
-    async def call(self, msg_id: int, commands: Any, generation: int | None = None) -> list[Any]:
+    async def call(self, msg_id: int, commands: list[Shipped], generation: int | None = None) -> Replies:
         """Send `commands` to every rank once every message numbered before `msg_id` was; returns the replies ordered
         by rank. A sender that knows the group as of `generation` restarts gets GroupRestarted at once if it restarted
         since (its models are not there)."""
@@ -93,37 +104,39 @@ class Mailbox:
             if generation is not None and generation != self._restarts:
                 self._untaken.pop(msg_id, None)
                 raise GroupRestarted("the worker group restarted since this trainer last rebuilt its models")
-            fut = asyncio.get_running_loop().create_future()
+            fut: asyncio.Future[Replies] = asyncio.get_running_loop().create_future()
             self._pending[msg_id] = (fut, {})
             for queue in self._queues.values():
                 queue.put_nowait((msg_id, commands))
         return await fut
 
-    async def next(self, rank: int, timeout_s: float, answer: tuple[int, Any] | None = None) -> tuple[int, Any] | None:
-        """The rank's next message (msg_id, commands), or None after `timeout_s`. `answer`: the (msg_id, result) of
-        the message the rank ran last, delivered first, so a rank makes one call per message rather than two."""
+    async def next(self, rank: int, timeout_s: float, answer: Answer | None = None) -> Message | Stop | None:
+        """The rank's next message (msg_id, commands), Stop, or None after `timeout_s`. `answer`: the (msg_id,
+        replies) of the message the rank ran last, delivered first, so a rank makes one call per message rather than
+        two."""
         if answer is not None:
             await self.reply(answer[0], rank, answer[1])
         try:
-            msg_id, commands = await asyncio.wait_for(self._queues[rank].get(), timeout_s)
+            message = await asyncio.wait_for(self._queues[rank].get(), timeout_s)
         except TimeoutError:
             return None
-        self._untaken.pop(msg_id, None)
-        if msg_id in self._pending:  # not a stop
-            self._taken[rank] = (msg_id, commands)
-        return msg_id, commands
+        if isinstance(message, Stop):
+            return message
+        self._untaken.pop(message[0], None)
+        self._taken[rank] = message
+        return message
 
-    async def cancel(self, request_id: str, replacement: Any) -> bool:
+    async def cancel(self, request_id: str, replacement: WorkerCommand) -> bool:
         """Replace the commands serving `request_id` in messages no rank has taken; whether there were any."""
         found = False
         for commands in self._untaken.values():
             for i, command in enumerate(commands):
-                if getattr(command, "request_id", None) == request_id:
+                if command.request_id == request_id:
                     commands[i] = replacement
                     found = True
         return found
 
-    async def reply(self, msg_id: int, rank: int, result: Any) -> None:
+    async def reply(self, msg_id: int, rank: int, result: list[RankReply]) -> None:
         if self._taken.get(rank, (None,))[0] == msg_id:
             del self._taken[rank]
         entry = self._pending.get(msg_id)
@@ -138,4 +151,4 @@ class Mailbox:
 
     async def stop(self) -> None:
         for queue in self._queues.values():
-            queue.put_nowait((-1, STOP))
+            queue.put_nowait(Stop())

@@ -15,14 +15,19 @@ from app.db.checkpoints import CheckpointRecord, CheckpointStore
 from app.errors import UserError
 from app.messages import (
     AdamParams,
-    CommandKind,
     ForwardBackward,
     ForwardBackwardArgs,
+    ForwardBackwardCommand,
     LoadCheckpoint,
+    LoadStateCommand,
     OptimStep,
+    OptimStepCommand,
     SaveCheckpoint,
+    SaveCommand,
+    SavedParts,
     SaveForSampler,
     SequencedOp,
+    ShardOutput,
     Skip,
 )
 from app.storage.objects import ObjectStorage
@@ -44,20 +49,21 @@ def _record(kind: str, name: str = "c1") -> CheckpointRecord:
 
 
 @pytest.mark.parametrize(
-    ("kind", "command", "reply_type"),
+    ("kind", "what", "reply_type"),
     [
-        ("weights", CommandKind.SAVE_STATE, "save_weights"),
-        ("sampler_weights", CommandKind.SAVE_ADAPTER, "save_weights_for_sampler"),
-        ("external_weights", CommandKind.SAVE_EXPORT, "save_weights_external"),
+        ("weights", "state", "save_weights"),
+        ("sampler_weights", "adapter", "save_weights_for_sampler"),
+        ("external_weights", "export", "save_weights_external"),
     ],
 )
 def test_save_checkpoint_writes_its_kind_and_commits_it(
-    tmp_path: Path, kind: str, command: CommandKind, reply_type: str
+    tmp_path: Path, kind: str, what: SavedParts, reply_type: str
 ) -> None:
     storage = ObjectStorage(str(tmp_path / "blobs"))
     op = SaveCheckpoint("r1", _record(kind))
     sent = operation(op).command(MODEL, op)
-    assert (sent.kind, sent.model_id, sent.location) == (command, MODEL, op.record.location)
+    assert sent == SaveCommand(MODEL, op.record.location, what)
+    assert sent.name == f"save_{what}" and sent.request_id == ""  # the Trainer sets it when it dispatches the op
     storage.write(op.record.location, lambda out: (out.mkdir(parents=True), (out / "f").write_bytes(b"x" * 5)))
 
     async def body(db: typing.Any) -> None:
@@ -80,13 +86,16 @@ def test_replies_of_the_other_operations(tmp_path: Path) -> None:
     batch = PackedBatch(np.array([1, 2, 3], np.int64), np.array([0, 3], np.int64))
     fwd = ForwardBackward("r", ForwardBackwardArgs("cross_entropy", {}, True, batch))
     assert operation(fwd).name(fwd) == "forward"
-    assert operation(fwd).command(MODEL, fwd).kind is CommandKind.FORWARD_BACKWARD
+    assert operation(fwd).command(MODEL, fwd) == ForwardBackwardCommand(MODEL, fwd.args)
     load = LoadCheckpoint("r", "tinker://s:train:0/weights/c1", "loc", with_optimizer=True)
-    sent = operation(load).command(MODEL, load)
-    assert (sent.kind, sent.location, sent.with_optimizer) == (CommandKind.LOAD_STATE, "loc", True)
+    assert operation(load).command(MODEL, load) == LoadStateCommand(MODEL, "loc", with_optimizer=True)
     sampler = SaveForSampler("r", "s:sample:3", "ephemeral/s:sample:3")
+    assert operation(sampler).command(MODEL, sampler) == SaveCommand(MODEL, "ephemeral/s:sample:3", "adapter")
     step = OptimStep("r", AdamParams(learning_rate=0.1))
-    assert operation(step).command(MODEL, step).optim == AdamParams(learning_rate=0.1)
+    assert operation(step).command(MODEL, step) == OptimStepCommand(MODEL, AdamParams(learning_rate=0.1))
+    shard = ShardOutput(np.array([0]), np.array([0, 3]), {}, 1.5, loss_cost_tokens=7)
+    forwarded = asyncio.run(operation(fwd).reply(MODEL, fwd, [shard, shard], committer))
+    assert forwarded.cost_tokens == 7 and forwarded.metrics == {"loss:sum": 3.0}  # a custom loss's cost, charged
 
     async def replies() -> list[dict]:
         return [

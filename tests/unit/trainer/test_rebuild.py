@@ -5,9 +5,8 @@ it and replays the journal since, and the model equals the one that was lost, bi
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -18,14 +17,17 @@ from app.db.journal import JournalStore
 from app.messages import (
     AdamParams,
     AdapterSpec,
-    Command,
-    CommandKind,
+    CommandError,
     CreateModel,
+    CreateModelCommand,
     ForwardBackward,
     ForwardBackwardArgs,
     OptimStep,
+    Replies,
     SequencedOp,
     Skip,
+    SnapshotCommand,
+    WorkerCommand,
 )
 from app.storage.objects import ObjectStorage
 from app.storage.paths import snapshot_location
@@ -54,8 +56,8 @@ class InProcessGroup(WorkerGroup):
 
     async def wait_ready(self) -> None: ...
 
-    def send(self, commands: list[Command]) -> Awaitable[list[list[Any]]]:
-        async def run() -> list[list[Any]]:
+    def send(self, commands: Sequence[WorkerCommand]) -> Awaitable[Replies]:
+        async def run() -> Replies:
             return [[execute(self.engine, self._storage, self.snapshots, cmd) for cmd in commands]]
 
         return run()
@@ -98,12 +100,10 @@ def test_an_interrupted_snapshot_is_never_restored_and_the_rebuild_is_exact(tmp_
             """What the ingress and the trainer do with an operation: journal it, run it, complete its future."""
             await journal.append("m", seq_id, op)
             command = (
-                Command(CommandKind.CREATE_MODEL, "m", spec=op.spec)
-                if isinstance(op, CreateModel)
-                else operation(op).command("m", op)
+                CreateModelCommand("m", op.spec) if isinstance(op, CreateModel) else operation(op).command("m", op)
             )
             (reply,) = (await live.call([command]))[0]
-            assert not hasattr(reply, "error"), reply
+            assert not isinstance(reply, CommandError), reply
             await futures.complete(op.request_id, b"{}", JSON_CONTENT_TYPE)
 
         await accept(0, CreateModel((await futures.create("create", "m", 0))[0], SPEC))
@@ -117,7 +117,7 @@ def test_an_interrupted_snapshot_is_never_restored_and_the_rebuild_is_exact(tmp_
             if seq_id in (4, 8):
                 location = snapshot_location("m", seq_id)
                 if seq_id == 4:  # written whole
-                    await live.call([Command(CommandKind.SNAPSHOT, "m", location=location)])
+                    await live.call([SnapshotCommand("m", location)])
                     live.snapshots.flush()
                 await journal.record_snapshot("m", seq_id, location)  # 8: the kill came before it was published
         assert [e.seq_id for e in await journal.entries("m")] == [0, 5, 6, 7, 8]  # snapshot 4 covers 1-4

@@ -5,9 +5,8 @@ operation fails after two deaths with what to change, and everything else, on it
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -21,13 +20,16 @@ from app.db.metadata import MetadataStore
 from app.errors import GroupRestarted
 from app.messages import (
     AdamParams,
-    Command,
-    CommandKind,
     CreateModel,
     ForwardBackward,
     ForwardBackwardArgs,
+    ForwardBackwardCommand,
     OptimStep,
+    OptimStepCommand,
+    Replies,
     SequencedOp,
+    SnapshotCommand,
+    WorkerCommand,
 )
 from app.storage.objects import ObjectStorage
 from app.trainer.service import TrainerService
@@ -39,17 +41,10 @@ from tests.conftest import TINY_MODEL, run_on_db
 from tests.unit.trainer.test_rebuild import SPEC, InProcessGroup, _batch
 
 
-def _command(kind: CommandKind, request_id: str) -> Command:
-    return Command(kind, "m", request_id=request_id)
-
-
 def test_a_death_is_charged_to_the_forwards_that_were_running_else_to_every_operation() -> None:
-    fb, fwd, step = (
-        _command(CommandKind.FORWARD_BACKWARD, "fb"),
-        _command(CommandKind.FORWARD_BACKWARD, "fwd"),
-        _command(CommandKind.OPTIM_STEP, "step"),
-    )
-    snapshot = Command(CommandKind.SNAPSHOT, "m", location="x")  # serves no request
+    fb, fwd = (ForwardBackwardCommand("m", _fwdbwd(request_id, [3]).args, request_id) for request_id in ("fb", "fwd"))
+    step = OptimStepCommand("m", AdamParams(), request_id="step")
+    snapshot = SnapshotCommand("m", "x")  # serves no request
     assert blamed([fb, step, fwd, snapshot], {"fb", "step", "fwd"}) == ["fb", "fwd"]
     assert blamed([step, snapshot], {"step"}) == ["step"]
     assert blamed([fb, step], {"other"}) == []  # not running: not charged
@@ -105,10 +100,10 @@ class DyingGroup(InProcessGroup):
         self.deaths = 0
         self._down: tuple[str, ...] | None = None  # what the ranks were running when they died, until they are back
 
-    def send(self, commands: list[Command]) -> Awaitable[list[list[Any]]]:
+    def send(self, commands: Sequence[WorkerCommand]) -> Awaitable[Replies]:
         run = super().send(commands)
 
-        async def dying() -> list[list[Any]]:
+        async def dying() -> Replies:
             running = tuple(c.request_id for c in commands if c.request_id)
             if self._down is None and self.killers & set(running):
                 self.deaths += 1

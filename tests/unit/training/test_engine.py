@@ -207,7 +207,7 @@ def test_remove_and_recreate(engine: TrainingEngine) -> None:
 def test_save_adapter_writes_a_loadable_peft_directory_on_rank_zero_only(tmp_path) -> None:
     from peft import PeftModel
 
-    from app.messages import Command, CommandError, CommandKind
+    from app.messages import CommandError, SaveCommand, WorkerCommand
     from app.storage.objects import ObjectStorage
     from app.workers.execute import execute as execute_with
     from app.workers.snapshots import SnapshotWriter
@@ -215,14 +215,14 @@ def test_save_adapter_writes_a_loadable_peft_directory_on_rank_zero_only(tmp_pat
     storage = ObjectStorage(str(tmp_path))
     snapshots = SnapshotWriter(storage)
 
-    def execute(engine: TrainingEngine, storage: ObjectStorage, cmd: Command) -> object:
+    def execute(engine: TrainingEngine, storage: ObjectStorage, cmd: WorkerCommand) -> object:
         return execute_with(engine, storage, snapshots, cmd)
 
     rank0 = TrainingEngine(load_base_model(str(TINY_MODEL)), rank=0, world_size=2)
     rank1 = TrainingEngine(load_base_model(str(TINY_MODEL)), rank=1, world_size=2)
     for engine in (rank0, rank1):
         engine.create_model("m", AdapterSpec(rank=4, seed=3))
-    save = Command(CommandKind.SAVE_ADAPTER, "m", location="m/sampler_weights/s/v1")
+    save = SaveCommand("m", "m/sampler_weights/s/v1", "adapter")
     assert execute(rank1, storage, save) == 0
     assert not (tmp_path / "m").exists()
     size = execute(rank0, storage, save)
@@ -230,7 +230,7 @@ def test_save_adapter_writes_a_loadable_peft_directory_on_rank_zero_only(tmp_pat
     assert sorted(p.name for p in saved_dir.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
     assert size == sum(p.stat().st_size for p in saved_dir.iterdir())
     assert [p.name for p in saved_dir.parent.iterdir()] == ["v1"]  # no temp leftovers
-    missing = execute(rank1, storage, Command(CommandKind.SAVE_ADAPTER, "other", location="other/x/v1"))
+    missing = execute(rank1, storage, SaveCommand("other", "other/x/v1", "adapter"))
     assert isinstance(missing, CommandError) and missing.error["field"] == "model_id"
     reloaded = PeftModel.from_pretrained(load_base_model(str(TINY_MODEL)), str(saved_dir))
     saved = {n.replace(".default.", "."): p for n, p in reloaded.named_parameters() if "lora_" in n}
@@ -243,7 +243,7 @@ def test_save_adapter_writes_a_loadable_peft_directory_on_rank_zero_only(tmp_pat
 def test_a_snapshot_is_a_copy_that_resumes_training_exactly(tmp_path) -> None:
     """Rank 0 writes the snapshot on a thread while training goes on; loaded into a fresh engine, the same next
     step gives bit-identical weights (what rebuilding a lost model relies on)."""
-    from app.messages import Command, CommandKind
+    from app.messages import SnapshotCommand
     from app.storage.objects import ObjectStorage
     from app.workers.execute import execute
     from app.workers.snapshots import SnapshotWriter
@@ -260,7 +260,7 @@ def test_a_snapshot_is_a_copy_that_resumes_training_exactly(tmp_path) -> None:
 
     step(live)
     step(live)
-    assert execute(live, storage, writer, Command(CommandKind.SNAPSHOT, "m", location="m/snapshots/2")) is None
+    assert execute(live, storage, writer, SnapshotCommand("m", "m/snapshots/2")) is None
     step(live)  # changes the live tensors while the snapshot may still be being written
     writer.flush()
 
