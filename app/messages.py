@@ -2,20 +2,22 @@
 
 Plain dataclasses with no torch behind them, so the ingress imports this module and stays light. The
 ingress sends operations (what the user asked for, validated); the Trainer turns each into worker
-commands and builds its reply itself (app.trainer.operations); ranks answer each command with a value
+commands and builds its reply itself (app.operations); ranks answer each command with a value
 or a CommandError.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 
-from app.db.checkpoints import CheckpointRecord
 from app.training.batch import PackedBatch
 from app.training.custom_loss import CustomLossProgram
+
+if TYPE_CHECKING:
+    from app.operations.load_checkpoint import LoadCheckpoint
 
 
 @dataclass(frozen=True)
@@ -74,54 +76,24 @@ class ForwardBackwardArgs:
 
 
 @dataclass(frozen=True)
-class ForwardBackward:
+class SequencedOp:
+    """An operation the ingress accepted for a model at one seq_id, answered through its future (`request_id`).
+    Each kind is a subclass in its module of app.operations, which says how the Trainer runs it."""
+
     request_id: str
-    args: ForwardBackwardArgs
 
 
 @dataclass(frozen=True)
-class OptimStep:
-    request_id: str
-    params: OptimParams
-
-
-@dataclass(frozen=True)
-class SaveCheckpoint:
-    """Write the model's weights as the checkpoint `record` (its path's kind says what is written), then make it
-    visible, replacing one of the same name only with `overwrite`."""
-
-    request_id: str
-    record: CheckpointRecord
-    overwrite: bool = False
-
-
-@dataclass(frozen=True)
-class SaveForSampler:
+class SaveForSampler(SequencedOp):
     """Write the model's adapter at `location` for the ephemeral sampling session `sampling_session_id`."""
 
-    request_id: str
     sampling_session_id: str
     location: str
 
 
 @dataclass(frozen=True)
-class LoadCheckpoint:
-    """Fill the model from the training checkpoint `path` stored at `location`."""
-
-    request_id: str
-    path: str  # tinker://
-    location: str
-    with_optimizer: bool
-
-
-@dataclass(frozen=True)
-class Skip:
+class Skip(SequencedOp):
     """A seq_id whose request was rejected at the ingress (its future already failed); it only advances order."""
-
-    request_id: str
-
-
-SequencedOp = ForwardBackward | OptimStep | SaveCheckpoint | SaveForSampler | LoadCheckpoint | Skip
 
 
 @dataclass(frozen=True)
@@ -228,7 +200,7 @@ class PingCommand(_ServesNoRequest):
     name: ClassVar[str] = "ping"
 
 
-# What an operation sends (app.trainer.operations); the Trainer sets its request_id.
+# What an operation sends (app.operations); the Trainer sets its request_id.
 OperationCommand = ForwardBackwardCommand | OptimStepCommand | SaveCommand | LoadStateCommand
 WorkerCommand = CreateModelCommand | RemoveModelCommand | OperationCommand | SnapshotCommand | PingCommand
 

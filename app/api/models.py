@@ -15,7 +15,8 @@ from app.api.sessions import unload
 from app.config import ROLES, BaseModelConfig
 from app.db.metadata import TrainingRun, model_id_for
 from app.errors import LimitExceeded, UserError
-from app.messages import AdapterSpec, CreateModel, LoadCheckpoint
+from app.messages import AdapterSpec, CreateModel
+from app.operations.load_checkpoint import LoadCheckpoint
 from app.protocol.wire import CreateModelRequest, GetInfoRequest, UnloadModelRequest
 from app.request_log import log_request
 

@@ -15,6 +15,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from app.config import ServerConfig
+from app.operations import api_calls
 
 Op = tuple[str, str]  # (method, path) as the schema writes it
 
@@ -31,15 +32,7 @@ def _posts(*names: str) -> tuple[Op, ...]:
 
 
 # Operations answering {"request_id": ..., "model_id": ...}: a future of a model's operation.
-MODEL_FUTURES = _posts(
-    "create_model",
-    "forward_backward",
-    "optim_step",
-    "save_weights",
-    "save_weights_for_sampler",
-    "save_weights_external",
-    "load_weights",
-)
+MODEL_FUTURES = _posts("create_model", *api_calls())
 TAKES_REQUEST_ID = _posts("retrieve_future", "cancel_future")
 TAKES_MODEL_ID = _posts(
     "get_info", "unload_model", "optim_step", "save_weights", "save_weights_for_sampler", "save_weights_external"

@@ -21,15 +21,10 @@ from app.api.errors import validation_message
 from app.api.quotas import check_pending_requests
 from app.db.metadata import TrainingRun
 from app.errors import ServerError, TinkerServeError, UserError
-from app.messages import (
-    AdamParams,
-    DimuonParams,
-    ForwardBackward,
-    ForwardBackwardArgs,
-    OptimStep,
-    SequencedOp,
-    Skip,
-)
+from app.messages import AdamParams, DimuonParams, ForwardBackwardArgs, SequencedOp, Skip
+from app.operations import operation
+from app.operations.forward_backward import ForwardBackward
+from app.operations.optim_step import OptimStep
 from app.protocol import wire
 from app.protocol.codec import decode_forward_backward, peek_sequence
 from app.request_log import log_request, outcome_of
@@ -144,9 +139,9 @@ async def _build_or_skip(
 
 
 async def _count_usage(services: Services, run: TrainingRun, op: SequencedOp) -> None:
-    """A forward(_backward)'s tokens count as the session's training usage."""
-    if isinstance(op, ForwardBackward):
-        tokens = len(op.args.batch.tokens)
+    """The tokens the operation counts as the session's training usage (its operation's `usage_tokens`)."""
+    tokens = 0 if isinstance(op, Skip) else operation(op).usage_tokens(op)
+    if tokens:
         await services.usage.record(run.session_id, run.base_model, {"training": tokens})
 
 

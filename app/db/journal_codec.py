@@ -17,20 +17,8 @@ import msgpack
 import numpy as np
 
 from app.db.checkpoints import CheckpointRecord
-from app.messages import (
-    AdamParams,
-    AdapterSpec,
-    CreateModel,
-    DimuonParams,
-    ForwardBackward,
-    ForwardBackwardArgs,
-    LoadCheckpoint,
-    OptimStep,
-    SaveCheckpoint,
-    SaveForSampler,
-    SequencedOp,
-    Skip,
-)
+from app.messages import AdamParams, AdapterSpec, CreateModel, DimuonParams, ForwardBackwardArgs, SequencedOp, Skip
+from app.operations import OPERATIONS
 from app.storage.paths import CheckpointPath
 from app.training.batch import PackedBatch
 from app.training.custom_loss.program import CustomLossProgram, LossNode
@@ -38,7 +26,7 @@ from app.training.custom_loss.program import CustomLossProgram, LossNode
 MAGIC = b"TSJ"
 FORMAT = 1  # the format byte this release writes
 
-RECORD_TYPES: dict[str, type] = {
+RECORD_TYPES: dict[str, type] = {  # every operation's message (app.operations), and what they are made of
     cls.__name__: cls
     for cls in (
         AdamParams,
@@ -48,18 +36,14 @@ RECORD_TYPES: dict[str, type] = {
         CreateModel,
         CustomLossProgram,
         DimuonParams,
-        ForwardBackward,
         ForwardBackwardArgs,
-        LoadCheckpoint,
         LossNode,
-        OptimStep,
         PackedBatch,
-        SaveCheckpoint,
-        SaveForSampler,
         Skip,
+        *OPERATIONS,
     )
 }
-_OPERATIONS = (CreateModel, ForwardBackward, OptimStep, SaveCheckpoint, SaveForSampler, LoadCheckpoint, Skip)
+_OPERATIONS = (CreateModel, SequencedOp)
 RENAMED_RECORDS: dict[str, str] = {}  # a record's name as an earlier release wrote it -> its name now
 
 _ARRAY, _TUPLE, _RECORD = 1, 2, 3  # msgpack extension codes: the markers leading a list

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 from app.db.history import HistoryPoint, HistoryStore
-from app.messages import ForwardBackward, OptimStep, SequencedOp
-from app.trainer.operations import Reply
+from app.messages import SequencedOp, Skip
+from app.operations import Reply, operation
 
 
 class HistoryRecorder:
@@ -19,16 +19,15 @@ class HistoryRecorder:
         self._steps[model_id] = await self._store.steps_done(model_id)
 
     async def record(self, model_id: str, seq_id: int, op: SequencedOp, reply: Reply) -> None:
-        """Record `op`'s outcome if it is a training step (forward, forward_backward or optim_step)."""
-        if reply.metrics is None or not isinstance(op, ForwardBackward | OptimStep):
+        """Record `op`'s outcome if it is a training step (its operation's `history`: forward, forward_backward or
+        optim_step) that returned metrics."""
+        if isinstance(op, Skip) or reply.metrics is None:
             return
-        step = self._steps.get(model_id, 0)
-        if isinstance(op, OptimStep):
-            step += 1
-            self._steps[model_id] = step
-            kind, tokens, learning_rate = "optim_step", 0, op.params.learning_rate
-        else:
-            kind = "forward" if op.args.forward_only else "forward_backward"
-            tokens, learning_rate = int(op.args.batch.offsets[-1]), None
-        point = HistoryPoint(seq_id, kind, time.time(), step, tokens, learning_rate, reply.metrics)
+        kind = operation(op)
+        entry = kind.history(op)
+        if entry is None:
+            return
+        step = self._steps.get(model_id, 0) + entry.finishes_step
+        self._steps[model_id] = step
+        point = HistoryPoint(seq_id, kind.name(op), time.time(), step, entry.tokens, entry.learning_rate, reply.metrics)
         await self._store.add(model_id, point)

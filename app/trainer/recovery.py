@@ -14,9 +14,7 @@ from app.errors import GroupRestarted, ServerError, TinkerServeError
 from app.messages import (
     CreateModel,
     CreateModelCommand,
-    LoadCheckpoint,
     LoadStateCommand,
-    OptimStep,
     RemoveModelCommand,
     Replies,
     SequencedOp,
@@ -25,9 +23,10 @@ from app.messages import (
     WorkerCommand,
 )
 from app.metrics import server_metrics
+from app.operations import changes_model, operation
 from app.storage.objects import ObjectStorage
 from app.storage.paths import snapshot_location
-from app.trainer.operations import changes_model, first_failed_command, operation
+from app.trainer.rank_replies import first_failed_command
 from app.workers.group import WorkerGroup
 
 logger = logging.getLogger("tinker_serve.trainer")
@@ -54,7 +53,7 @@ class SnapshotPolicy:
 
     def plan(self, model_id: str, seq_ids: Sequence[int], ops: Sequence[SequencedOp]) -> PlannedSnapshot | None:
         """Where a run's snapshot goes, if it takes one: right after its last step (gradients are empty there)."""
-        steps = [i for i, op in enumerate(ops) if isinstance(op, OptimStep | LoadCheckpoint)]
+        steps = [i for i, op in enumerate(ops) if operation(op).counts_toward_snapshot(op)]
         if not steps:
             return None
         now = time.monotonic()

@@ -20,21 +20,13 @@ from app.db.history import HistoryStore
 from app.db.journal import JournalStore
 from app.db.metadata import MetadataStore
 from app.errors import GroupRestarted, LimitExceeded, ServerError, TinkerServeError
-from app.messages import (
-    CreateModel,
-    ForwardBackward,
-    RankReply,
-    RemoveModelCommand,
-    Replies,
-    SequencedOp,
-    Skip,
-    WorkerCommand,
-)
+from app.messages import CreateModel, RankReply, RemoveModelCommand, Replies, SequencedOp, Skip, WorkerCommand
 from app.metrics import server_metrics
+from app.operations import CheckpointCommitter, Reply, fair_share_cost, operation
 from app.request_log import log_request, outcome_of
 from app.storage.objects import ObjectStorage
 from app.trainer.history import HistoryRecorder
-from app.trainer.operations import CheckpointCommitter, Reply, first_error, first_failed_command, operation
+from app.trainer.rank_replies import first_error, first_failed_command
 from app.trainer.recovery import (
     PlannedSnapshot,
     SnapshotPolicy,
@@ -238,13 +230,8 @@ class TrainerService:
         )
 
     def _cost(self, queued: Queued) -> int:
-        """An op's cost in the fair share: a forward(_backward)'s tokens; a fixed cost for others; nothing to skip."""
-        op = queued[1]
-        if isinstance(op, Skip):
-            return 0
-        if isinstance(op, ForwardBackward):
-            return int(op.args.batch.offsets[-1])
-        return self._fixed_op_cost
+        """An op's cost in the fair share (its operation's `cost`)."""
+        return fair_share_cost(queued[1], self._fixed_op_cost)
 
     def _dispatch(self, model_id: str, run: list[Queued]) -> Awaitable[list[Awaitable[None]]]:
         """Send the run to the workers now (order matters; while the group is being recovered, the recovery sends
@@ -391,9 +378,10 @@ class TrainerService:
     def _record(self, work: list[SequencedOp], seconds: float) -> None:
         metrics = server_metrics()
         for op in work:
-            metrics.op_seconds.observe(seconds, tags={"trainer": self.name, "op": operation(op).name(op)})
-            if isinstance(op, ForwardBackward) and not op.args.forward_only:
-                metrics.tokens.inc(int(op.args.batch.offsets[-1]), tags={"name": self.name, "kind": "trained"})
+            kind = operation(op)
+            metrics.op_seconds.observe(seconds, tags={"trainer": self.name, "op": kind.name(op)})
+            if trained := kind.trained_tokens(op):
+                metrics.tokens.inc(trained, tags={"name": self.name, "kind": "trained"})
 
     def _lose_model(self, model_id: str, reason: Exception) -> None:
         logger.error("model %s on trainer %s is lost: %s", model_id, self.name, reason)

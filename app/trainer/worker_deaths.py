@@ -17,9 +17,10 @@ from app.config import TimeoutsConfig, WorkerGroupConfig
 from app.db.futures import FutureStore
 from app.db.journal import JournalStore
 from app.errors import TooLargeForWorkers
-from app.messages import ForwardBackward, ForwardBackwardCommand, PingCommand, SequencedOp, WorkerCommand
+from app.messages import ForwardBackwardCommand, PingCommand, SequencedOp, WorkerCommand
+from app.operations import operation
+from app.operations.forward_backward import ForwardBackward
 from app.request_log import log_request
-from app.trainer.operations import operation
 from app.training.batch import PackedBatch
 from app.training.micro_batches import micro_batches
 

@@ -1,4 +1,4 @@
-"""The Trainer's operations (app.trainer.operations): the worker command each sends and the reply it builds,
+"""The operations (app.operations): the worker command each sends and the reply it builds,
 with checkpoint commits against a real SQLite file and a local storage directory."""
 
 from __future__ import annotations
@@ -15,32 +15,26 @@ from app.db.checkpoints import CheckpointRecord, CheckpointStore
 from app.errors import UserError
 from app.messages import (
     AdamParams,
-    ForwardBackward,
     ForwardBackwardArgs,
     ForwardBackwardCommand,
-    LoadCheckpoint,
     LoadStateCommand,
-    OptimStep,
     OptimStepCommand,
-    SaveCheckpoint,
     SaveCommand,
     SavedParts,
     SaveForSampler,
-    SequencedOp,
     ShardOutput,
-    Skip,
 )
+from app.operations import CheckpointCommitter, operation
+from app.operations.forward_backward import ForwardBackward
+from app.operations.load_checkpoint import LoadCheckpoint
+from app.operations.optim_step import OptimStep
+from app.operations.save_checkpoint import SaveCheckpoint
 from app.storage.objects import ObjectStorage
 from app.storage.paths import checkpoint_path
-from app.trainer.operations import OPERATIONS, CheckpointCommitter, operation
 from app.training.batch import PackedBatch
 from tests.conftest import run_on_db
 
 MODEL = "s:train:0"
-
-
-def test_every_sequenced_message_but_skip_has_an_operation() -> None:
-    assert set(OPERATIONS) == set(typing.get_args(SequencedOp)) - {Skip}
 
 
 def _record(kind: str, name: str = "c1") -> CheckpointRecord:

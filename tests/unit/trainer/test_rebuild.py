@@ -20,18 +20,18 @@ from app.messages import (
     CommandError,
     CreateModel,
     CreateModelCommand,
-    ForwardBackward,
     ForwardBackwardArgs,
-    OptimStep,
     Replies,
     SequencedOp,
     Skip,
     SnapshotCommand,
     WorkerCommand,
 )
+from app.operations import operation
+from app.operations.forward_backward import ForwardBackward
+from app.operations.optim_step import OptimStep
 from app.storage.objects import ObjectStorage
 from app.storage.paths import snapshot_location
-from app.trainer.operations import operation
 from app.trainer.recovery import Takeover, rebuild, unfinished
 from app.training.base_model import load_base_model
 from app.training.batch import PackedBatch

@@ -21,16 +21,16 @@ from app.errors import GroupRestarted
 from app.messages import (
     AdamParams,
     CreateModel,
-    ForwardBackward,
     ForwardBackwardArgs,
     ForwardBackwardCommand,
-    OptimStep,
     OptimStepCommand,
     Replies,
     SequencedOp,
     SnapshotCommand,
     WorkerCommand,
 )
+from app.operations.forward_backward import ForwardBackward
+from app.operations.optim_step import OptimStep
 from app.storage.objects import ObjectStorage
 from app.trainer.service import TrainerService
 from app.trainer.worker_deaths import blamed, largest_pass_tokens, too_large

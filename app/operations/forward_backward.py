@@ -1,0 +1,52 @@
+"""forward / forward_backward: one pass (and its backward) over a batch, with the loss it names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.db.futures import PROTO_CONTENT_TYPE
+from app.messages import ForwardBackwardArgs, ForwardBackwardCommand, SequencedOp, ShardOutput
+from app.operations.base import CheckpointCommitter, HistoryStep, Operation, Reply
+from app.protocol.results import encode_forward_backward_output
+from app.training.sharding import merge_shards
+
+
+@dataclass(frozen=True)
+class ForwardBackward(SequencedOp):
+    args: ForwardBackwardArgs
+
+
+class ForwardBackwardOperation(Operation[ForwardBackward, ShardOutput]):
+    message = ForwardBackward
+    calls = ("forward_backward",)
+
+    def name(self, op: ForwardBackward) -> str:
+        return "forward" if op.args.forward_only else "forward_backward"
+
+    def command(self, model_id: str, op: ForwardBackward) -> ForwardBackwardCommand:
+        return ForwardBackwardCommand(model_id, op.args)
+
+    async def reply(
+        self, model_id: str, op: ForwardBackward, per_rank: list[ShardOutput], committer: CheckpointCommitter
+    ) -> Reply:
+        result = merge_shards(op.args.batch.offsets, per_rank)
+        cost = max(shard.loss_cost_tokens for shard in per_rank)
+        return Reply(encode_forward_backward_output(result), PROTO_CONTENT_TYPE, result.metrics, cost)
+
+    def changes_model(self, op: ForwardBackward) -> bool:
+        return not op.args.forward_only  # its gradients
+
+    def counts_toward_snapshot(self, op: ForwardBackward) -> bool:
+        return False  # a snapshot right after a step finds no gradients to keep
+
+    def cost(self, op: ForwardBackward, fixed_cost: int) -> int:
+        return self.usage_tokens(op)
+
+    def history(self, op: ForwardBackward) -> HistoryStep:
+        return HistoryStep(tokens=self.usage_tokens(op))
+
+    def trained_tokens(self, op: ForwardBackward) -> int:
+        return 0 if op.args.forward_only else self.usage_tokens(op)
+
+    def usage_tokens(self, op: ForwardBackward) -> int:
+        return int(op.args.batch.offsets[-1])

@@ -1,0 +1,40 @@
+"""Operations not yet moved to a module of their own: their messages are in app.messages."""
+
+from __future__ import annotations
+
+from app.messages import SaveCommand, SaveForSampler
+from app.operations.base import CheckpointCommitter, HistoryStep, Operation, Reply
+
+
+class SaveForSamplerOperation(Operation[SaveForSampler, int]):
+    message = SaveForSampler
+    calls = ("save_weights_for_sampler",)
+
+    def name(self, op: SaveForSampler) -> str:
+        return "save_weights_for_sampler"
+
+    def command(self, model_id: str, op: SaveForSampler) -> SaveCommand:
+        return SaveCommand(model_id, op.location, "adapter")
+
+    async def reply(
+        self, model_id: str, op: SaveForSampler, per_rank: list[int], committer: CheckpointCommitter
+    ) -> Reply:
+        return Reply.json({"sampling_session_id": op.sampling_session_id, "type": self.name(op)})
+
+    def changes_model(self, op: SaveForSampler) -> bool:
+        return False
+
+    def counts_toward_snapshot(self, op: SaveForSampler) -> bool:
+        return False
+
+    def cost(self, op: SaveForSampler, fixed_cost: int) -> int:
+        return fixed_cost
+
+    def history(self, op: SaveForSampler) -> HistoryStep | None:
+        return None
+
+    def trained_tokens(self, op: SaveForSampler) -> int:
+        return 0
+
+    def usage_tokens(self, op: SaveForSampler) -> int:
+        return 0
