@@ -1,8 +1,10 @@
 """The ingress's side of the Trainer and Sampler handles: calls that never block the request.
 
-Trainers and samplers write each future's outcome themselves; when a call ends here, local long-polls
-wake at once, and a call that failed outright fails its future so no client waits forever. A sample whose
-replica died is sent again (Serve routes it to a live or replacement replica) while its future is pending.
+Trainers and samplers write each future's outcome to the database themselves, then return it in their reply.
+When a call ends here, the outcome it returned is kept in memory with the user whose request made the future
+(`FutureStore.recent`), and local long-polls wake at once and answer from it without reading the row; a call that
+failed outright fails its future so no client waits forever. A sample whose replica died is sent again (Serve
+routes it to a live or replacement replica) while its future is pending.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponse, DeploymentRes
 
 from app.api.backends import SamplerClient, TrainerClient
 from app.db.futures import FutureStore, Pending
+from app.db.outcomes import Completed, Failed
 from app.errors import ServerError, UserError
 from app.messages import CreateModel, SequencedOp
 from app.retry import NO_RETRIES, RetryPolicy, call_with_retries
@@ -69,25 +72,29 @@ class HandleCalls:
             )
         return handle
 
-    def track(self, name: str, request_id: str, call: HandleCall) -> None:
-        """Make `call` (again, if its replica dies and the retry policy allows) until it answers."""
+    def track(self, name: str, request_id: str, call: HandleCall, owner: str | None = None) -> None:
+        """Make `call` (again, if its replica dies and the retry policy allows) until it answers. `owner`: the user
+        whose request made the future, kept with the outcome the call returns."""
         self.in_flight[name] += 1
-        task = asyncio.create_task(self._settle(name, request_id, call))
+        task = asyncio.create_task(self._settle(name, request_id, call, owner))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _settle(self, name: str, request_id: str, call: HandleCall) -> None:
+    async def _settle(self, name: str, request_id: str, call: HandleCall, owner: str | None) -> None:
         async def pending() -> bool:  # the dead replica may have written the outcome first
             return isinstance(await self._futures.get(request_id), Pending)
 
         try:
-            await call_with_retries(
+            written = await call_with_retries(
                 lambda: _answer(call),
                 retry_on=REPLICA_GONE,
                 policy=self._retry,
                 label=f"{self._role} call for {request_id}",
                 worth_retrying=pending,
             )
+            # what the replica wrote (committed, final): the long-poll answers from it, before it is woken below
+            if isinstance(written, Completed | Failed) and written.request_id == request_id:
+                self._futures.recent.put(written, owner)
         except Exception as exc:
             if self._next_replica_reruns and isinstance(exc, REPLICA_GONE):
                 logger.warning(
@@ -121,13 +128,13 @@ class ServeTrainerClient(TrainerClient):
         # a trainer's next replica rebuilds its models and reruns what was queued from the journal (app.db.journal)
         self._calls = HandleCalls("trainer", handles, futures, next_replica_reruns=True)
 
-    def create_model(self, trainer: str, model_id: str, create: CreateModel) -> None:
+    def create_model(self, trainer: str, model_id: str, create: CreateModel, user: str) -> None:
         handle = self._calls.handle(trainer)
-        self._calls.track(trainer, create.request_id, lambda: handle.create_model.remote(model_id, create))
+        self._calls.track(trainer, create.request_id, lambda: handle.create_model.remote(model_id, create), user)
 
     def submit(self, trainer: str, model_id: str, seq_id: int, op: SequencedOp, user: str) -> None:
         handle = self._calls.handle(trainer)
-        self._calls.track(trainer, op.request_id, lambda: handle.submit.remote(model_id, seq_id, op, user))
+        self._calls.track(trainer, op.request_id, lambda: handle.submit.remote(model_id, seq_id, op, user), user)
 
     def unload_model(self, trainer: str, request_id: str, model_id: str) -> None:
         handle = self._calls.handle(trainer)
@@ -159,12 +166,14 @@ class ServeSamplerClient(SamplerClient):
     def release(self, base_model: str) -> None:
         self._admitted[base_model] -= 1
 
-    def sample(self, base_model: str, request_id: str, adapter_location: str | None, args: SampleArgs) -> None:
+    def sample(
+        self, base_model: str, request_id: str, adapter_location: str | None, args: SampleArgs, user: str
+    ) -> None:
         self._admitted[base_model] -= 1  # from here on it counts as in flight
         handle = self._calls.handle(base_model)
         if adapter_location:
             handle = handle.options(multiplexed_model_id=adapter_location)
-        self._calls.track(base_model, request_id, lambda: handle.sample.remote(request_id, args))
+        self._calls.track(base_model, request_id, lambda: handle.sample.remote(request_id, args), user)
 
     async def openai(
         self, base_model: str, adapter_location: str | None, route: Route, body: dict[str, Any]

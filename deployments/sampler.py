@@ -13,6 +13,7 @@ from ray import serve
 from app.config import ServerConfig
 from app.db.futures import FutureStore
 from app.db.migrate import migrate
+from app.db.outcomes import Written
 from app.db.schema import connect
 from app.db.stability import StabilityStore
 from app.db.statement_metrics import count_statements
@@ -83,10 +84,11 @@ class Sampler:
                 max_model_len=max_model_len,
                 work_dir=work_dir,
             )
+        self._futures = FutureStore(db)
         self._service = SamplerService(
             base_name,
             self._engine,
-            FutureStore(db),
+            self._futures,
             StabilityStore(db),
             UsageStore(db),
             ObjectStorage(cfg.checkpoint_uri),
@@ -102,9 +104,11 @@ class Sampler:
         self._register = serve.multiplexed(max_num_models_per_replica=base.sampler.max_cpu_loras - 1)(register)
         logger.info("sampler for %s ready in %.1f s", base_name, time.monotonic() - started)
 
-    async def sample(self, request_id: str, args: SampleArgs) -> None:
+    async def sample(self, request_id: str, args: SampleArgs) -> Written | None:
+        """Returns the outcome once it is written to the database, for the ingress to keep (None: not written here)."""
         adapter_location = serve.get_multiplexed_model_id() or None
         await self._service.sample(request_id, args, adapter_location, register=self._register)
+        return self._futures.recent.take(request_id)
 
     async def openai_models(self) -> dict[str, Any]:
         return await self._service.openai_models()

@@ -15,6 +15,7 @@ from app.db.history import HistoryStore
 from app.db.journal import JournalStore
 from app.db.metadata import MetadataStore
 from app.db.migrate import migrate
+from app.db.outcomes import Written
 from app.db.schema import connect
 from app.db.statement_metrics import count_statements
 from app.messages import CreateModel, SequencedOp
@@ -83,12 +84,13 @@ class Trainer:
                 checkpointing=shape.activation_checkpointing,
             )
         )
+        self._futures = FutureStore(db)
         self._service = TrainerService(
             trainer,
             cfg.timeouts,
             cfg.engine,
             group,
-            FutureStore(db),
+            self._futures,
             MetadataStore(db),
             CheckpointStore(db),
             ObjectStorage(cfg.checkpoint_uri),
@@ -100,11 +102,16 @@ class Trainer:
         await self._service.start()
         logger.info("trainer %s ready in %.1f s", trainer, time.monotonic() - started)
 
-    async def create_model(self, model_id: str, create: CreateModel) -> None:
+    async def create_model(self, model_id: str, create: CreateModel) -> Written | None:
+        """Returns, like submit, the outcome written (after it is in the database)."""
         await self._service.create_model(model_id, create)
+        return self._futures.recent.take(create.request_id)
 
-    async def submit(self, model_id: str, seq_id: int, op: SequencedOp, user: str = "") -> None:
+    async def submit(self, model_id: str, seq_id: int, op: SequencedOp, user: str = "") -> Written | None:
+        """Returns once the op's future is written, with what was written here for the ingress to keep (None:
+        another call or the ingress wrote it, e.g. a cancel or a Skip; the ingress reads the row then)."""
         await self._service.submit(model_id, seq_id, op, user)
+        return self._futures.recent.take(op.request_id)
 
     async def unload_model(self, request_id: str, model_id: str) -> None:
         await self._service.unload_model(request_id, model_id)

@@ -14,10 +14,11 @@ from app.sampling.params import SampleArgs
 
 class TrainerClient(ABC):
     """Hands work to the trainer a model is routed to (by name, see BaseModelConfig.trainer_for); outcomes
-    arrive through the future store."""
+    arrive through the future store (the trainer writes them; its reply hands them to this replica's `recent`)."""
 
     @abstractmethod
-    def create_model(self, trainer: str, model_id: str, create: CreateModel) -> None: ...
+    def create_model(self, trainer: str, model_id: str, create: CreateModel, user: str) -> None:
+        """Have the trainer create `user`'s model."""
 
     @abstractmethod
     def submit(self, trainer: str, model_id: str, seq_id: int, op: SequencedOp, user: str) -> None:
@@ -51,8 +52,10 @@ class SamplerClient(ABC):
         """Give back an admission that will not be used."""
 
     @abstractmethod
-    def sample(self, base_model: str, request_id: str, adapter_location: str | None, args: SampleArgs) -> None:
-        """Send an admitted sample; its admission lasts until the sampler finishes it."""
+    def sample(
+        self, base_model: str, request_id: str, adapter_location: str | None, args: SampleArgs, user: str
+    ) -> None:
+        """Send `user`'s admitted sample; its admission lasts until the sampler finishes it."""
 
     @abstractmethod
     def openai(

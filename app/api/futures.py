@@ -26,7 +26,8 @@ _JSON_VIEWS = {"forward_backward": forward_backward_json_from_proto, "sample": s
 async def retrieve_future(
     body: RetrieveFutureRequest, request: Request, services: ServicesDep, user: UserDep
 ) -> Response:
-    await services.future(body.request_id, user)
+    if not services.futures.recent.owned_by(body.request_id, user):  # kept with its owner: no read of its row
+        await services.future(body.request_id, user)
     with long_poll_slot(services, user):
         outcome = await services.futures.wait(body.request_id, services.config.timeouts.long_poll_seconds)
     if isinstance(outcome, Pending):
@@ -66,7 +67,8 @@ async def retrieve_futures(body: RetrieveFuturesRequest, services: ServicesDep, 
 async def cancel_future(body: CancelFutureRequest, services: ServicesDep, user: UserDep) -> dict:
     """Cancel a pending future: it fails at once; its work is dropped if it has not started, and discarded when it
     finishes otherwise. A training operation's later seq_ids run as if it had been skipped. A finished future
-    stays as it is."""
+    stays as it is (so does its outcome kept in memory: only final rows are kept, and the cancel's own failure
+    replaces what this replica held)."""
     await services.future(body.request_id, user)
     cancelled = UserError(f"request {body.request_id} was cancelled (cancel_future)", details={"cancelled": True})
     row = await services.futures.cancel(body.request_id, cancelled.to_body())

@@ -130,7 +130,7 @@ async def register_model(
         )
         creation = CreateModel(request_id, adapter, load(request_id) if load else None)
         await services.journal.append(model_id, 0, creation)  # how a restarted trainer makes the model again
-        services.trainers.create_model(trainer, model_id, creation)
+        services.trainers.create_model(trainer, model_id, creation, user)
         await services.audit.record("model_created", user, {"model_id": model_id, "base_model": base.name, "via": kind})
     log_request("queued" if created else "retried", op=kind, model_id=model_id, seq_id=0, tinker_request_id=request_id)
     return {"request_id": request_id, "model_id": model_id}

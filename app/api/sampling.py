@@ -116,7 +116,7 @@ async def asample(body: SampleRequest, services: ServicesDep, user: UserDep) -> 
     try:
         request_id, created = await services.futures.create("sample", session.sampling_session_id, body.seq_id)
         if created:
-            services.samplers.sample(session.base_model, request_id, session.adapter_location, args)
+            services.samplers.sample(session.base_model, request_id, session.adapter_location, args, user)
         log_request(
             "queued" if created else "retried",
             op="sample",

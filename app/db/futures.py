@@ -1,10 +1,11 @@
-"""The future store: every long operation is a row; outcomes are a closed union.
+"""The future store: every long operation is a row; outcomes are a closed union (app.db.outcomes).
 
 Rows live in the database so any ingress replica can answer `retrieve_future` and a restart loses no
 finished result. Waiters in the process that completes a future wake at once; others poll the row,
 quickly at first and then less often (many concurrent long-polls must not load the database). A sample
 future that finishes also joins its sampling session's completion queue (`completions`), in the same
-transaction.
+transaction. What a process finished, or was handed in a Trainer's or Sampler's reply, stays in memory a short
+while (`recent`), so the long-poll that follows needs no read of the row.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import Row, delete, insert, select, update
@@ -22,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from app.caches import remember
 from app.db.completions import CompletionLog, target_of
 from app.db.group_commit import group_commit
+from app.db.outcomes import Completed, Failed, Outcome, Pending, RecentOutcomes, Unknown, Written
 from app.db.schema import futures, journal, session_requests
 from app.db.wakeups import Wakeups
 from app.errors import NotFound
@@ -40,34 +42,6 @@ PROTO_CONTENT_TYPE = "application/x-protobuf"
 JSON_CONTENT_TYPE = "application/json"
 
 
-@dataclass(frozen=True)
-class Pending:
-    request_id: str
-    queue_state: str = "active"
-
-
-@dataclass(frozen=True)
-class Completed:
-    request_id: str
-    payload: bytes
-    content_type: str
-    kind: str = ""
-
-
-@dataclass(frozen=True)
-class Failed:
-    request_id: str
-    error: dict
-
-
-@dataclass(frozen=True)
-class Unknown:
-    request_id: str
-
-
-Outcome = Pending | Completed | Failed | Unknown
-
-
 class FutureStore:
     def __init__(self, db: AsyncEngine, *, poll_interval_s: float = 1.0) -> None:
         self._db = db
@@ -75,6 +49,7 @@ class FutureStore:
         self._wakeups: Wakeups[str] = Wakeups(poll_interval_s)
         self.completions = CompletionLog(db, poll_interval_s=poll_interval_s)
         self._sessions: dict[str, str] = {}  # request id -> its session: futures made or looked up here
+        self.recent = RecentOutcomes()  # what this process finished, or was handed in a reply (app.db.outcomes)
 
     async def create(self, kind: str, model_id: str | None = None, seq_id: int | None = None) -> tuple[str, bool]:
         """A new pending future; for a repeated (model_id, seq_id) the existing id and False."""
@@ -116,10 +91,10 @@ class FutureStore:
             return existing, False
 
     async def complete(self, request_id: str, payload: bytes, content_type: str) -> None:
-        await self._finish(request_id, state="completed", payload=payload, content_type=content_type)
+        await self._finish(Completed(request_id, payload, content_type))
 
     async def fail(self, request_id: str, error: dict) -> None:
-        await self._finish(request_id, state="failed", error=error)
+        await self._finish(Failed(request_id, error))
 
     async def fail_if_pending(self, request_id: str, error: dict) -> None:
         """Fail a future unless something already finished it (used when a dispatch itself breaks)."""
@@ -129,11 +104,20 @@ class FutureStore:
     async def cancel(self, request_id: str, error: dict) -> Row | None:
         """Fail a pending future with `error` (its work's result will be discarded); its (request_id, kind,
         model_id, seq_id), or None when it is unknown or already finished."""
-        return await self._finish(request_id, state="failed", error=error)
+        return await self._finish(Failed(request_id, error))
 
-    async def _finish(self, request_id: str, **values: object) -> Row | None:
-        rows = await self._finish_where(values, futures.c.request_id == request_id)
-        self.notify(request_id)
+    async def _finish(self, outcome: Written) -> Row | None:
+        """Finish the future if it is pending; what it now holds is kept in `recent` (the Trainer or Sampler that
+        wrote it returns it from there in its reply), then its waiters here wake."""
+        values: dict[str, Any] = (
+            {"state": "completed", "payload": outcome.payload, "content_type": outcome.content_type}
+            if isinstance(outcome, Completed)
+            else {"state": "failed", "error": outcome.error}
+        )
+        rows = await self._finish_where(values, futures.c.request_id == outcome.request_id)
+        if rows:  # it was pending: the row is final now, as kept
+            self.recent.put(replace(outcome, kind=rows[0].kind) if isinstance(outcome, Completed) else outcome)
+        self.notify(outcome.request_id)
         return rows[0] if rows else None
 
     async def fail_stale(self, kind: str, created_before: float, error: dict) -> int:
@@ -219,10 +203,15 @@ class FutureStore:
         return Pending(request_id)
 
     async def wait(self, request_id: str, timeout_s: float) -> Outcome:
-        """Long-poll: the outcome once finished, or Pending after `timeout_s`."""
+        """Long-poll: the outcome once finished, or Pending after `timeout_s`. An outcome kept in `recent` is
+        answered (once) without reading the row, to whoever asks: check that the caller may read it first."""
         return await self._wakeups.poll(
-            request_id, lambda: self.get(request_id), lambda outcome: not isinstance(outcome, Pending), timeout_s
+            request_id, lambda: self._read(request_id), lambda outcome: not isinstance(outcome, Pending), timeout_s
         )
+
+    async def _read(self, request_id: str) -> Outcome:
+        kept = self.recent.take(request_id)
+        return kept if kept is not None else await self.get(request_id)
 
 
 def _session_of(model_id: str) -> str:

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import pytest
+from sqlalchemy import event
 
 from app.db.futures import (
     JSON_CONTENT_TYPE,
@@ -218,3 +219,54 @@ def test_every_local_waiter_wakes_at_once(db: str) -> None:
     assert isinstance(impatient, Pending)
     assert isinstance(outcome, Completed) and outcome.payload == b"both"
     assert elapsed < 3.0  # a local wake-up, with room for a loaded machine
+
+
+def test_finishing_keeps_what_the_row_holds_in_memory(db: str) -> None:
+    """`recent` gets an outcome only when its write finished a pending row, with the row's kind: what a Trainer or
+    Sampler returns in its reply. A write that found the row finished (cancelled first) keeps nothing."""
+
+    async def body(store: FutureStore) -> None:
+        done, _ = await store.create("forward_backward", "s:train:0", 1)
+        await store.complete(done, b"\x08\x01", PROTO_CONTENT_TYPE)
+        assert store.recent.take(done) == Completed(done, b"\x08\x01", PROTO_CONTENT_TYPE, "forward_backward")
+        await store.complete(done, b"late", PROTO_CONTENT_TYPE)  # finished already: the row and memory stay
+        assert store.recent.take(done) is None
+        assert await store.get(done) == Completed(done, b"\x08\x01", PROTO_CONTENT_TYPE, "forward_backward")
+
+        failed, _ = await store.create("optim_step", "s:train:0", 2)
+        await store.fail(failed, {"error": "boom", "category": "server"})
+        assert store.recent.take(failed) == Failed(failed, {"error": "boom", "category": "server"})
+
+        cancelled, _ = await store.create("forward_backward", "s:train:0", 3)
+        error = {"error": "cancelled", "category": "user", "details": {"cancelled": True}}
+        assert await store.cancel(cancelled, error) is not None
+        await store.complete(cancelled, b"ran anyway", PROTO_CONTENT_TYPE)  # the trainer's write comes too late
+        assert store.recent.take(cancelled) == Failed(cancelled, error)
+        assert await store.get(cancelled) == Failed(cancelled, error)
+        assert await store.cancel(done, error) is None  # a finished future is not cancelled, nor kept again
+        assert len(store.recent) == 0
+
+    run_with_store(db, body)
+
+
+def test_wait_answers_a_kept_outcome_without_reading_the_row(db: str) -> None:
+    async def body(store: FutureStore) -> None:
+        rid, _ = await store.create("forward_backward", "s:train:0", 1)
+        outcome = Completed(rid, b"payload", PROTO_CONTENT_TYPE, "forward_backward")
+        await FutureStore(store._db).complete(rid, outcome.payload, outcome.content_type)  # another process's write
+        store.recent.put(outcome, owner="alice")  # ... handed over in its reply
+        statements: list[str] = []
+
+        def count(conn: object, cursor: object, statement: str, *args: object) -> None:
+            statements.append(statement)
+
+        event.listen(store._db.sync_engine, "before_cursor_execute", count)
+        try:
+            assert await store.wait(rid, timeout_s=1.0) == outcome
+            assert statements == []
+            assert await store.wait(rid, timeout_s=1.0) == outcome  # read once: the next poll reads the row
+            assert len(statements) == 1
+        finally:
+            event.remove(store._db.sync_engine, "before_cursor_execute", count)
+
+    run_with_store(db, body)
