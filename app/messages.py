@@ -84,14 +84,6 @@ class SequencedOp:
 
 
 @dataclass(frozen=True)
-class SaveForSampler(SequencedOp):
-    """Write the model's adapter at `location` for the ephemeral sampling session `sampling_session_id`."""
-
-    sampling_session_id: str
-    location: str
-
-
-@dataclass(frozen=True)
 class Skip(SequencedOp):
     """A seq_id whose request was rejected at the ingress (its future already failed); it only advances order."""
 

@@ -18,9 +18,10 @@ from app.db.checkpoints import CheckpointRecord, already_exists
 from app.db.metadata import TrainingRun
 from app.db.samplers import SamplingSession, sampling_session_id_for
 from app.errors import UserError
-from app.messages import AdapterSpec, SaveForSampler, SequencedOp
+from app.messages import AdapterSpec, SequencedOp
 from app.operations.load_checkpoint import LoadCheckpoint
 from app.operations.save_checkpoint import SaveCheckpoint
+from app.operations.save_for_sampler import SaveForSampler
 from app.protocol import wire
 from app.storage.paths import checkpoint_path
 

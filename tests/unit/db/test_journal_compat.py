@@ -23,11 +23,12 @@ from app.db.journal import JournalStore
 from app.db.journal_codec import JournalFormatError
 from app.db.migrate import migrate
 from app.db.schema import connect, journal
-from app.messages import AdamParams, AdapterSpec, CreateModel, DimuonParams, ForwardBackwardArgs, SaveForSampler, Skip
+from app.messages import AdamParams, AdapterSpec, CreateModel, DimuonParams, ForwardBackwardArgs, Skip
 from app.operations.forward_backward import ForwardBackward
 from app.operations.load_checkpoint import LoadCheckpoint
 from app.operations.optim_step import OptimStep
 from app.operations.save_checkpoint import SaveCheckpoint
+from app.operations.save_for_sampler import SaveForSampler
 from app.storage.paths import CheckpointPath
 from app.training.batch import PackedBatch
 from app.training.custom_loss.program import CustomLossProgram, LossNode

@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 
 from app.db.checkpoints import CheckpointRecord
-from app.messages import AdamParams, ForwardBackwardArgs, SaveForSampler, SequencedOp, Skip
+from app.messages import AdamParams, ForwardBackwardArgs, SequencedOp, Skip
 from app.operations import OPERATIONS, Operation, api_calls, changes_model, fair_share_cost, operation
 from app.operations.forward_backward import ForwardBackward
 from app.operations.load_checkpoint import LoadCheckpoint
 from app.operations.optim_step import OptimStep
 from app.operations.save_checkpoint import SaveCheckpoint
+from app.operations.save_for_sampler import SaveForSampler
 from app.storage.paths import checkpoint_path
 from app.training.batch import PackedBatch
 

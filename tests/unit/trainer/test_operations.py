@@ -21,7 +21,6 @@ from app.messages import (
     OptimStepCommand,
     SaveCommand,
     SavedParts,
-    SaveForSampler,
     ShardOutput,
 )
 from app.operations import CheckpointCommitter, operation
@@ -29,6 +28,7 @@ from app.operations.forward_backward import ForwardBackward
 from app.operations.load_checkpoint import LoadCheckpoint
 from app.operations.optim_step import OptimStep
 from app.operations.save_checkpoint import SaveCheckpoint
+from app.operations.save_for_sampler import SaveForSampler
 from app.storage.objects import ObjectStorage
 from app.storage.paths import checkpoint_path
 from app.training.batch import PackedBatch

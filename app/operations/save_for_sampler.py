@@ -1,9 +1,19 @@
-"""Operations not yet moved to a module of their own: their messages are in app.messages."""
+"""save_weights_for_sampler without a name: the model's adapter for an ephemeral sampling session."""
 
 from __future__ import annotations
 
-from app.messages import SaveCommand, SaveForSampler
+from dataclasses import dataclass
+
+from app.messages import SaveCommand, SequencedOp
 from app.operations.base import CheckpointCommitter, HistoryStep, Operation, Reply
+
+
+@dataclass(frozen=True)
+class SaveForSampler(SequencedOp):
+    """Write the model's adapter at `location` for the ephemeral sampling session `sampling_session_id`."""
+
+    sampling_session_id: str
+    location: str
 
 
 class SaveForSamplerOperation(Operation[SaveForSampler, int]):
