@@ -1,6 +1,6 @@
 """The error hierarchy raised by app/: user errors (4xx, category "user") and server errors (429 and 5xx).
 
-Routers raise these and never write an HTTP status themselves; app.api.errors maps each to its response.
+Routers raise these and never write an HTTP status themselves; app.api.error_responses maps each to its response.
 Anything else that escapes a request is an internal fault: logged, and answered as a server error.
 """
 

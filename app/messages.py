@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 
-from app.training.batch import PackedBatch
-from app.training.custom_loss import CustomLossProgram
+from app.training_data.batch import PackedBatch
+from app.training_data.custom_losses import CustomLossProgram
 
 if TYPE_CHECKING:
     from app.operations.load_checkpoint import LoadCheckpoint

@@ -25,8 +25,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere: import app/
 from app.messages import AdamParams, AdapterSpec
 from app.training.base_model import load_base_model, recompute_activations
-from app.training.batch import PackedBatch
 from app.training.engine import TrainingEngine
+from app.training_data.batch import PackedBatch
 
 DENSE = {"hidden_size": 1024, "num_hidden_layers": 12, "num_attention_heads": 16, "num_key_value_heads": 8,
          "head_dim": 64, "intermediate_size": 3072, "vocab_size": 32000}  # fmt: skip

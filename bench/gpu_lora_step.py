@@ -15,7 +15,7 @@ and MFU, and the peak GPU memory of one step (OOM: it does not fit). MFU counts 
              attention term counts the full, non-causal score matrix; the usual full fine-tune convention)
   MFU(lora): 4 * N * T + 6 * N_lora * T + the same attention term   (the work LoRA needs: no base weight gradients)
 Then the engine with one LoRA model against --models models (each stepped alone and round robin: time per step and
-memory), the engine on a float32 base (what app.workers.command_loop loads today) without and with TF32, and last the
+memory), the engine on a float32 base (what app.ranks.command_loop loads today) without and with TF32, and last the
 top CUDA ops of profiled engine and PEFT steps. --out writes results.json and profile.txt.
 """
 
@@ -41,8 +41,8 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere: import app/
 
 from app.messages import AdamParams, AdapterSpec
-from app.training.batch import PackedBatch
 from app.training.engine import TrainingEngine
+from app.training_data.batch import PackedBatch
 
 RANK, ALPHA, LR = 32, 32.0, 1e-4
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]  # as the server adapts
@@ -110,7 +110,7 @@ def synced(fn: Callable[[], Any]) -> Callable[[], Any]:
 
 
 def engine_step(engine: TrainingEngine, model_id: str, batches: list[PackedBatch]) -> Callable[[], float]:
-    """What a trainer worker runs for forward_backward (one per micro-batch) and optim_step (app.workers.execute,
+    """What a trainer worker runs for forward_backward (one per micro-batch) and optim_step (app.ranks.execute,
     minus Ray)."""
 
     def step() -> float:
@@ -429,7 +429,7 @@ def main() -> None:
             engine.remove_model(f"m{i}")
         free()
 
-    if args.fp32_shapes:  # the base in float32: what app.workers.command_loop loads today
+    if args.fp32_shapes:  # the base in float32: what app.ranks.command_loop loads today
         free()
         engine32 = TrainingEngine(build_base(config, torch.float32, device), device=device)
         engine32.create_model("m0", AdapterSpec(rank=RANK, seed=0, alpha=ALPHA))

@@ -1,7 +1,7 @@
 """The trainer's engine on a GPU at realistic sizes: a randomly initialised Qwen3-8B-shaped model (36 layers, 4096
 hidden, 32/8 heads, 12288 MLP, 151936 vocabulary, untied LM head; 8.2B parameters) at 16 x 2048 tokens and one
 32,768-token datum, and Qwen2.5-0.5B's shape at 16 x 512. Driven in process (no Ray, no server), set up the way
-app.workers.command_loop sets up a rank: activation checkpointing, micro-batches of 16,384 tokens, and the base
+app.ranks.command_loop sets up a rank: activation checkpointing, micro-batches of 16,384 tokens, and the base
 sharded with FSDP2 over a one-rank NCCL group (world size 1) unless --no-fsdp.
 
     python bench/gpu_scale.py [--parts dtype,peft,fsdp,small] [--steps 3] [--out DIR]

@@ -1,7 +1,7 @@
 """Per-rank peak memory and step time of the trainer's engine: replicated vs FSDP-sharded base, float32 vs bfloat16,
 with activation checkpointing, at growing contexts. No Ray, no server: `--ranks` processes on this machine join a
 gloo process group (as Ray Train's workers do) and drive app.training.engine.TrainingEngine in process, each the way
-app.workers.command_loop sets it up.
+app.ranks.command_loop sets it up.
 
     python bench/memory_scale.py [--model models/qwen3-0.6b] [--shapes 8x64,2x1024,1x8192,1x32768]
         [--modes replicate,fsdp] [--dtypes float32,bfloat16] [--ranks 2] [--steps 2] [--out DIR]
@@ -46,7 +46,7 @@ def _reset_peak() -> None:
 
 
 def _batch(datums: int, tokens: int, vocab: int, seed: int) -> Any:
-    from app.training.batch import PackedBatch
+    from app.training_data.batch import PackedBatch
 
     rng = np.random.default_rng(seed)
     total = datums * tokens

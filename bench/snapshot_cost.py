@@ -23,9 +23,9 @@ from app.messages import AdamParams, AdapterSpec
 from app.models.embedded import build_embedded_model
 from app.storage.objects import ObjectStorage
 from app.training.base_model import load_base_model
-from app.training.batch import PackedBatch
 from app.training.checkpoint import write_captured
 from app.training.engine import TrainingEngine
+from app.training_data.batch import PackedBatch
 
 
 def batch(n: int, length: int, vocab: int) -> PackedBatch:

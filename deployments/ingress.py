@@ -29,7 +29,7 @@ from app.db.keys import KeyStore
 from app.db.metadata import MetadataStore
 from app.db.migrate import migrate
 from app.db.quotas import QuotaStore
-from app.db.samplers import SamplerStore
+from app.db.sampling_sessions import SamplingSessionStore
 from app.db.schema import connect
 from app.db.session_views import SessionViews
 from app.db.settings import shared_secret
@@ -42,7 +42,7 @@ from app.retry import RetryPolicy
 from app.sampling.expiry import fail_stale_samples, sweep_expired_samplers
 from app.storage.objects import ObjectStorage
 from app.sweeps import sweep_forever
-from app.training.validation import ModelLimits
+from app.training_data.validation import ModelLimits
 from deployments.handles import ServeSamplerClient, ServeTrainerClient
 from deployments.logs import route_app_logs
 from deployments.status import ServeReplicaCounts
@@ -91,7 +91,7 @@ class Ingress:
         # Completions dispatched by this replica wake its long-polls at once; polling the row is for futures
         # that another replica (or a restarted trainer) finishes, so one replica polls rarely.
         futures = FutureStore(db, poll_interval_s=5.0 if cfg.ingress_replicas == 1 else 1.0)
-        sampler_store, storage = SamplerStore(db), ObjectStorage(cfg.checkpoint_uri)
+        sampler_store, storage = SamplingSessionStore(db), ObjectStorage(cfg.checkpoint_uri)
         timeouts, retention, quotas = cfg.timeouts, cfg.retention, cfg.quotas
         stability, record_ttl = StabilityStore(db), retention.stability_record_ttl_seconds
         traces = TraceStore(db)

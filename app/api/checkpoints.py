@@ -16,7 +16,7 @@ from app.api.training import sequenced
 from app.config import LimitsConfig, RetentionConfig
 from app.db.checkpoints import CheckpointRecord, already_exists
 from app.db.metadata import TrainingRun
-from app.db.samplers import SamplingSession, sampling_session_id_for
+from app.db.sampling_sessions import SamplingSession, sampling_session_id_for
 from app.errors import UserError
 from app.messages import AdapterSpec, SequencedOp
 from app.operations.load_checkpoint import LoadCheckpoint

@@ -14,7 +14,7 @@ from app.db.futures import JSON_CONTENT_TYPE
 from app.errors import LimitExceeded
 from app.protocol.wire import CreateCustomLossRequest
 from app.request_log import log_request
-from app.training.custom_loss import validate_custom_loss
+from app.training_data.custom_losses import validate_custom_loss
 
 router = APIRouter(prefix="/api/v1")
 

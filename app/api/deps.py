@@ -23,7 +23,7 @@ from app.db.history import HistoryStore
 from app.db.journal import JournalStore
 from app.db.metadata import MetadataStore, TrainingRun, model_not_found, session_not_found
 from app.db.quotas import QuotaStore
-from app.db.samplers import SamplerStore, SamplingSession, sampler_not_found
+from app.db.sampling_sessions import SamplingSession, SamplingSessionStore, sampler_not_found
 from app.db.session_views import SessionViews
 from app.db.stability import StabilityStore
 from app.db.traces import TraceStore
@@ -32,7 +32,7 @@ from app.errors import LimitExceeded, NotFound, UserError
 from app.protocol.wire import INT64_MAX
 from app.storage.objects import ObjectStorage
 from app.storage.paths import KINDS, parse_tinker_path
-from app.training.validation import ModelLimits
+from app.training_data.validation import ModelLimits
 
 # what reading another user's published checkpoint was for, by the request field that named it
 _PURPOSES = {
@@ -63,7 +63,7 @@ class Services:
     checkpoints: CheckpointStore
     storage: ObjectStorage  # checkpoint files (blocking: call through asyncio.to_thread)
     trainers: TrainerClient
-    sampler_store: SamplerStore
+    sampler_store: SamplingSessionStore
     stability: StabilityStore  # stability records of sampled sequences (stable_reinforce)
     journal: JournalStore  # each model's accepted operations, appended before its trainer gets them
     history: HistoryStore  # each model's finished training steps and their metrics (written by its trainer)

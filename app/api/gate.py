@@ -13,7 +13,7 @@ from typing import Any
 from starlette.requests import Request
 
 from app.api.auth import LOOPBACK_MODE
-from app.api.errors import error_response
+from app.api.error_responses import error_response
 from app.api.quotas import check_request_rate
 from app.config import LimitsConfig
 from app.errors import BodyTooLarge, Forbidden, Overloaded, TinkerServeError, Unauthorized

@@ -25,7 +25,7 @@ from app.api import (
     training,
     usage,
 )
-from app.api.errors import register_exception_handlers
+from app.api.error_responses import register_exception_handlers
 from app.api.gate import RequestGate
 from app.console import install as install_console
 from app.errors import Unavailable

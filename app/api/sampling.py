@@ -9,7 +9,7 @@ from fastapi import APIRouter
 
 from app.api.deps import Services, ServicesDep, UserDep
 from app.api.quotas import check_sample_tokens
-from app.db.samplers import SamplingSession, sampling_session_id_for
+from app.db.sampling_sessions import SamplingSession, sampling_session_id_for
 from app.db.stability import sequence_ids
 from app.errors import LimitExceeded, Overloaded, UserError
 from app.protocol.wire import CreateSamplingSessionRequest, JoinSamplingSessionRequest, SampleRequest

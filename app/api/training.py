@@ -17,7 +17,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ValidationError
 
 from app.api.deps import Services, ServicesDep, UserDep
-from app.api.errors import validation_message
+from app.api.error_responses import validation_message
 from app.api.quotas import check_pending_requests
 from app.db.metadata import TrainingRun
 from app.errors import ServerError, TinkerServeError, UserError
@@ -28,10 +28,10 @@ from app.operations.optim_step import OptimStep
 from app.protocol import wire
 from app.protocol.codec import decode_forward_backward, peek_sequence
 from app.request_log import log_request, outcome_of
-from app.training.custom_loss import CustomLossProgram
-from app.training.losses import CUSTOM, get_loss
-from app.training.provenance import behaviour_inputs, referenced_sequences
-from app.training.validation import validate_forward_backward
+from app.training_data.custom_losses import CustomLossProgram
+from app.training_data.losses import CUSTOM, get_loss
+from app.training_data.provenance import behaviour_inputs, referenced_sequences
+from app.training_data.validation import validate_forward_backward
 
 logger = logging.getLogger("tinker_serve.api")
 router = APIRouter(prefix="/api/v1")

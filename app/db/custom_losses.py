@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.caches import remember
 from app.db.schema import custom_losses
 from app.errors import NotFound
-from app.training.custom_loss import CustomLossProgram
+from app.training_data.custom_losses import CustomLossProgram
 
 
 def loss_id_for(session_id: str, custom_loss_seq_id: int) -> str:

@@ -20,8 +20,8 @@ from app.db.checkpoints import CheckpointRecord
 from app.messages import AdamParams, AdapterSpec, CreateModel, DimuonParams, ForwardBackwardArgs, SequencedOp, Skip
 from app.operations import OPERATIONS
 from app.storage.paths import CheckpointPath
-from app.training.batch import PackedBatch
-from app.training.custom_loss.program import CustomLossProgram, LossNode
+from app.training_data.batch import PackedBatch
+from app.training_data.custom_losses import CustomLossProgram, LossNode
 
 MAGIC = b"TSJ"
 FORMAT = 1  # the format byte this release writes

@@ -5,7 +5,7 @@ that every part of the server asks about them: routes' OpenAPI links, the Traine
 Adding an operation: a module here with its message (a frozen dataclass subclassing app.messages.SequencedOp) and
 its `Operation` subclass declaring every member (the registry refuses to load without them), its route in app.api,
 and its test. An operation that needs a new capability of the ranks also adds a command to app.messages.WorkerCommand
-and its case in app.workers.execute (whose `match` is exhaustive: mypy names a missing case).
+and its case in app.ranks.execute (whose `match` is exhaustive: mypy names a missing case).
 """
 
 from __future__ import annotations

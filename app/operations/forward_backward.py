@@ -8,7 +8,7 @@ from app.db.futures import PROTO_CONTENT_TYPE
 from app.messages import ForwardBackwardArgs, ForwardBackwardCommand, SequencedOp, ShardOutput
 from app.operations.base import CheckpointCommitter, HistoryStep, Operation, Reply
 from app.protocol.results import encode_forward_backward_output
-from app.training.sharding import merge_shards
+from app.training_data.sharding import merge_shards
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from app.protocol.chunks import TEXT, not_text
 from app.protocol.proto import pb
 from app.protocol.provenance import collect, provenance_from_json, provenance_from_proto
 from app.protocol.wire import INT64_MAX
-from app.training.batch import ForwardBackwardInput, PackedBatch
+from app.training_data.batch import ForwardBackwardInput, PackedBatch
 
 __all__ = [
     "decode_forward_backward",

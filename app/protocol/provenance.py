@@ -1,12 +1,12 @@
 """Datum provenance spans on the wire (protobuf `ProvenanceSpan`, and its proto3 JSON form in JSON bodies):
-decoded into app.training.batch.Provenance, every structural problem a user error naming the field."""
+decoded into app.training_data.batch.Provenance, every structural problem a user error naming the field."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from app.errors import UserError
-from app.training.batch import Provenance, Span
+from app.training_data.batch import Provenance, Span
 
 _ARMS = {"prompt_tokens": False, "sampled_tokens": True}
 

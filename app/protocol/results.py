@@ -9,7 +9,7 @@ import numpy as np
 
 from app.errors import ServerError
 from app.protocol.proto import pb
-from app.training.batch import ForwardBackwardResult
+from app.training_data.batch import ForwardBackwardResult
 
 
 def _output_arrays(result: ForwardBackwardResult) -> dict[str, tuple[np.ndarray, int]]:

@@ -86,7 +86,7 @@ class CreateModelRequest(_Lenient):
 
 
 class CreateCustomLossRequest(_Lenient):
-    """A traced loss; `inputs` and `graph` are checked node by node in app.training.custom_loss.program."""
+    """A traced loss; `inputs` and `graph` are checked node by node in app.training_data.custom_losses."""
 
     session_id: str
     custom_loss_seq_id: int = Field(ge=0, le=INT64_MAX)

@@ -7,12 +7,12 @@ import asyncio
 import time
 
 from app.db.futures import FutureStore
-from app.db.samplers import SamplerStore
+from app.db.sampling_sessions import SamplingSessionStore
 from app.errors import ServerError
 from app.storage.objects import ObjectStorage
 
 
-async def sweep_expired_samplers(store: SamplerStore, storage: ObjectStorage, ttl_s: float) -> int:
+async def sweep_expired_samplers(store: SamplingSessionStore, storage: ObjectStorage, ttl_s: float) -> int:
     """Delete every expired ephemeral sampler; returns how many."""
     expired = await store.expired(ttl_s, time.time())
     for session in expired:

@@ -11,7 +11,7 @@ from app.config import LimitsConfig
 from app.errors import LimitExceeded, UserError, require
 from app.protocol.chunks import TEXT, not_text
 from app.protocol.wire import SampleRequest
-from app.training.validation import ModelLimits
+from app.training_data.validation import ModelLimits
 
 _SEED_RANGE = 2**63  # the SDK allows any 64-bit seed; engines take a non-negative one
 

@@ -27,7 +27,7 @@ from app.operations import changes_model, operation
 from app.storage.objects import ObjectStorage
 from app.storage.paths import snapshot_location
 from app.trainer.rank_replies import first_failed_command
-from app.workers.group import WorkerGroup
+from app.trainer.worker_group import WorkerGroup
 
 logger = logging.getLogger("tinker_serve.trainer")
 

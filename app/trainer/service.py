@@ -41,7 +41,7 @@ from app.trainer.recovery import (
 from app.trainer.scheduling import SeqScheduler
 from app.trainer.single_flight import SingleFlight
 from app.trainer.worker_deaths import ActivationBytes, WorkerDeaths
-from app.workers.group import WorkerGroup
+from app.trainer.worker_group import WorkerGroup
 
 logger = logging.getLogger("tinker_serve.trainer")
 Queued = tuple[int, SequencedOp]  # (seq_id, op)

@@ -21,8 +21,8 @@ from app.messages import ForwardBackwardCommand, PingCommand, SequencedOp, Worke
 from app.operations import operation
 from app.operations.forward_backward import ForwardBackward
 from app.request_log import log_request
-from app.training.batch import PackedBatch
 from app.training.micro_batches import micro_batches
+from app.training_data.batch import PackedBatch
 
 logger = logging.getLogger("tinker_serve.trainer")
 

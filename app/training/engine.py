@@ -18,13 +18,13 @@ import torch.distributed as dist
 from app.errors import NotFound, UserError
 from app.messages import AdapterSpec, OptimParams, ShardOutput
 from app.training import checkpoint
-from app.training.batch import PackedBatch
-from app.training.custom_loss import CustomLossProgram
 from app.training.logprobs import target_logprobs
 from app.training.lora import AdapterPool
 from app.training.loss_step import LossStep, Stats, joined, loss_error
 from app.training.micro_batches import micro_batches
 from app.training.optim import apply_step, make_optimizer
+from app.training_data.batch import PackedBatch
+from app.training_data.custom_losses import CustomLossProgram
 
 DEFAULT_MICRO_BATCH_TOKENS = 16384
 

@@ -10,11 +10,11 @@ import numpy as np
 import torch
 
 from app.errors import ServerError, TinkerServeError
-from app.training.batch import PackedBatch
-from app.training.custom_loss import CustomLossProgram
 from app.training.custom_loss.interpreter import Planner, run_custom_loss
-from app.training.losses import get_loss
 from app.training.losses.functions import LOSS_FUNCTIONS, LOSS_STATS
+from app.training_data.batch import PackedBatch
+from app.training_data.custom_losses import CustomLossProgram
+from app.training_data.losses import get_loss
 
 logger = logging.getLogger("tinker_serve.worker")
 

@@ -14,8 +14,8 @@ from tinker import types
 
 from app.messages import AdamParams, AdapterSpec
 from app.storage.paths import parse_tinker_path
-from app.training.batch import PackedBatch
 from app.training.engine import TrainingEngine
+from app.training_data.batch import PackedBatch
 
 SENTENCES = [
     "What is 12 + 7? The answer is 19.",

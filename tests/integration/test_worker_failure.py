@@ -133,7 +133,7 @@ def test_a_killed_trainer_replica_loses_no_model_and_no_request(service_client):
 
 
 def _mailbox() -> ray.actor.ActorHandle:
-    """The mailbox actor of the policy trainer's worker group (app.workers.group names it)."""
+    """The mailbox actor of the policy trainer's worker group (app.trainer.worker_group names it)."""
     (mailbox,) = [
         a
         for a in ray.util.list_named_actors(all_namespaces=True)

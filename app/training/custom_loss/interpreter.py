@@ -21,7 +21,7 @@ import torch
 from app.errors import LimitExceeded, UserError
 from app.training.custom_loss.budget import elements, metered, on_meta
 from app.training.custom_loss.ops import FUNCTIONS
-from app.training.custom_loss.program import CustomLossProgram, LossNode
+from app.training_data.custom_losses import CustomLossProgram, LossNode
 
 _FIELD = "loss_fn_config.loss_id"
 _ROOTS: dict[str, Any] = {"torch": torch, "math": math, "operator": operator}
@@ -221,7 +221,7 @@ def _output(program: CustomLossProgram, node: LossNode, env: dict[str, Any]) -> 
 
 
 def _decode(value: Any, env: dict[str, Any], device: torch.device) -> Any:
-    """An argument as the SDK encoded it (validated: app.training.custom_loss.program)."""
+    """An argument as the SDK encoded it (validated: app.training_data.custom_losses)."""
     if isinstance(value, list):
         return [_decode(v, env, device) for v in value]
     if not isinstance(value, dict):

@@ -1,4 +1,4 @@
-"""The torch function behind each loss of the registry (app.training.losses), looked up by name."""
+"""The torch function behind each loss of the registry (app.training_data.losses), looked up by name."""
 
 from __future__ import annotations
 

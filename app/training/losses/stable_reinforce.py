@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import torch
 
-from app.training.losses import SAMPLED_MASK, SAMPLER_LOGPROBS
+from app.training_data.losses import SAMPLED_MASK, SAMPLER_LOGPROBS
 
 
 class _Terms(NamedTuple):

@@ -34,7 +34,7 @@ from app.db.journal import JournalStore
 from app.db.keys import KeyStore, enrolled_owner
 from app.db.metadata import MetadataStore, TrainingRun, model_id_for
 from app.db.quotas import QuotaStore
-from app.db.samplers import SamplerStore
+from app.db.sampling_sessions import SamplingSessionStore
 from app.db.schema import connect
 from app.db.session_views import SessionViews
 from app.db.stability import StabilityStore
@@ -42,7 +42,7 @@ from app.db.traces import TraceStore
 from app.db.usage import UsageStore
 from app.storage.objects import ObjectStorage
 from app.storage.paths import CheckpointPath
-from app.training.validation import ModelLimits
+from app.training_data.validation import ModelLimits
 from tests.conftest import run_on_db, sqlite_url
 
 T = TypeVar("T")
@@ -90,7 +90,7 @@ def services_over(db: AsyncEngine, config: ServerConfig, storage_root: Path) -> 
         checkpoints=CheckpointStore(db),
         storage=ObjectStorage(str(storage_root)),
         trainers=None,  # type: ignore[arg-type]  # routes that reach a trainer are out of scope
-        sampler_store=SamplerStore(db),
+        sampler_store=SamplingSessionStore(db),
         stability=StabilityStore(db),
         journal=JournalStore(db),
         history=HistoryStore(db, config.retention.max_history_points_per_run),

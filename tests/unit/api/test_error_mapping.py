@@ -1,5 +1,5 @@
-"""The one error mapper (app.api.errors) on a real FastAPI app: each error kind gets its status, headers and body;
-an internal fault is logged with its request id and answered without its details."""
+"""The one error mapper (app.api.error_responses) on a real FastAPI app: each error kind gets its status, headers
+and body; an internal fault is logged with its request id and answered without its details."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from pydantic import BaseModel
 
-from app.api.errors import register_exception_handlers
+from app.api.error_responses import register_exception_handlers
 from app.errors import (
     Gone,
     LimitExceeded,

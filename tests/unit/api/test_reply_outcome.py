@@ -19,7 +19,7 @@ from sqlalchemy.engine import Engine
 from app.db.futures import PROTO_CONTENT_TYPE, FutureStore
 from app.db.outcomes import Written
 from app.protocol.results import encode_forward_backward_output
-from app.training.batch import ForwardBackwardResult
+from app.training_data.batch import ForwardBackwardResult
 from deployments.handles import HandleCalls
 from tests.unit.api.conftest import InProcessApi, saved_checkpoint
 

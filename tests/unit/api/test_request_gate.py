@@ -28,7 +28,7 @@ from app.db.metadata import TrainingRun
 from app.messages import SequencedOp, Skip
 from app.protocol.results import encode_forward_backward_output
 from app.storage.paths import CheckpointPath
-from app.training.batch import ForwardBackwardResult
+from app.training_data.batch import ForwardBackwardResult
 from tests.unit.api.conftest import InProcessApi, saved_checkpoint
 from tests.unit.api.test_hostile_inputs import refused
 

@@ -1,4 +1,4 @@
-"""SamplerStore and the expiry sweep on SQLite and PostgreSQL and real local storage."""
+"""SamplingSessionStore and the expiry sweep on SQLite and PostgreSQL and real local storage."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from app.db.samplers import SamplerStore, SamplingSession, sampling_session_id_for
+from app.db.sampling_sessions import SamplingSession, SamplingSessionStore, sampling_session_id_for
 from app.errors import NotFound
 from app.sampling.expiry import sweep_expired_samplers
 from app.storage.objects import ObjectStorage
@@ -29,7 +29,7 @@ def _session(sid: str, *, ephemeral: bool, last_used_at: float, location: str | 
 
 
 def run(db: str, body) -> object:
-    return run_on_db(db, lambda database: body(SamplerStore(database)))
+    return run_on_db(db, lambda database: body(SamplingSessionStore(database)))
 
 
 def test_ids_follow_the_hosted_convention() -> None:
@@ -37,7 +37,7 @@ def test_ids_follow_the_hosted_convention() -> None:
 
 
 def test_create_is_idempotent_and_get_round_trips(db_url: str) -> None:
-    async def body(store: SamplerStore) -> None:
+    async def body(store: SamplingSessionStore) -> None:
         first = _session("s:sample:0", ephemeral=False, last_used_at=10.0, location="m/sampler_weights/a/v1")
         assert await store.create(first) == first
         retried = await store.create(_session("s:sample:0", ephemeral=True, last_used_at=99.0))
@@ -57,7 +57,7 @@ def test_sweep_removes_only_expired_ephemeral_sessions_and_their_files(db_url: s
             f"ephemeral/{name}", lambda out: (out.mkdir(), (out / "adapter_model.safetensors").write_bytes(b"x"))
         )
 
-    async def body(store: SamplerStore) -> list[str]:
+    async def body(store: SamplingSessionStore) -> list[str]:
         await store.create(_session("old", ephemeral=True, last_used_at=now - 100, location="ephemeral/old"))
         await store.create(_session("fresh", ephemeral=True, last_used_at=now - 100, location="ephemeral/fresh"))
         await store.create(_session("named", ephemeral=False, last_used_at=now - 100, location="ephemeral/named"))
@@ -77,7 +77,7 @@ def test_sweep_removes_only_expired_ephemeral_sessions_and_their_files(db_url: s
 
 
 def test_join_numbers_clients_per_session(db_url: str) -> None:
-    async def body(store: SamplerStore) -> list[int]:
+    async def body(store: SamplingSessionStore) -> list[int]:
         return [await store.join("s:sample:0"), await store.join("s:sample:0"), await store.join("s:sample:1")]
 
     assert run(db_url, body) == [1, 2, 1]  # the original client of each session is 0
@@ -86,7 +86,7 @@ def test_join_numbers_clients_per_session(db_url: str) -> None:
 def test_concurrent_joins_get_distinct_numbers(db_url: str) -> None:
     """Replicas joining one sampling session at once (on Postgres they race for the same number and retry)."""
 
-    async def body(store: SamplerStore) -> list[int]:
+    async def body(store: SamplingSessionStore) -> list[int]:
         return list(await asyncio.gather(*(store.join("s:sample:0") for _ in range(12))))
 
     assert sorted(run(db_url, body)) == list(range(1, 13))

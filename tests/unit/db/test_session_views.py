@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.checkpoints import CheckpointRecord, CheckpointStore
 from app.db.metadata import MetadataStore, TrainingRun
-from app.db.samplers import SamplerStore, SamplingSession
+from app.db.sampling_sessions import SamplingSession, SamplingSessionStore
 from app.db.session_views import SessionInfo, SessionQuery, SessionViews
 from app.errors import NotFound
 from app.storage.paths import CheckpointPath
@@ -45,7 +45,9 @@ def test_pages_get_and_members(db_url: str) -> None:
             await views.get("nope")
         assert err.value.field == "session_id"
         await meta.add_training_run(_run(f"{ids[0]}:train:0", ids[0]))
-        await SamplerStore(db).create(SamplingSession(f"{ids[0]}:sample:0", ids[0], "tiny", None, None, False, 1.0))
+        await SamplingSessionStore(db).create(
+            SamplingSession(f"{ids[0]}:sample:0", ids[0], "tiny", None, None, False, 1.0)
+        )
         assert await views.members(ids[0]) == ([f"{ids[0]}:train:0"], [f"{ids[0]}:sample:0"])
         assert await views.members(ids[1]) == ([], [])
         path = CheckpointPath(f"{ids[0]}:train:0", "weights", "c1")

@@ -18,7 +18,7 @@ from app.operations.optim_step import OptimStep
 from app.operations.save_checkpoint import SaveCheckpoint
 from app.operations.save_for_sampler import SaveForSampler
 from app.storage.paths import checkpoint_path
-from app.training.batch import PackedBatch
+from app.training_data.batch import PackedBatch
 
 FIXED = 7  # trainer.fixed_op_cost_tokens
 

@@ -20,7 +20,7 @@ from tinker.proto import tinker_public_pb2 as pb
 from app.config import LimitsConfig
 from app.errors import LimitExceeded, UserError
 from app.protocol.codec import decode_forward_backward
-from app.training.batch import ForwardBackwardInput
+from app.training_data.batch import ForwardBackwardInput
 from tests.unit.protocol.sdk_wire import legacy_json_input
 
 LIMITS = LimitsConfig()

@@ -27,7 +27,7 @@ from app.protocol.results import (
     forward_backward_json_from_proto,
     forward_backward_output_to_json,
 )
-from app.training.batch import ForwardBackwardInput, ForwardBackwardResult, PackedBatch
+from app.training_data.batch import ForwardBackwardInput, ForwardBackwardResult, PackedBatch
 from tests.unit.protocol.sdk_wire import legacy_json_input
 
 PROTO = "application/x-protobuf"

@@ -11,7 +11,7 @@ from tinker.proto import request_conv
 
 from app.errors import UserError
 from app.protocol.codec import decode_forward_backward
-from app.training.batch import Provenance, Span
+from app.training_data.batch import Provenance, Span
 
 MAX = 1 << 20
 

@@ -8,7 +8,7 @@ from app.config import LimitsConfig
 from app.errors import LimitExceeded, UserError
 from app.protocol.wire import SampleRequest
 from app.sampling.params import sample_args
-from app.training.validation import ModelLimits
+from app.training_data.validation import ModelLimits
 
 LIMITS = LimitsConfig(max_num_samples=8, max_sample_tokens=32, default_sample_tokens=16, max_topk_logprobs=5)
 MODEL = ModelLimits(vocab_size=100, max_context_length=40)

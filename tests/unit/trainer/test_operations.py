@@ -31,7 +31,7 @@ from app.operations.save_checkpoint import SaveCheckpoint
 from app.operations.save_for_sampler import SaveForSampler
 from app.storage.objects import ObjectStorage
 from app.storage.paths import checkpoint_path
-from app.training.batch import PackedBatch
+from app.training_data.batch import PackedBatch
 from tests.conftest import run_on_db
 
 MODEL = "s:train:0"

@@ -30,15 +30,15 @@ from app.messages import (
 from app.operations import operation
 from app.operations.forward_backward import ForwardBackward
 from app.operations.optim_step import OptimStep
+from app.ranks.execute import execute
+from app.ranks.snapshots import SnapshotWriter
 from app.storage.objects import ObjectStorage
 from app.storage.paths import snapshot_location
 from app.trainer.recovery import Takeover, rebuild, unfinished
+from app.trainer.worker_group import WorkerGroup
 from app.training.base_model import load_base_model
-from app.training.batch import PackedBatch
 from app.training.engine import TrainingEngine
-from app.workers.execute import execute
-from app.workers.group import WorkerGroup
-from app.workers.snapshots import SnapshotWriter
+from app.training_data.batch import PackedBatch
 from tests.conftest import TINY_MODEL, run_on_db
 
 SPEC = AdapterSpec(rank=4, seed=7)

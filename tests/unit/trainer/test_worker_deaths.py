@@ -35,8 +35,8 @@ from app.storage.objects import ObjectStorage
 from app.trainer.service import TrainerService
 from app.trainer.worker_deaths import blamed, largest_pass_tokens, too_large
 from app.training.base_model import load_base_model
-from app.training.batch import PackedBatch
 from app.training.engine import TrainingEngine
+from app.training_data.batch import PackedBatch
 from tests.conftest import TINY_MODEL, run_on_db
 from tests.unit.trainer.test_rebuild import SPEC, InProcessGroup, _batch
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from tinker.lib.public_interfaces.custom_loss import encode_graph, trace_loss
 
-from app.training.custom_loss import CustomLossProgram, validate_custom_loss
+from app.training_data.custom_losses import CustomLossProgram, validate_custom_loss
 
 
 def clipped_pg(logprobs, advantages, old_logprobs):  # type: ignore[no-untyped-def]

@@ -17,8 +17,8 @@ import torch.multiprocessing as mp
 
 from app.messages import AdamParams, AdapterSpec
 from app.training.base_model import load_base_model, recompute_activations, shard_base
-from app.training.batch import PackedBatch
 from app.training.engine import TrainingEngine
+from app.training_data.batch import PackedBatch
 
 RankFn = Callable[..., Any]
 
@@ -60,7 +60,7 @@ def _rank(fn: RankFn, rank: int, world: int, port: int, queue: Any, kwargs: dict
 def engine_on(
     path: Path, rank: int, world: int, *, sharding: str, micro_batch_tokens: int, shard_group_size: int | None = None
 ) -> TrainingEngine:
-    """A rank's engine set up as app.workers.command_loop does (activation checkpointing on)."""
+    """A rank's engine set up as app.ranks.command_loop does (activation checkpointing on)."""
     base = load_base_model(str(path))
     recompute_activations(base)
     if sharding == "fsdp":

@@ -12,8 +12,8 @@ import torch
 from app.errors import NotFound, UserError
 from app.messages import AdamParams, AdapterSpec
 from app.training.base_model import load_base_model
-from app.training.batch import PackedBatch
 from app.training.engine import TrainingEngine
+from app.training_data.batch import PackedBatch
 from tests.conftest import TINY_MODEL
 
 POLICY = AdapterSpec(rank=4, seed=5)

@@ -8,9 +8,9 @@ import torch
 
 from app.messages import AdamParams, AdapterSpec
 from app.training.base_model import load_base_model
-from app.training.batch import PackedBatch
 from app.training.engine import TrainingEngine
-from app.training.sharding import merge_shards
+from app.training_data.batch import PackedBatch
+from app.training_data.sharding import merge_shards
 from tests.conftest import TINY_MODEL
 
 VOCAB = 2048

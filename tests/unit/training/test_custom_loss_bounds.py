@@ -93,7 +93,7 @@ def _stacked(logprobs):  # type: ignore[no-untyped-def]
 
 
 def test_an_over_long_list_is_refused_at_creation_naming_the_field() -> None:
-    from app.training.custom_loss import validate_custom_loss
+    from app.training_data.custom_losses import validate_custom_loss
 
     body = request(_stacked, {"logprobs": 1})
     node = next(n for n in body["graph"]["nodes"] if n["target"] == "torch.stack")

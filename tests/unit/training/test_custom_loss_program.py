@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from app.errors import LimitExceeded, UserError
-from app.training.custom_loss import CustomLossProgram, validate_custom_loss
 from app.training.custom_loss.ops import FUNCTIONS, METHODS
+from app.training_data.custom_losses import CustomLossProgram, validate_custom_loss
 from tests.unit.training.custom_loss_graphs import clipped_pg, request
 
 RANKS = {"logprobs": 1, "advantages": 1, "old_logprobs": 1}

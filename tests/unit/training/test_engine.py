@@ -11,9 +11,9 @@ import torch
 from app.errors import NotFound
 from app.messages import AdamParams, AdapterSpec
 from app.training.base_model import load_base_model
-from app.training.batch import PackedBatch
 from app.training.engine import TrainingEngine
-from app.training.sharding import merge_shards
+from app.training_data.batch import PackedBatch
+from app.training_data.sharding import merge_shards
 from tests.conftest import TINY_MODEL
 from tests.unit.training.custom_loss_graphs import program
 
@@ -208,9 +208,9 @@ def test_save_adapter_writes_a_loadable_peft_directory_on_rank_zero_only(tmp_pat
     from peft import PeftModel
 
     from app.messages import CommandError, SaveCommand, WorkerCommand
+    from app.ranks.execute import execute as execute_with
+    from app.ranks.snapshots import SnapshotWriter
     from app.storage.objects import ObjectStorage
-    from app.workers.execute import execute as execute_with
-    from app.workers.snapshots import SnapshotWriter
 
     storage = ObjectStorage(str(tmp_path))
     snapshots = SnapshotWriter(storage)
@@ -244,9 +244,9 @@ def test_a_snapshot_is_a_copy_that_resumes_training_exactly(tmp_path) -> None:
     """Rank 0 writes the snapshot on a thread while training goes on; loaded into a fresh engine, the same next
     step gives bit-identical weights (what rebuilding a lost model relies on)."""
     from app.messages import SnapshotCommand
+    from app.ranks.execute import execute
+    from app.ranks.snapshots import SnapshotWriter
     from app.storage.objects import ObjectStorage
-    from app.workers.execute import execute
-    from app.workers.snapshots import SnapshotWriter
 
     storage = ObjectStorage(str(tmp_path / "store"))
     writer = SnapshotWriter(storage)

@@ -19,8 +19,8 @@ from app.messages import AdamParams, AdapterSpec
 from app.models.embedded import build_embedded_model
 from app.models.families import FAMILIES, UnsupportedFamily, family_of, sampler_refusal
 from app.training.base_model import load_base_model
-from app.training.batch import PackedBatch
 from app.training.engine import TrainingEngine
+from app.training_data.batch import PackedBatch
 from deployments.builder import _model_limits
 from tests.conftest import TINY_MODEL
 from tests.unit.training.sharded_ranks import batch_of, engine_on, run_ranks

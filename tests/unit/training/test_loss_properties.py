@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from app.training.losses import get_loss, resolve_config
 from app.training.losses.functions import LOSS_FUNCTIONS
+from app.training_data.losses import get_loss, resolve_config
 
 PG_LOSSES = ("importance_sampling", "ppo", "cispo", "gspo")
 DTYPES = {"float32": (torch.float32, 1e-5), "float64": (torch.float64, 1e-12)}  # dtype, relative tolerance

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from app.errors import UserError
-from app.training.losses import CUSTOM, LOSSES, get_loss, resolve_config
 from app.training.losses.cross_entropy import cross_entropy
+from app.training_data.losses import CUSTOM, LOSSES, get_loss, resolve_config
 
 
 def test_cross_entropy_1d_weighted() -> None:

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from app.errors import UserError
-from app.training.losses import get_loss, resolve_config
 from app.training.losses.functions import LOSS_FUNCTIONS
+from app.training_data.losses import get_loss, resolve_config
 
 N = 12
 

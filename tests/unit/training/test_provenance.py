@@ -1,4 +1,4 @@
-"""stable_reinforce's provenance checks (app.training.provenance) on hand-built requests and records: the
+"""stable_reinforce's provenance checks (app.training_data.provenance) on hand-built requests and records: the
 recorded sampler logprobs land on the sampled targets, and every false claim is a user error naming the datum,
 span and position."""
 
@@ -9,9 +9,9 @@ import pytest
 
 from app.db.stability import StabilityRecord
 from app.errors import UserError
-from app.training.batch import ForwardBackwardInput, PackedBatch, Provenance, Span
-from app.training.losses import SAMPLED_MASK, SAMPLER_LOGPROBS
-from app.training.provenance import behaviour_inputs, referenced_sequences
+from app.training_data.batch import ForwardBackwardInput, PackedBatch, Provenance, Span
+from app.training_data.losses import SAMPLED_MASK, SAMPLER_LOGPROBS
+from app.training_data.provenance import behaviour_inputs, referenced_sequences
 
 PROMPT, SAMPLED, LOGPROBS = [1, 40, 41], [7, 8, 9], [-0.5, -1.5, -2.5]
 RECORDS = {

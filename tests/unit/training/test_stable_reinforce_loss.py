@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from app.training.losses import SAMPLED_MASK, SAMPLER_LOGPROBS, resolve_config
 from app.training.losses.stable_reinforce import stable_reinforce, stable_reinforce_stats
+from app.training_data.losses import SAMPLED_MASK, SAMPLER_LOGPROBS, resolve_config
 
 
 def _run(

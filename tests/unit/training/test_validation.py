@@ -7,8 +7,8 @@ import pytest
 
 from app.config import LimitsConfig
 from app.errors import LimitExceeded, UserError
-from app.training.batch import ForwardBackwardInput, PackedBatch
-from app.training.validation import ModelLimits, ValidLoss, validate_forward_backward
+from app.training_data.batch import ForwardBackwardInput, PackedBatch
+from app.training_data.validation import ModelLimits, ValidLoss, validate_forward_backward
 
 LIMITS = LimitsConfig(max_datums_per_request=4, max_tokens_per_datum=32)
 MODEL = ModelLimits(vocab_size=2048, max_context_length=64)

@@ -24,8 +24,8 @@ import ray
 from app.config import WorkerGroupConfig
 from app.errors import ServerError
 from app.messages import PingCommand, Replies, WorkerCommand
-from app.workers.mailbox import Mailbox
-from app.workers.shipping import ship
+from app.trainer.mailbox import Mailbox
+from app.trainer.shipping import ship
 
 logger = logging.getLogger("tinker_serve.trainer")
 # How long Ray Train's controller waits for a worker group's placement group before it fails the start (default 60 s;
@@ -113,7 +113,7 @@ class TorchTrainerGroup(WorkerGroup):
         from ray.train import FailureConfig, RunConfig, ScalingConfig
         from ray.train.torch import TorchConfig, TorchTrainer
 
-        from app.workers.command_loop import command_loop  # torch and transformers: the workers' imports, not ours
+        from app.ranks.command_loop import command_loop  # torch and transformers: the workers' imports, not ours
 
         started = time.monotonic()
         self._fit_error = None

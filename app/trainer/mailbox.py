@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from app.errors import GroupRestarted
 from app.messages import RankReply, Replies, WorkerCommand
-from app.workers.shipping import Shipped
+from app.trainer.shipping import Shipped
 
 logger = logging.getLogger("tinker_serve.trainer")
 Message = tuple[int, list[Shipped]]  # (msg_id, its commands)

@@ -13,12 +13,12 @@ import torch
 
 from app.config import WorkerGroupConfig
 from app.models.precision import resolve_dtype
+from app.ranks.execute import execute
+from app.ranks.snapshots import SnapshotWriter
 from app.storage.objects import ObjectStorage
+from app.trainer.mailbox import Answer, Message, Stop
 from app.training.base_model import TORCH_DTYPES, load_base_model, recompute_activations, shard_base
 from app.training.engine import TrainingEngine
-from app.workers.execute import execute
-from app.workers.mailbox import Answer, Message, Stop
-from app.workers.snapshots import SnapshotWriter
 
 logger = logging.getLogger("tinker_serve.worker")
 

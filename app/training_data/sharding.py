@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from app.messages import ShardOutput
-from app.training.batch import ForwardBackwardResult
+from app.training_data.batch import ForwardBackwardResult
 
 
 def merge_shards(batch_offsets: np.ndarray, shards: list[ShardOutput]) -> ForwardBackwardResult:

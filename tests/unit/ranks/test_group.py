@@ -10,7 +10,7 @@ from ray.train.v2._internal.constants import (
     get_env_vars_to_propagate,
 )
 
-from app.workers.group import WORKER_GROUP_START_TIMEOUT_ENV
+from app.trainer.worker_group import WORKER_GROUP_START_TIMEOUT_ENV
 
 
 def test_ray_train_hands_the_start_timeout_to_its_controller(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,4 +1,4 @@
-"""How a rank runs what the mailbox hands it (app.workers.execute), without Ray and without a model: an unknown object
+"""How a rank runs what the mailbox hands it (app.ranks.execute), without Ray and without a model: an unknown object
 is an error reply, never a success; a large forward_backward travels through the object store (here a dict in place
 of Ray's) and runs as the command the Trainer sent."""
 
@@ -20,12 +20,12 @@ from app.messages import (
     RemoveModelCommand,
     ShardOutput,
 )
+from app.ranks.execute import execute
+from app.ranks.snapshots import SnapshotWriter
 from app.storage.objects import ObjectStorage
-from app.training.batch import PackedBatch
-from app.workers import shipping
-from app.workers.execute import execute
-from app.workers.shipping import INLINE_BATCH_BYTES, StoredForwardBackward, ship
-from app.workers.snapshots import SnapshotWriter
+from app.trainer import shipping
+from app.trainer.shipping import INLINE_BATCH_BYTES, StoredForwardBackward, ship
+from app.training_data.batch import PackedBatch
 
 
 class _Engine:

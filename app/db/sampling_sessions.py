@@ -54,7 +54,7 @@ def _from_row(row: Row) -> SamplingSession:
     )
 
 
-class SamplerStore:
+class SamplingSessionStore:
     def __init__(self, db: AsyncEngine) -> None:
         self._db = db
 

@@ -11,9 +11,9 @@ import numpy as np
 
 from app.config import LimitsConfig
 from app.errors import LimitExceeded, UserError
-from app.training.batch import ForwardBackwardInput, PackedBatch
-from app.training.custom_loss import CustomLossProgram
-from app.training.losses import LossSpec, get_loss, loss_for_role, resolve_config
+from app.training_data.batch import ForwardBackwardInput, PackedBatch
+from app.training_data.custom_losses import CustomLossProgram
+from app.training_data.losses import LossSpec, get_loss, loss_for_role, resolve_config
 
 
 @dataclass(frozen=True)

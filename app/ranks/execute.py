@@ -25,10 +25,10 @@ from app.messages import (
     SnapshotCommand,
     WorkerCommand,
 )
+from app.ranks.snapshots import SnapshotWriter
 from app.storage.objects import ObjectStorage
+from app.trainer.shipping import Shipped, StoredForwardBackward
 from app.training.engine import TrainingEngine
-from app.workers.shipping import Shipped, StoredForwardBackward
-from app.workers.snapshots import SnapshotWriter
 
 logger = logging.getLogger("tinker_serve.worker")
 

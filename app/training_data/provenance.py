@@ -15,8 +15,8 @@ import numpy as np
 
 from app.db.stability import StabilityRecord
 from app.errors import UserError
-from app.training.batch import ForwardBackwardInput, Span
-from app.training.losses import SAMPLED_MASK, SAMPLER_LOGPROBS
+from app.training_data.batch import ForwardBackwardInput, Span
+from app.training_data.losses import SAMPLED_MASK, SAMPLER_LOGPROBS
 
 
 def referenced_sequences(inp: ForwardBackwardInput) -> set[str]:
