@@ -73,7 +73,7 @@ browser:
 	  fi; }
 
 test: lint model sdk-compat postgres browser
-	$(PY) -m pytest tests -v -p no:cacheprovider
+	$(PY) -m pytest tests -v -p no:cacheprovider --durations=30
 
 bench: setup
 	$(PY) -m app.models.embedded --preset small --out models/small --register-as tinker-serve/small
