@@ -22,10 +22,12 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db.errors import SchemaMismatch
-
 _MIGRATIONS = Path(__file__).with_name("migrations")
 _PG_LOCK_KEY = 0x74696E6B  # "tink": the advisory lock every replica migrating a PostgreSQL database takes
+
+
+class SchemaMismatch(RuntimeError):
+    """The database was made by a tinker-serve version this one cannot open."""
 
 
 def _config() -> Config:

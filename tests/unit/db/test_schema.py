@@ -13,9 +13,8 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db.errors import SchemaMismatch
 from app.db.metadata import MetadataStore, TrainingRun
-from app.db.migrate import head_revision, migrate
+from app.db.migrate import SchemaMismatch, head_revision, migrate
 from app.db.schema import connect, metadata
 from tests.conftest import run_on_db, run_sql
 

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.engine import Connection
 
-from app.db.errors import SchemaMismatch
+from app.db.migrate import SchemaMismatch
 
 revision = "0001"
 down_revision = None
