@@ -106,3 +106,13 @@ def test_the_api_calls_answering_with_an_operations_future() -> None:
         "save_weights_external",
         "load_weights",
     }
+
+
+def test_every_operations_call_has_its_route() -> None:
+    """The API serves every call the registry declares (a new operation without its route fails here)."""
+    from fastapi.routing import APIRoute
+
+    from app.api.main import create_api
+
+    posts = {route.path for route in create_api().routes if isinstance(route, APIRoute) and "POST" in route.methods}
+    assert {f"/api/v1/{call}" for call in api_calls()} <= posts
