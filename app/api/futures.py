@@ -74,8 +74,8 @@ async def cancel_future(body: CancelFutureRequest, services: ServicesDep, user: 
     row = await services.futures.cancel(body.request_id, cancelled.to_body())
     if row is None:  # finished already
         return {}
-    if row.kind != "sample" and row.model_id is not None and row.seq_id:  # a sequenced training operation
-        run = await services.training_run(row.model_id, user)
-        await services.trainers.cancel(run.trainer, row.model_id, row.seq_id, row.request_id)
-    log_request("cancelled", op=row.kind, model_id=row.model_id, seq_id=row.seq_id, tinker_request_id=row.request_id)
+    if row.kind != "sample" and row.subject_id is not None and row.seq_id:  # a sequenced training operation
+        run = await services.training_run(row.subject_id, user)
+        await services.trainers.cancel(run.trainer, row.subject_id, row.seq_id, row.request_id)
+    log_request("cancelled", op=row.kind, model_id=row.subject_id, seq_id=row.seq_id, tinker_request_id=row.request_id)
     return {}

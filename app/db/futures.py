@@ -30,7 +30,7 @@ from app.errors import NotFound
 
 
 def _samples(rows: Sequence[Row]) -> list[Row]:
-    return [row for row in rows if row.kind == "sample" and row.model_id is not None and row.seq_id is not None]
+    return [row for row in rows if row.kind == "sample" and row.subject_id is not None and row.seq_id is not None]
 
 
 def future_not_found(request_id: str) -> NotFound:
@@ -51,13 +51,14 @@ class FutureStore:
         self._sessions: dict[str, str] = {}  # request id -> its session: futures made or looked up here
         self.recent = RecentOutcomes()  # what this process finished, or was handed in a reply (app.db.outcomes)
 
-    async def create(self, kind: str, model_id: str | None = None, seq_id: int | None = None) -> tuple[str, bool]:
-        """A new pending future; for a repeated (model_id, seq_id) the existing id and False."""
+    async def create(self, kind: str, subject_id: str | None = None, seq_id: int | None = None) -> tuple[str, bool]:
+        """A new pending future of `subject_id` (the model, sampling session or custom loss it belongs to); for a
+        repeated (subject_id, seq_id) the existing id and False."""
         request_id = uuid.uuid4().hex
         row = {
             "request_id": request_id,
             "kind": kind,
-            "model_id": model_id,
+            "subject_id": subject_id,
             "seq_id": seq_id,
             "state": "pending",
             "created_at": time.time(),
@@ -65,19 +66,19 @@ class FutureStore:
 
         async def write(conn: AsyncConnection) -> None:
             await conn.execute(insert(futures).values(**row))
-            if model_id is not None:  # every model and sampler id starts with its session's id
+            if subject_id is not None:  # every model, sampler and custom loss id starts with its session's id
                 await conn.execute(
                     insert(session_requests).values(
-                        request_id=request_id, session_id=_session_of(model_id), created_at=row["created_at"]
+                        request_id=request_id, session_id=_session_of(subject_id), created_at=row["created_at"]
                     )
                 )
 
         try:
             await self._writes.run(write)
-            if model_id is not None:  # its client polls it next: the ownership check needs no read
-                remember(self._sessions, request_id, _session_of(model_id))
-            if kind == "sample" and model_id is not None and seq_id is not None:
-                self.completions.track(request_id, target_of(model_id, seq_id))
+            if subject_id is not None:  # its client polls it next: the ownership check needs no read
+                remember(self._sessions, request_id, _session_of(subject_id))
+            if kind == "sample" and subject_id is not None and seq_id is not None:
+                self.completions.track(request_id, target_of(subject_id, seq_id))
             return request_id, True
         except IntegrityError:
             if seq_id is None:
@@ -85,7 +86,9 @@ class FutureStore:
             async with self._db.connect() as conn:
                 existing = (
                     await conn.execute(
-                        select(futures.c.request_id).where(futures.c.model_id == model_id, futures.c.seq_id == seq_id)
+                        select(futures.c.request_id).where(
+                            futures.c.subject_id == subject_id, futures.c.seq_id == seq_id
+                        )
                     )
                 ).scalar_one()
             return existing, False
@@ -103,7 +106,7 @@ class FutureStore:
 
     async def cancel(self, request_id: str, error: dict) -> Row | None:
         """Fail a pending future with `error` (its work's result will be discarded); its (request_id, kind,
-        model_id, seq_id), or None when it is unknown or already finished."""
+        subject_id, seq_id), or None when it is unknown or already finished."""
         return await self._finish(Failed(request_id, error))
 
     async def _finish(self, outcome: Written) -> Row | None:
@@ -128,27 +131,27 @@ class FutureStore:
     async def _finish_where(self, values: dict[str, Any], *conditions: Any) -> Sequence[Row]:
         """Finish every pending future matching `conditions` with `values` in one transaction, putting the samples
         among them in their sampling sessions' completion queues, then wake those queues' waiters here. Returns
-        the (request_id, kind, model_id, seq_id) of each."""
+        the (request_id, kind, subject_id, seq_id) of each."""
         payload = values.get("payload")
         state = "finished" if values["state"] == "completed" else "failed"
         statement = (
             update(futures)
             .where(futures.c.state == "pending", *conditions)
             .values(completed_at=time.time(), **values)
-            .returning(futures.c.request_id, futures.c.kind, futures.c.model_id, futures.c.seq_id)
+            .returning(futures.c.request_id, futures.c.kind, futures.c.subject_id, futures.c.seq_id)
         )
 
         async def write(conn: AsyncConnection) -> Sequence[Row]:
             rows = (await conn.execute(statement)).all()
             for row in _samples(rows):
-                target = target_of(row.model_id, row.seq_id)
+                target = target_of(row.subject_id, row.seq_id)
                 size = len(payload) if isinstance(payload, bytes) else None
                 await self.completions.append(conn, target, row.request_id, state, size)
             return rows
 
         rows = await self._writes.run(write)
         for row in _samples(rows):
-            self.completions.wake_target(target_of(row.model_id, row.seq_id))
+            self.completions.wake_target(target_of(row.subject_id, row.seq_id))
         return rows
 
     async def expire_finished(self, before: float, batch: int = 10_000) -> int:
@@ -176,14 +179,14 @@ class FutureStore:
         self.completions.wake(request_id)
 
     async def session_of(self, request_id: str) -> str | None:
-        """The session a future belongs to (None: no such future). Every future's model_id is a model, sampling
+        """The session a future belongs to (None: no such future). Every future's subject_id is a model, sampling
         session or custom loss id, and those start with their session id and a colon."""
         session_id = self._sessions.get(request_id)
         if session_id is not None:
             return session_id
         async with self._db.connect() as conn:
-            model_id = await conn.scalar(select(futures.c.model_id).where(futures.c.request_id == request_id))
-        return None if model_id is None else remember(self._sessions, request_id, _session_of(str(model_id)))
+            subject_id = await conn.scalar(select(futures.c.subject_id).where(futures.c.request_id == request_id))
+        return None if subject_id is None else remember(self._sessions, request_id, _session_of(str(subject_id)))
 
     async def get(self, request_id: str) -> Outcome:
         async with self._db.connect() as conn:
@@ -214,6 +217,6 @@ class FutureStore:
         return kept if kept is not None else await self.get(request_id)
 
 
-def _session_of(model_id: str) -> str:
+def _session_of(subject_id: str) -> str:
     """Every model, sampling session and custom loss id starts with its session's id and a colon."""
-    return model_id.split(":", 1)[0]
+    return subject_id.split(":", 1)[0]

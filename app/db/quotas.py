@@ -37,7 +37,7 @@ class QuotaStore:
 
     async def first_pending_seq(self, model_id: str) -> int | None:
         """The lowest seq_id among the model's pending operations (None: none pending)."""
-        query = select(func.min(futures.c.seq_id)).where(futures.c.model_id == model_id, futures.c.state == "pending")
+        query = select(func.min(futures.c.seq_id)).where(futures.c.subject_id == model_id, futures.c.state == "pending")
         async with self._db.connect() as conn:
             first = (await conn.execute(query)).scalar_one()
         return None if first is None else int(first)
@@ -46,11 +46,11 @@ class QuotaStore:
         """The user's training operations whose futures are still pending, and the bytes their journal rows hold
         (a forward_backward's batch: what the ingress and the trainer hold until it runs)."""
         held = func.coalesce(func.sum(func.length(journal.c.op)), 0)
-        on_journal = (journal.c.model_id == futures.c.model_id) & (journal.c.seq_id == futures.c.seq_id)
+        on_journal = (journal.c.model_id == futures.c.subject_id) & (journal.c.seq_id == futures.c.seq_id)
         query = (
             select(func.count(), held)
             .select_from(futures.outerjoin(journal, on_journal))
-            .where(futures.c.model_id.in_(owned_runs(user)), futures.c.state == "pending")
+            .where(futures.c.subject_id.in_(owned_runs(user)), futures.c.state == "pending")
         )
         async with self._db.connect() as conn:
             count, nbytes = (await conn.execute(query)).one()

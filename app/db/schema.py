@@ -30,7 +30,8 @@ futures = Table(
     metadata,
     Column("request_id", String(64), primary_key=True),
     Column("kind", String(32), nullable=False),
-    Column("model_id", String(200)),
+    # what it belongs to: a model (training run), a sampling session or a custom loss; each id starts with its session's
+    Column("subject_id", String(200)),
     Column("seq_id", BigInteger),  # sampling seq_ids of cloned clients exceed 2**32
     Column("state", String(16), nullable=False),  # pending | completed | failed
     Column("content_type", String(64)),
@@ -38,8 +39,9 @@ futures = Table(
     Column("error", JSON),
     Column("created_at", Float, nullable=False),
     Column("completed_at", Float),
-    Index("ux_futures_model_seq", "model_id", "seq_id", unique=True),
-    Index("ix_futures_state_model", "state", "model_id"),  # a user's pending operations (app.db.quotas), per request
+    Index("ux_futures_subject_seq", "subject_id", "seq_id", unique=True),
+    # a user's pending operations (app.db.quotas), per request
+    Index("ix_futures_state_subject", "state", "subject_id"),
 )
 
 sessions = Table(

@@ -37,7 +37,7 @@ class TraceStore:
                 select(
                     futures.c.request_id,
                     futures.c.kind,
-                    futures.c.model_id,
+                    futures.c.subject_id.label("model_id"),
                     futures.c.seq_id,
                     futures.c.state,
                     futures.c.created_at,

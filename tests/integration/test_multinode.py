@@ -175,7 +175,7 @@ def test_each_ingress_replica_answers_futures_the_other_created(cluster, client)
     tc.forward_backward(sft_datums(tc.get_tokenizer(), count=2), "cross_entropy").result()
     with sqlite3.connect(state_dir / "tinker_serve.db") as db:
         (request_id,) = db.execute(
-            "SELECT request_id FROM futures WHERE model_id = ? AND seq_id = 1", (tc.model_id,)
+            "SELECT request_id FROM futures WHERE subject_id = ? AND seq_id = 1", (tc.model_id,)
         ).fetchone()
 
     answers = []

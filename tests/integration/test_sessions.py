@@ -34,7 +34,7 @@ def _state(db_path: Path, session: str, model_id: str) -> tuple[str | None, int,
         reason = db.execute("SELECT finished_reason FROM sessions WHERE session_id = ?", (session,)).fetchone()[0]
         unloaded = db.execute("SELECT unloaded FROM training_runs WHERE model_id = ?", (model_id,)).fetchone()[0]
         unload = db.execute(
-            "SELECT state FROM futures WHERE kind = 'unload_model' AND model_id = ?", (model_id,)
+            "SELECT state FROM futures WHERE kind = 'unload_model' AND subject_id = ?", (model_id,)
         ).fetchone()
     return reason, unloaded, unload[0] if unload else None
 

@@ -186,7 +186,7 @@ def test_an_operation_that_kills_the_workers_fails_and_the_rest_goes_on(base_url
     in_flight = [other.forward_backward(data, "cross_entropy"), other.optim_step(ADAM)]  # queued behind it
     _wait_for_futures(state_dir, [big.model_id], 1, "the forward_backward never reached the server")
     with sqlite3.connect(state_dir / "tinker_serve.db") as db:
-        query = "SELECT request_id FROM futures WHERE model_id = ? AND state = 'pending'"
+        query = "SELECT request_id FROM futures WHERE subject_id = ? AND state = 'pending'"
         (request_id,) = db.execute(query, (big.model_id,)).fetchone()
     for _ in range(2):
         _kill_while_it_runs(mailbox, request_id)
@@ -223,7 +223,7 @@ def _count_futures(state_dir: Path, model_ids: list[str], state: str | None = "p
     with sqlite3.connect(state_dir / "tinker_serve.db") as db:
         marks = ",".join("?" * len(model_ids))
         in_state = "" if state is None else "state = ? AND "
-        query = f"SELECT count(*) FROM futures WHERE {in_state}model_id IN ({marks})"
+        query = f"SELECT count(*) FROM futures WHERE {in_state}subject_id IN ({marks})"
         return db.execute(query, ([] if state is None else [state]) + model_ids).fetchone()[0]
 
 

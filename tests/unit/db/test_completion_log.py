@@ -63,7 +63,7 @@ def test_stale_and_cancelled_samples_are_reported_failed(db_url: str) -> None:
         stale, _ = await store.create("sample", SESSION, 1)
         doomed, _ = await store.create("sample", SESSION, 2)
         row = await store.cancel(doomed, {"error": "cancelled", "category": "user"})
-        assert row is not None and (row.request_id, row.kind, row.model_id, row.seq_id) == (
+        assert row is not None and (row.request_id, row.kind, row.subject_id, row.seq_id) == (
             doomed,
             "sample",
             SESSION,

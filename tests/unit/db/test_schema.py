@@ -112,6 +112,33 @@ def test_version_2_upgrades_in_place_to_the_current_version(db_url: str) -> None
     assert run_sql(db_url, "SELECT count(*) FROM training_runs") == [(2,)]
 
 
+def test_futures_keep_their_subject_across_the_rename(db_url: str) -> None:
+    """Revision 0006 renames futures.model_id to subject_id: a pending future made before it is still found by its
+    (subject, seq_id), and a retry of it still finds it."""
+
+    async def to_0005() -> None:
+        db = connect(db_url)
+        try:
+            await migrate(db, "0005")
+        finally:
+            await db.dispose()
+
+    asyncio.run(to_0005())
+    run_sql(
+        db_url,
+        "INSERT INTO futures (request_id, kind, model_id, seq_id, state, created_at) "
+        "VALUES ('r1', 'optim_step', 's:train:0', 3, 'pending', 1.0)",
+    )
+
+    async def body(db: AsyncEngine) -> tuple[str, bool]:
+        from app.db.futures import FutureStore
+
+        return await FutureStore(db).create("optim_step", "s:train:0", 3)
+
+    assert run_on_db(db_url, body) == ("r1", False)
+    assert run_sql(db_url, "SELECT subject_id, seq_id FROM futures") == [("s:train:0", 3)]
+
+
 def test_replicas_creating_the_tables_together_all_start(new_db_url: Callable[[], str]) -> None:
     """Ingress, trainer and sampler replicas open a fresh database at once: one creates each table, and the
     others ("table ... already exists") look again instead of failing their replica."""
