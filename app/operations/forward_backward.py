@@ -49,4 +49,4 @@ class ForwardBackwardOperation(Operation[ForwardBackward, ShardOutput]):
         return 0 if op.args.forward_only else self.usage_tokens(op)
 
     def usage_tokens(self, op: ForwardBackward) -> int:
-        return int(op.args.batch.offsets[-1])
+        return op.args.batch.num_tokens

@@ -127,7 +127,7 @@ def too_large(
     backward = not op.args.forward_only
     gradients = " and the model has no gradients from it" if backward else ""
     sentences = [
-        f"{name} of {int(batch.offsets[-1])} tokens (its largest pass on a rank: {largest} tokens, padding included) "
+        f"{name} of {batch.num_tokens} tokens (its largest pass on a rank: {largest} tokens, padding included) "
         f"{died}; it was not run again{gradients}."
     ]
     if activation_bytes is not None:

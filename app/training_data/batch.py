@@ -22,6 +22,11 @@ class PackedBatch:
         return len(self.offsets) - 1
 
     @property
+    def num_tokens(self) -> int:
+        """Every datum's tokens together: what a forward(_backward) costs, trains on and counts as usage."""
+        return int(self.offsets[-1])
+
+    @property
     def nbytes(self) -> int:
         """The arrays' size in bytes."""
         return self.tokens.nbytes + self.offsets.nbytes + sum(a.nbytes for a in self.loss_inputs.values())
