@@ -23,7 +23,7 @@ from app.models.precision import DTYPE_BYTES, resolve_dtype
 from app.storage.objects import ObjectStorage
 from app.trainer.memory_estimate import estimate_activation_bytes, read_model_config
 from app.trainer.service import TrainerService
-from app.trainer.worker_group import TorchTrainerGroup
+from app.trainer.worker_group import RayTrainWorkerGroup
 from deployments.logs import route_app_logs
 
 logger = logging.getLogger("tinker_serve.trainer")
@@ -63,7 +63,7 @@ class Trainer:
         db = connect(cfg.db_url)
         count_statements(db, "trainer")
         await migrate(db)
-        group = TorchTrainerGroup(
+        group = RayTrainWorkerGroup(
             trainer,
             base.path,
             shape,

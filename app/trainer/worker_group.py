@@ -78,7 +78,7 @@ class WorkerGroup(ABC):
     def world_size(self) -> int: ...
 
 
-class TorchTrainerGroup(WorkerGroup):
+class RayTrainWorkerGroup(WorkerGroup):
     def __init__(
         self,
         name: str,
