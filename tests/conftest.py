@@ -35,16 +35,17 @@ def sqlite_url(path: Path) -> str:
     return "sqlite+aiosqlite:///" + str(path)
 
 
-def run_on_db(where: Path | str, body: Callable[..., Awaitable[T]]) -> T:
+def run_on_db(where: Path | str, body: Callable[..., Awaitable[T]], revision: str = "head") -> T:
     """Run `body(db)` against a real database with every table created (the stores' unit tests): a SQLite file at
-    `where` when it is a path, else the database at the URL `where` (e.g. the `db_url` fixture's Postgres)."""
+    `where` when it is a path, else the database at the URL `where` (e.g. the `db_url` fixture's Postgres).
+    `revision`: the schema revision it is brought to first (an earlier one: a database as an older release left it)."""
     from app.db.migrate import migrate
     from app.db.schema import connect
 
     async def main() -> T:
         db = connect(sqlite_url(where) if isinstance(where, Path) else where)
         try:
-            await migrate(db)
+            await migrate(db, revision)
             return await body(db)
         finally:
             await db.dispose()

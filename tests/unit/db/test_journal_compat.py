@@ -4,7 +4,6 @@ on SQLite and PostgreSQL; nothing a row holds is ever run; a row this release ca
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import pickle
@@ -21,8 +20,7 @@ from app.db import journal_codec
 from app.db.checkpoints import CheckpointRecord
 from app.db.journal import JournalStore
 from app.db.journal_codec import JournalFormatError
-from app.db.migrate import migrate
-from app.db.schema import connect, journal
+from app.db.schema import journal
 from app.messages import AdamParams, AdapterSpec, CreateModel, DimuonParams, ForwardBackwardArgs, Skip
 from app.operations.forward_backward import ForwardBackward
 from app.operations.load_checkpoint import LoadCheckpoint
@@ -92,18 +90,13 @@ def _same(actual: Any, expected: Any) -> bool:
 def _release_0004_database(url: str, rows: list[dict[str, Any]]) -> None:
     """A database as the release at schema 0004 left it, its journal holding `rows` (pickled operations)."""
 
-    async def body() -> None:
-        db = connect(url)
-        try:
-            await migrate(db, "0004")
-            async with db.begin() as conn:
-                for row in rows:
-                    values = {"model_id": "model-a", "seq_id": row["seq_id"], "request_id": row["request_id"]}
-                    await conn.execute(insert(journal).values(**values, op=base64.b64decode(row["op"]), created_at=1.0))
-        finally:
-            await db.dispose()
+    async def insert_rows(db: AsyncEngine) -> None:
+        async with db.begin() as conn:
+            for row in rows:
+                values = {"model_id": "model-a", "seq_id": row["seq_id"], "request_id": row["request_id"]}
+                await conn.execute(insert(journal).values(**values, op=base64.b64decode(row["op"]), created_at=1.0))
 
-    asyncio.run(body())
+    run_on_db(url, insert_rows, revision="0004")
 
 
 def test_a_journal_the_previous_release_wrote_replays_as_the_same_operations(db_url: str) -> None:

@@ -65,14 +65,7 @@ def _version_2_database(url: str) -> None:
 def _last_release_before_alembic(url: str) -> None:
     """A database as the last release before Alembic left it: revision 0001's tables, schema_info version 5."""
 
-    async def to_0001() -> None:
-        db = connect(url)
-        try:
-            await migrate(db, "0001")
-        finally:
-            await db.dispose()
-
-    asyncio.run(to_0001())
+    run_on_db(url, lambda db: asyncio.sleep(0), revision="0001")
     run_sql(url, "DROP TABLE alembic_version", "UPDATE schema_info SET version = 5")
 
 
@@ -116,14 +109,7 @@ def test_futures_keep_their_subject_across_the_rename(db_url: str) -> None:
     """Revision 0006 renames futures.model_id to subject_id: a pending future made before it is still found by its
     (subject, seq_id), and a retry of it still finds it."""
 
-    async def to_0005() -> None:
-        db = connect(db_url)
-        try:
-            await migrate(db, "0005")
-        finally:
-            await db.dispose()
-
-    asyncio.run(to_0005())
+    run_on_db(db_url, lambda db: asyncio.sleep(0), revision="0005")
     run_sql(
         db_url,
         "INSERT INTO futures (request_id, kind, model_id, seq_id, state, created_at) "
