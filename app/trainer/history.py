@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from app.db.history import HistoryPoint, HistoryStore
-from app.messages import SequencedOp, Skip
+from app.messages import SequencedOp
 from app.operations import Reply, operation
 
 
@@ -19,9 +19,9 @@ class HistoryRecorder:
         self._steps[model_id] = await self._store.steps_done(model_id)
 
     async def record(self, model_id: str, seq_id: int, op: SequencedOp, reply: Reply) -> None:
-        """Record `op`'s outcome if it is a training step (its operation's `history`: forward, forward_backward or
-        optim_step) that returned metrics."""
-        if isinstance(op, Skip) or reply.metrics is None:
+        """Record the outcome of `op` (an operation that ran: never a Skip) if it is a training step (its operation's
+        `history`: forward, forward_backward or optim_step) that returned metrics."""
+        if reply.metrics is None:
             return
         kind = operation(op)
         entry = kind.history(op)

@@ -199,8 +199,10 @@ def _rebuild_commands(
     if snapshot is None:
         commands = creation_commands(model_id, creation)
     else:  # the snapshot holds what the creation loaded, if anything
-        commands = [CreateModelCommand(model_id, creation.spec)]
-        commands.append(LoadStateCommand(model_id, snapshot.location, with_optimizer=True))
+        commands = [
+            CreateModelCommand(model_id, creation.spec),
+            LoadStateCommand(model_id, snapshot.location, with_optimizer=True),
+        ]
     after = snapshot.seq_id if snapshot is not None else 0
     replay = [e.op for e in entries if e.seq_id > after and e.state == "completed" and changes_model(e.op)]
     commands += [operation(op).command(model_id, op) for op in replay if not isinstance(op, CreateModel)]

@@ -1,6 +1,7 @@
 """How a worker command travels to the ranks: inside the mailbox message, or, for a forward_backward whose batch is
-large, through Ray's object store. Private to the workers package: the Trainer sends and keeps plain commands
-(app.messages), whose batches are PackedBatches."""
+large, through Ray's object store. Only the worker group's send ships (app.trainer.worker_group) and only a rank's
+executor unwraps (app.ranks.execute): the Trainer sends and keeps plain commands (app.messages), whose batches are
+PackedBatches."""
 
 from __future__ import annotations
 
