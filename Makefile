@@ -8,10 +8,6 @@ export RAY_AUTH_MODE ?= disabled
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export RAY_TRAIN_V2_ENABLED := 1
-# Serve's request-path settings (deployments/serve_env.py says why; the tests and benchmarks apply the same values and
-# the cluster image sets them): Serve reads them when its proxy and replicas start.
-export RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD ?= 0
-export RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP ?= 0
 
 .PHONY: setup model serve lint test unit bench bench-peer sdk-compat postgres browser clean
 
@@ -31,8 +27,10 @@ $(STAMP): pyproject.toml requirements/cpu-lock.txt requirements/extras-lock.txt
 model: setup
 	$(PY) -m app.models.embedded --preset tiny --out models/tiny --register-as tinker-serve/tiny
 
+# Serve's request-path settings (deployments/serve_env.py): the Ingress replica answers on 127.0.0.1:8000 itself
+# (direct ingress), Serve's Python proxy on serve_config.yaml's port 8001. Serve reads them when Ray starts.
 serve: model
-	$(VENV)/bin/serve run serve_config.yaml
+	eval "$$($(PY) -m deployments.serve_env --port 8000)" && $(VENV)/bin/serve run serve_config.yaml
 
 # ruff (lint + format) and mypy, configured in pyproject.toml; `make test` runs them first.
 lint: setup

@@ -32,6 +32,9 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from deployments import serve_env  # noqa: E402
+
 HERE = ROOT / "bench" / "peer"
 # skyrl-cpu.md's tuned JAX backend: 8 adapter slots at rank 8, micro-batches of 8, samples padded to 32 sequences
 PEER_BACKEND = {"max_lora_adapters": 8, "max_lora_rank": 8, "train_micro_batch_size": 8, "sample_max_num_sequences": 32}
@@ -125,11 +128,10 @@ def launch_peer(scratch: Path, model: Path, port: int, run: Path) -> subprocess.
     return subprocess.Popen(cmd, cwd=run, env=env, stdout=(run / "server.log").open("wb"), stderr=subprocess.STDOUT)
 
 
-def our_config(model: Path, port: int, run: Path) -> dict[str, Any]:
+def our_config(model: Path, run: Path) -> dict[str, Any]:
     """serve_config.yaml with the Qwen3 folder as the one base model (named by its path, as the client asks for it),
     the state in the run dir and the peer's adapter width; trainer and sampler shapes as the repo's default."""
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
-    config["http_options"] = {"host": "127.0.0.1", "port": port}
     args = config["applications"][0]["args"]
     base = args["base_models"][0]
     base.pop("embedded_preset", None)
@@ -139,15 +141,20 @@ def our_config(model: Path, port: int, run: Path) -> dict[str, Any]:
     return config
 
 
-def launch_ours(model: Path, port: int, run: Path, ray_tmp: Path) -> subprocess.Popen[bytes]:
-    """`serve run --address local` on the generated config, in a fresh Ray instance under `ray_tmp`."""
-    (run / "serve_config.yaml").write_text(yaml.safe_dump(our_config(model, port, run), sort_keys=False))
+def serve_run(config: dict[str, Any], port: int, run: Path, ray_tmp: Path) -> subprocess.Popen[bytes]:
+    """`serve run --address local` on `config` (written to the run dir), in a fresh Ray instance under `ray_tmp`,
+    with `make serve`'s Serve settings: the Ingress replica answers on 127.0.0.1:`port` itself, Serve's proxy on a
+    free port."""
+    config = {**config, "http_options": {"host": "127.0.0.1", "port": free_port()}}
+    (run / "serve_config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     ray_tmp.mkdir(parents=True)
     env = {
         **os.environ,
+        **serve_env.single_node(port),
         "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
         "RAY_TMPDIR": str(ray_tmp),
         "RAY_AUTH_MODE": "disabled",
+        "RAY_TRAIN_V2_ENABLED": "1",
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
     }
@@ -210,7 +217,10 @@ def one_run(args: argparse.Namespace, server: str, name: str, repeat: int) -> di
     ray_tmp = Path(f"/tmp/tspeer-{os.getpid()}-{server}-{name}-{repeat}")  # short: Ray's socket paths are bounded
     log(f"{server} {name} #{repeat}: launching on {url} ({run})")
     t0 = time.time()
-    proc = launch_peer(args.scratch, model, port, run) if server == "peer" else launch_ours(model, port, run, ray_tmp)
+    if server == "peer":
+        proc = launch_peer(args.scratch, model, port, run)
+    else:
+        proc = serve_run(our_config(model, run), port, run, ray_tmp)
     result: dict[str, Any] = {}
     try:
         result["healthz_after_s"] = round(wait_for(f"{url}/api/v1/healthz", proc, args.start_timeout), 2)

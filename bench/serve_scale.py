@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 import yaml
-from peer_compare import ROOT, free_port, log, our_processes, stop, wait_for
+from peer_compare import ROOT, free_port, log, our_processes, serve_run, stop, wait_for
 
 sys.path.insert(0, str(ROOT))
 from tests.integration.helpers import random_datums  # after the repo root is on the path
@@ -32,11 +32,10 @@ from tests.integration.helpers import random_datums  # after the repo root is on
 NAME = "tinker-serve/qwen3-0.6b"
 
 
-def config(port: int, run: Path, context: int) -> dict[str, Any]:
+def config(run: Path, context: int) -> dict[str, Any]:
     """The repo's serve_config.yaml with the 0.6B-shaped base, the trainer at its defaults (the yaml's tiny-model
     overrides dropped), and a CPU KV cache that holds one `context`-token sequence."""
     text = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
-    text["http_options"] = {"host": "127.0.0.1", "port": port}
     args = text["applications"][0]["args"]
     base = args["base_models"][0]
     base.update(name=NAME, path=str(ROOT / "models" / "qwen3-0.6b"), embedded_preset="qwen3-0.6b")
@@ -46,33 +45,6 @@ def config(port: int, run: Path, context: int) -> dict[str, Any]:
     args["state_dir"] = str(run / "state")
     args.setdefault("limits", {})["max_tokens_per_datum"] = context
     return text
-
-
-def launch(port: int, run: Path, ray_tmp: Path, context: int) -> Any:
-    import subprocess
-
-    (run / "serve_config.yaml").write_text(yaml.safe_dump(config(port, run, context), sort_keys=False))
-    ray_tmp.mkdir(parents=True)
-    env = {
-        **os.environ,
-        "RAY_TMPDIR": str(ray_tmp),
-        "RAY_AUTH_MODE": "disabled",
-        "HF_HUB_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "RAY_TRAIN_V2_ENABLED": "1",
-        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
-    }
-    env.pop("RAY_ADDRESS", None)
-    serve = Path(sys.executable).parent / "serve"
-    cmd = [str(serve), "run", "--address", "local", "--app-dir", str(ROOT), str(run / "serve_config.yaml")]
-    return subprocess.Popen(
-        cmd,
-        cwd=run,
-        env=env,
-        stdout=(run / "server.log").open("wb"),
-        stderr=subprocess.STDOUT,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
 
 
 def status_kib(pid: int, field: str) -> int:
@@ -108,7 +80,7 @@ def main() -> None:
     ray_tmp = Path("/tmp") / f"tss-{os.getpid()}"
     port = free_port()
     started = time.time()
-    proc = launch(port, run, ray_tmp, context)
+    proc = serve_run(config(run, context), port, run, ray_tmp)
     result: dict[str, Any] = {"shapes": {}}
     try:
         import tinker

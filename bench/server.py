@@ -17,7 +17,14 @@ os.environ.setdefault("TINKER_TELEMETRY", "0")
 
 from deployments import serve_env  # noqa: E402
 
-serve_env.apply()  # as `make serve` runs Serve
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+serve_env.apply(_free_port())  # as `make serve` runs Serve: the Ingress replica answers on this port itself
 
 APP_NAME = "bench"
 
@@ -38,10 +45,7 @@ def start_server(base_models: list[dict], metrics_port: int | None = None, **con
         _temp_dir=f"/tmp/tsbench-{os.getpid()}",
         **({"_metrics_export_port": metrics_port} if metrics_port else {}),
     )
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    serve.start(http_options={"host": "127.0.0.1", "port": _free_port()})  # Serve's proxy, unused
     state_dir = Path(tempfile.mkdtemp(prefix="tsbench-"))
     full = {
         "state_dir": str(state_dir),
@@ -51,7 +55,7 @@ def start_server(base_models: list[dict], metrics_port: int | None = None, **con
     }
     started = time.monotonic()
     serve.run(build_app(full), name=APP_NAME, route_prefix="/")
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://127.0.0.1:{serve_env.direct_port()}"
     while httpx.get(f"{url}/ready", timeout=10).status_code != 200:
         time.sleep(1)
     print(f"server ready in {time.monotonic() - started:.0f} s at {url}", flush=True)

@@ -16,6 +16,7 @@ from app.models.embedded import build_embedded_model
 from app.models.families import family_of, sampler_refusal
 from app.models.model_config import ModelShape, model_shape
 from app.models.precision import DTYPE_BYTES
+from deployments import serve_env
 from deployments.ingress import Ingress
 from deployments.logs import route_app_logs
 from deployments.sampler import Sampler
@@ -98,9 +99,19 @@ def _register_name(name: str, path: Path) -> None:
 def build_app(args: dict[str, Any]) -> Application:
     """Validate the whole config first (every error at once), then bind each base model's Trainers (one, or a
     second for critics) and its Sampler. The API keys are loaded once here too, so that api_keys mode without any
-    fails before a replica starts; only the ingress replicas read them again (validation reads no file)."""
+    fails before a replica starts; only the ingress replicas read them again (validation reads no file). Refuses
+    when Serve runs without the project's request-path settings (deployments/serve_env.py)."""
     route_app_logs()
+    wrong = serve_env.missing()
+    if wrong:
+        raise ValueError(wrong)
     config = ServerConfig.model_validate(args).resolved()
+    if config.ingress_replicas > 1 and serve_env.direct_port() is not None:
+        raise ValueError(
+            f"ingress_replicas: {config.ingress_replicas}, but Serve's direct ingress is pinned to one port "
+            f"({serve_env.direct_port()}), which admits one Ingress replica per node: set ingress_replicas to 1, or "
+            "start Ray with HAProxy ingress (`python -m deployments.serve_env --cluster`)"
+        )
     config.auth.load_keys()
     raw = config.model_dump()
     limits = _model_limits(config)

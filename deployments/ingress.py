@@ -43,6 +43,7 @@ from app.sampling.expiry import fail_stale_samples, sweep_expired_samplers
 from app.storage.objects import ObjectStorage
 from app.sweeps import sweep_forever
 from app.training_data.validation import ModelLimits
+from deployments import direct_ingress
 from deployments.handles import ServeSamplerClient, ServeTrainerClient
 from deployments.logs import route_app_logs
 from deployments.status import ServeReplicaCounts
@@ -70,6 +71,10 @@ class Ingress:
             "num_replicas": config.ingress_replicas,
             "ray_actor_options": {"num_cpus": 0},
             "max_ongoing_requests": 2_000,
+            # a replaced replica's long-polls are cut after this (the SDK polls again; futures are in the database),
+            # so its successor gets the pinned direct-ingress port soon (deployments/direct_ingress.py). Serve
+            # raises it to its drain period plus 5 s under direct or HAProxy ingress.
+            "graceful_shutdown_timeout_s": 5,
         }
 
     async def __init__(  # type: ignore[misc]  # Serve awaits async constructors
@@ -81,6 +86,7 @@ class Ingress:
     ) -> None:
         route_app_logs()
         started = time.monotonic()
+        await direct_ingress.prepare()
         cfg = ServerConfig.model_validate(config)
         configured_keys = cfg.auth.load_keys()  # the only replica that reads the key file; none: an error
         check_mode_fits_bind(cfg.auth.mode, await asyncio.to_thread(_proxy_host))  # it asks the controller: blocks

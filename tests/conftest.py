@@ -15,9 +15,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from deployments import serve_env  # noqa: E402
-from tests.postgres import PostgresServer, PostgresUnavailable, postgres_server  # noqa: E402 (sets $PGPASSWORD)
+from tests.postgres import PostgresServer, PostgresUnavailable, free_port, postgres_server  # noqa: E402 (sets $PGPASSWORD)
 
-serve_env.apply()  # as `make serve` runs Serve, in every Ray the tests start
+# As `make serve` runs Serve, in every Ray the tests start: the shared app's Ingress replica answers on this port
+# itself (direct ingress). Kept in the environment, which Ray's processes inherit, and which test modules imported
+# under another module name than pytest's read the same port from.
+API_PORT = int(os.environ.setdefault("TINKER_SERVE_TEST_API_PORT", str(free_port())))
+serve_env.apply(API_PORT)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")

@@ -70,7 +70,8 @@ def pg_bin_dir() -> Path:
     return found[-1].parent
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -130,7 +131,7 @@ def postgres_server(attempts: int = 3) -> Iterator[PostgresServer]:
         )
         pwfile.unlink()
         for attempt in range(1, attempts + 1):  # a free port may be taken before the server binds it
-            port = _free_port()
+            port = free_port()
             options = (
                 f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories='' "
                 "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,7 +17,7 @@ from ray import serve
 from app.models.embedded import build_embedded_model
 from app.training.base_model import load_base_model
 from deployments.builder import build_app
-from tests.conftest import TINY_MODEL
+from tests.conftest import API_PORT, TINY_MODEL, free_port
 from tests.postgres import PostgresServer
 from tests.s3 import S3_ENV
 
@@ -32,12 +31,6 @@ MAX_PENDING_SAMPLES = 16  # beyond it asample answers 429
 SESSION_TIMEOUT_S = 45.0  # a session silent this long expires (the SDK beats every 10 s)
 MAX_STABILITY_RECORDS = 600  # per session: small, so a test can reach it
 MIN_CHECKPOINT_TTL_S = 2  # the hosted minimum is an hour: short, so a test can watch checkpoints expire
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 BF16_TWIN = {  # the same model trained and sampled in bfloat16 (test_precision)
@@ -164,7 +157,7 @@ def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 # Ray's Prometheus endpoint on this node, http://127.0.0.1:{port}/metrics. Kept in the environment: test modules
 # import this file under another module name than pytest does, and both must agree on the port.
-METRICS_PORT = int(os.environ.setdefault("TINKER_SERVE_TEST_METRICS_PORT", str(_free_port())))
+METRICS_PORT = int(os.environ.setdefault("TINKER_SERVE_TEST_METRICS_PORT", str(free_port())))
 
 
 @pytest.fixture(scope="session")
@@ -180,11 +173,10 @@ def base_url(state_dir: Path) -> str:
         _metrics_export_port=METRICS_PORT,
         runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled", **S3_ENV}},
     )
-    port = _free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    serve.start(http_options={"host": "127.0.0.1", "port": free_port()})  # Serve's proxy: unused by the tests
     started = time.monotonic()
     serve.run(build_app(server_config(state_dir)), name="tinker", route_prefix="/")
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://127.0.0.1:{API_PORT}"  # the Ingress replica's own server (direct ingress)
     wait_ready(url)
     print(f"\nServe app ready in {time.monotonic() - started:.1f} s at {url}")
     yield url

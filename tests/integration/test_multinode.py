@@ -2,7 +2,7 @@
 servers on 127.0.0.1, see tests/conftest.py), with its own cluster fixture. It runs first, before the shared
 single-node Ray of the other modules starts.
 
-- head node: Serve's controller and HTTP proxy, and the two Ingress replicas (they need no CPU);
+- head node: Serve's controller, HAProxy (the clusters' ingress) and the two Ingress replicas (they need no CPU);
 - `trainer_node`: the two Ray Train workers of the policy trainer, placed by a custom resource;
 - `sampler_node`: the vLLM Sampler replica, placed by another custom resource.
 
@@ -30,9 +30,10 @@ from ray.util.state import list_actors
 from tinker import types
 
 from app.models.embedded import build_embedded_model
+from deployments import serve_env
 from deployments.builder import build_app
-from tests.conftest import TINY_MODEL
-from tests.integration.conftest import _free_port, server_config, wait_ready
+from tests.conftest import TINY_MODEL, free_port
+from tests.integration.conftest import server_config, wait_ready
 from tests.integration.helpers import new_client, sft_datums, trainer_logprobs
 from tests.s3 import S3_ENV, s3_keys, s3_server
 
@@ -51,9 +52,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
     state_dir = tmp_path_factory.mktemp("multinode-state")
     build_embedded_model("tiny", TINY_MODEL)
     with s3_server("multinode") as storage_uri, pytest.MonkeyPatch.context() as env:
-        # The proxy (on the head) would send every request to the ingress replica on its own node, if there is
-        # one; a cluster's load balancer spreads clients over nodes instead. Spread them here too.
-        env.setenv("RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING", "0")
+        # A cluster's ingress, as the manifests set it (deployments/serve_env.CLUSTER): HAProxy on the head forwards
+        # to each Ingress replica's own server (ports from Serve's default range, on 127.0.0.1). Its stats and
+        # metrics listeners bind every interface: give them free ports.
+        for name, value in serve_env.CLUSTER.items():
+            env.setenv(name, value)
+        for name in serve_env.PORT_RANGE:
+            env.delenv(name)
+        env.setenv("RAY_SERVE_HAPROXY_STATS_PORT", str(free_port()))
+        env.setenv("RAY_SERVE_HAPROXY_METRICS_PORT", str(free_port()))
         # Cluster writes the head's address into the default temp dir's address file even with a temp_dir of its
         # own, and fails on a machine where Ray never ran unless that directory exists.
         Path(get_ray_address_file(None)).parent.mkdir(parents=True, exist_ok=True)
@@ -78,7 +85,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
                 address=cluster.address,
                 runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled", **S3_ENV}},
             )
-            port = _free_port()
+            port = free_port()  # HAProxy's
             serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
             config = server_config(state_dir)
             base = config["base_models"][0]
