@@ -209,6 +209,13 @@ class BaseModelConfig(Strict):
             return self.sampler.dtype
         return resolve_dtype(self.trainer.dtype, self.trainer.use_gpu)
 
+    def sampler_starts_after_trainer(self) -> bool:
+        """Whether the Sampler starts vLLM only once the policy trainer is up: when both run on CPU with no node of
+        their own (custom resources), they share one machine's cores, and starting both at once slows the trainer,
+        which the first create_model waits for, by as much as the engine's start (2 cores: 68 -> see README)."""
+        trainer, sampler = self.trainer, self.sampler
+        return not (trainer.use_gpu or sampler.num_gpus or trainer.resources or sampler.resources)
+
     def trainer_for(self, role: str) -> str:
         """The name of the trainer (one Trainer deployment and worker group) that holds models of `role`."""
         return f"{self.name}:critic" if role == "critic" and self.critic_trainer is not None else self.name

@@ -25,6 +25,7 @@ def _free_port() -> int:
 
 
 serve_env.apply(_free_port())  # as `make serve` runs Serve: the Ingress replica answers on this port itself
+PROXY_PORT = _free_port()  # Serve's Python proxy, which still runs beside it (bench/request_path.py times both)
 
 APP_NAME = "bench"
 
@@ -45,7 +46,7 @@ def start_server(base_models: list[dict], metrics_port: int | None = None, **con
         _temp_dir=f"/tmp/tsbench-{os.getpid()}",
         **({"_metrics_export_port": metrics_port} if metrics_port else {}),
     )
-    serve.start(http_options={"host": "127.0.0.1", "port": _free_port()})  # Serve's proxy, unused
+    serve.start(http_options={"host": "127.0.0.1", "port": PROXY_PORT})
     state_dir = Path(tempfile.mkdtemp(prefix="tsbench-"))
     full = {
         "state_dir": str(state_dir),

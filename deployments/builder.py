@@ -125,7 +125,12 @@ def build_app(args: dict[str, Any]) -> Application:
     samplers = {
         base.name: serve.deployment()(Sampler)
         .options(**Sampler.deployment_options(config, base.name))
-        .bind(raw, base.name, int(limits[base.name]["max_context_length"]))
+        .bind(
+            raw,
+            base.name,
+            int(limits[base.name]["max_context_length"]),
+            trainers[base.name] if base.sampler_starts_after_trainer() else None,
+        )
         for base in config.base_models
     }
     ingress = serve.deployment()(serve.ingress()(Ingress)).options(**Ingress.deployment_options(config))

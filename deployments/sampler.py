@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -9,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from ray import serve
+from ray.exceptions import RayError
+from ray.serve.handle import DeploymentHandle
 
 from app.config import ServerConfig
 from app.db.futures import FutureStore
@@ -27,6 +30,26 @@ from app.storage.objects import ObjectStorage
 from deployments.logs import route_app_logs, serve_log_file_kept
 
 logger = logging.getLogger("tinker_serve.sampler")
+
+
+TRAINER_START_WAIT_S = 300.0  # a trainer that takes longer (a large base loading) no longer holds vLLM back
+
+
+async def _wait_for_trainer(trainer: DeploymentHandle, base_name: str) -> None:
+    """Wait until `trainer` answers (Serve queues the call until its replica is up), at most TRAINER_START_WAIT_S."""
+    waited = time.monotonic()
+    logger.info("sampler for %s: starting vLLM once the trainer is up (they share this machine's cores)", base_name)
+    try:
+        await asyncio.wait_for(trainer.ping.remote(), TRAINER_START_WAIT_S)
+    except (TimeoutError, RayError) as exc:  # a slow or failed trainer must not keep sampling down
+        logger.warning(
+            "sampler for %s: trainer not up after %.0f s (%r); starting vLLM now",
+            base_name,
+            time.monotonic() - waited,
+            exc,
+        )
+        return
+    logger.info("sampler for %s: trainer up after %.1f s; starting vLLM", base_name, time.monotonic() - waited)
 
 
 class Sampler:
@@ -56,12 +79,16 @@ class Sampler:
         }
 
     async def __init__(  # type: ignore[misc]  # Serve awaits async constructors
-        self, config: dict, base_name: str, max_model_len: int
+        self, config: dict, base_name: str, max_model_len: int, start_after: DeploymentHandle | None = None
     ) -> None:
+        """`start_after`: the policy trainer, when the two share a machine's cores
+        (BaseModelConfig.sampler_starts_after_trainer): vLLM starts once it answers, or after a bounded wait."""
         route_app_logs()
         started = time.monotonic()
         cfg = ServerConfig.model_validate(config)
         base = cfg.configured_base_model(base_name)
+        if start_after is not None:
+            await _wait_for_trainer(start_after, base_name)
         logger.info(
             "sampler for %s: starting vLLM on %s (max_loras %d, max_cpu_loras %d, context %d, tensor parallel %d)",
             base_name,

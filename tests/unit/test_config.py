@@ -64,6 +64,21 @@ def test_critics_on_their_own_trainer() -> None:
     assert tiny.trainer_groups()["tiny"].num_workers == 2
 
 
+@pytest.mark.parametrize(
+    ("base", "after"),
+    [
+        ({}, True),  # the embedded default: both on this machine's CPUs
+        ({"trainer": {"use_gpu": True}}, False),
+        ({"sampler": {"num_gpus": 1}}, False),
+        ({"trainer": {"resources": {"trainer_node": 1}}}, False),  # placed on nodes of their own
+        ({"sampler": {"resources": {"sampler_node": 1}}}, False),
+    ],
+)
+def test_sampler_starts_after_trainer_only_where_they_share_cores(base: dict, after: bool) -> None:
+    config = ServerConfig(base_models=[{**TINY, **base}], auth=LOOPBACK)
+    assert config.base_model("tiny").sampler_starts_after_trainer() is after
+
+
 def test_empty_base_models_rejected() -> None:
     with pytest.raises(ValidationError, match="at least one model"):
         ServerConfig(base_models=[], auth=LOOPBACK)
