@@ -52,6 +52,15 @@ ROWS: list[tuple[str, tuple[str, ...], str, bool]] = [
     ("launch -> first model created", ("create_model_done_since_launch_s",), "s", False),
 ]
 
+# Issue 33's targets: (row, "ratio" of ours / SkyRL or "ours" alone, bound, True when the figure must be at most it)
+TARGETS: list[tuple[str, str, float, bool]] = [
+    ("median train step 8x64 (fwd_bwd+optim)", "ratio", 0.5, True),
+    ("warm sampling (8 prompts x 4 x 32 tok)", "ratio", 1.0, False),
+    ("get_info round trip (median)", "ratio", 1.0, True),
+    ("healthz round trip (median)", "ours", 1.0, True),
+    ("launch -> first model created", "ratio", 1.3, True),
+]
+
 
 def log(*parts: object) -> None:
     print(time.strftime("%H:%M:%S"), *parts, file=sys.stderr, flush=True)
@@ -294,6 +303,22 @@ def table(meds: dict[str, dict[str, dict[str, float | None]]], repeats: int) -> 
     return "\n".join(lines)
 
 
+def targets(meds: dict[str, dict[str, dict[str, float | None]]]) -> str:
+    """One line per target and model: the figure, the bound, met or NOT met."""
+    lines = []
+    for row, kind, bound, at_most in TARGETS:
+        for name, rows in meds.items():
+            value = rows[row][kind]
+            met = value is not None and (value <= bound if at_most else value >= bound)
+            what = "ours / SkyRL" if kind == "ratio" else "ours"
+            sign = "<=" if at_most else ">="
+            lines.append(
+                f"target {row.split(' (')[0]}, {name}: {what} {fmt(value)} {sign} {bound}: "
+                f"{'met' if met else 'NOT met'}"
+            )
+    return "\n".join(lines)
+
+
 def machine() -> dict[str, Any]:
     cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
     cpu = next((ln.split(":", 1)[1].strip() for ln in cpuinfo if ln.startswith("model name")), "?")
@@ -338,6 +363,7 @@ def main() -> None:
     after = machine()
     text = table(meds, args.repeats)
     print(text)
+    print("\n" + targets(meds))
     print(
         f"\n{started}; {before['nproc']} cores ({before['cpu']}), {before['mem_gib']} GiB; load average before "
         f"{'/'.join(f'{x:.2f}' for x in before['loadavg'])}, after {'/'.join(f'{x:.2f}' for x in after['loadavg'])}"

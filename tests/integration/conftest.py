@@ -108,13 +108,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def wait_ready(url: str, budget_s: float = 300, route: str = "/ready", every_s: float = 1.0) -> None:
     """Until `route` answers 200: by default /ready, once every trainer and sampler answers. An answer slower than
-    10 s counts as not yet (on 2 cores a deploying app's engines starting can hold the proxy that long)."""
+    10 s counts as not yet (on 2 cores a deploying app's engines starting can hold the ingress that long), and so
+    does a refused connection: under direct ingress nothing listens on the port until the app's Ingress replica
+    starts its own server."""
     deadline = time.monotonic() + budget_s
     while True:
         try:
             if httpx.get(f"{url}{route}", timeout=10).status_code == 200:
                 return
-        except httpx.TimeoutException:
+        except (httpx.TimeoutException, httpx.ConnectError):
             pass
         assert time.monotonic() < deadline, f"the Serve app's {route} never answered 200 within {budget_s:g} s"
         time.sleep(every_s)

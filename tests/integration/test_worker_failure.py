@@ -325,9 +325,9 @@ def test_an_app_restart_mid_run_resumes_the_model(service_client, base_url: str,
     with httpx.Client(base_url=base_url, timeout=60, headers={"X-API-Key": "tml-integration-tests"}) as http:
         finished = http.post("/api/v1/unload_model", json={"model_id": new_client(service_client, seed=44).model_id})
         finished_result = _retrieve(http, finished.json()["request_id"])
-        # In flight across the restart. The SDK's own polls of these meet the proxy's 404 while no app is deployed
-        # (a restart behind a load balancer would answer 503), so they are not awaited: the steps after them
-        # can only run, and the weights only match, if the server finished them exactly once.
+        # In flight across the restart. The SDK's own polls of these find no server while no app is deployed
+        # (direct ingress: the port is closed until the new Ingress replica opens it), so they are not awaited: the
+        # steps after them can only run, and the weights only match, if the server finished them exactly once.
         accepted = _count_futures(state_dir, [tc.model_id], state=None)
         tc.forward_backward(data, "cross_entropy")
         tc.optim_step(ADAM)
