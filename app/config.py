@@ -212,7 +212,7 @@ class BaseModelConfig(Strict):
     def sampler_starts_after_trainer(self) -> bool:
         """Whether the Sampler starts vLLM only once the policy trainer is up: when both run on CPU with no node of
         their own (custom resources), they share one machine's cores, and starting both at once slows the trainer,
-        which the first create_model waits for (on 2 cores, tiny: the first model 52 s after launch instead of 69)."""
+        which the first create_model waits for (2 cores, tiny: the first model 55 s after launch, not 69; README)."""
         trainer, sampler = self.trainer, self.sampler
         return not (trainer.use_gpu or sampler.num_gpus or trainer.resources or sampler.resources)
 
