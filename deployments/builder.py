@@ -106,10 +106,11 @@ def build_app(args: dict[str, Any]) -> Application:
     if wrong:
         raise ValueError(wrong)
     config = ServerConfig.model_validate(args).resolved()
-    if config.ingress_replicas > 1 and serve_env.direct_port() is not None:
+    pinned_port = serve_env.direct_port()
+    if config.ingress_replicas > 1 and pinned_port is not None:
         raise ValueError(
             f"ingress_replicas: {config.ingress_replicas}, but Serve's direct ingress is pinned to one port "
-            f"({serve_env.direct_port()}), which admits one Ingress replica per node: set ingress_replicas to 1, or "
+            f"({pinned_port}), which admits one Ingress replica per node: set ingress_replicas to 1, or "
             "start Ray with HAProxy ingress (`python -m deployments.serve_env --cluster`)"
         )
     config.auth.load_keys()

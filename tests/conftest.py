@@ -19,9 +19,10 @@ from tests.postgres import PostgresServer, PostgresUnavailable, free_port, postg
 
 # As `make serve` runs Serve, in every Ray the tests start: the shared app's Ingress replica answers on this port
 # itself (direct ingress). Kept in the environment, which Ray's processes inherit, and which test modules imported
-# under another module name than pytest's read the same port from.
-API_PORT = int(os.environ.setdefault("TINKER_SERVE_TEST_API_PORT", str(free_port())))
-serve_env.apply(API_PORT)
+# under another module name than pytest's read the same port from. A port the shell already pins wins (apply only
+# fills what is unset), so the port in effect is read back.
+serve_env.apply(int(os.environ.setdefault("TINKER_SERVE_TEST_API_PORT", str(free_port()))))
+API_PORT = serve_env.direct_port()
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")

@@ -178,6 +178,7 @@ def base_url(state_dir: Path) -> str:
     serve.start(http_options={"host": "127.0.0.1", "port": free_port()})  # Serve's proxy: unused by the tests
     started = time.monotonic()
     serve.run(build_app(server_config(state_dir)), name="tinker", route_prefix="/")
+    assert API_PORT is not None, "the tests run Serve with direct ingress on one port (deployments/serve_env.py)"
     url = f"http://127.0.0.1:{API_PORT}"  # the Ingress replica's own server (direct ingress)
     wait_ready(url)
     print(f"\nServe app ready in {time.monotonic() - started:.1f} s at {url}")
