@@ -1,6 +1,7 @@
 """Side by side with the peer, SkyRL's Tinker server (skyrl 0.4.0, JAX backend, its tuned config), on this machine.
 
     python bench/peer_compare.py [--scratch /work/peer-scratch] [--models tiny,small] [--repeats 3] [--probes]
+    python bench/peer_compare.py --servers ours,preload --preload /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
 
 For each model and repeat, the peer and our server run one after the other (the order alternates between
 repeats, so load from elsewhere hits both): launch, the same client (`bench/peer/bench_client.py`, tinker SDK
@@ -9,6 +10,9 @@ bound to 127.0.0.1, with the Qwen3 model folder as its only base model, in a Ray
 (RAY_TMPDIR under /tmp); Ctrl-C stops it. Prints the table of per-row medians and ratios and the machine, and
 writes everything to bench/results/peer_compare-<time>.json. The peer and the two Qwen3 test models must be in
 the scratch dir (`make bench-peer` installs and builds them when missing).
+
+`--servers ours,preload` compares our server with itself run under `LD_PRELOAD=<--preload>` (every Ray process
+inherits it), in the same way: vLLM's CPU advice to preload tcmalloc, measured.
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ HERE = ROOT / "bench" / "peer"
 # skyrl-cpu.md's tuned JAX backend: 8 adapter slots at rank 8, micro-batches of 8, samples padded to 32 sequences
 PEER_BACKEND = {"max_lora_adapters": 8, "max_lora_rank": 8, "train_micro_batch_size": 8, "sample_max_num_sequences": 32}
 OUR_MAX_LORA_RANK = 8  # the peer's tuned adapter width (vLLM pads every adapter to max_lora_rank)
-SERVERS = ("peer", "ours")
+SERVERS = ("peer", "ours", "preload")  # preload: ours with LD_PRELOAD=--preload
+LABELS = {"peer": "SkyRL", "ours": "ours", "preload": "preloaded"}
 # (row, path in the client's JSON, unit, True when higher is better)
 ROWS: list[tuple[str, tuple[str, ...], str, bool]] = [
     ("median train step 8x64 (fwd_bwd+optim)", ("train", "median_step_s"), "s", False),
@@ -150,10 +155,12 @@ def our_config(model: Path, run: Path) -> dict[str, Any]:
     return config
 
 
-def serve_run(config: dict[str, Any], port: int, run: Path, ray_tmp: Path) -> subprocess.Popen[bytes]:
+def serve_run(
+    config: dict[str, Any], port: int, run: Path, ray_tmp: Path, preload: str | None = None
+) -> subprocess.Popen[bytes]:
     """`serve run --address local` on `config` (written to the run dir), in a fresh Ray instance under `ray_tmp`,
     with `make serve`'s Serve settings: the Ingress replica answers on 127.0.0.1:`port` itself, Serve's proxy on a
-    free port."""
+    free port. `preload`: a library every process of it loads first (LD_PRELOAD)."""
     config = {**config, "http_options": {"host": "127.0.0.1", "port": free_port()}}
     (run / "serve_config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     ray_tmp.mkdir(parents=True)
@@ -167,6 +174,8 @@ def serve_run(config: dict[str, Any], port: int, run: Path, ray_tmp: Path) -> su
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
     }
+    if preload:
+        env["LD_PRELOAD"] = preload
     env.pop("RAY_ADDRESS", None)
     serve = Path(sys.executable).parent / "serve"
     cmd = [str(serve), "run", "--address", "local", "--app-dir", str(ROOT), str(run / "serve_config.yaml")]
@@ -229,7 +238,7 @@ def one_run(args: argparse.Namespace, server: str, name: str, repeat: int) -> di
     if server == "peer":
         proc = launch_peer(args.scratch, model, port, run)
     else:
-        proc = serve_run(our_config(model, run), port, run, ray_tmp)
+        proc = serve_run(our_config(model, run), port, run, ray_tmp, args.preload if server == "preload" else None)
     result: dict[str, Any] = {}
     try:
         result["healthz_after_s"] = round(wait_for(f"{url}/api/v1/healthz", proc, args.start_timeout), 2)
@@ -269,16 +278,18 @@ def median(values: list[float | None]) -> float | None:
     return statistics.median(present) if present else None
 
 
-def medians(runs: dict[str, dict[str, list[dict]]]) -> dict[str, dict[str, dict[str, float | None]]]:
-    """{model: {row: {"peer": median, "ours": median, "ratio": ours / peer}}}."""
+def medians(
+    runs: dict[str, dict[str, list[dict]]], base: str, other: str
+) -> dict[str, dict[str, dict[str, float | None]]]:
+    """{model: {row: {"base": median, "other": median, "ratio": other / base}}}."""
     out: dict[str, dict[str, dict[str, float | None]]] = {}
     for name, by_server in runs.items():
         out[name] = {}
         for row, path, _, _ in ROWS:
-            peer = median([figure(r, path) for r in by_server["peer"]])
-            ours = median([figure(r, path) for r in by_server["ours"]])
-            ratio = ours / peer if peer and ours is not None else None
-            out[name][row] = {"peer": peer, "ours": ours, "ratio": ratio}
+            first = median([figure(r, path) for r in by_server[base]])
+            second = median([figure(r, path) for r in by_server[other]])
+            ratio = second / first if first and second is not None else None
+            out[name][row] = {"base": first, "other": second, "ratio": ratio}
     return out
 
 
@@ -288,17 +299,17 @@ def fmt(value: float | None) -> str:
     return f"{value:.3g}" if abs(value) < 100 else f"{value:,.0f}"
 
 
-def table(meds: dict[str, dict[str, dict[str, float | None]]], repeats: int) -> str:
-    """Markdown: one row per figure, SkyRL and ours (with ours / SkyRL) per model."""
-    names = list(meds)
-    head = "| median of " + str(repeats) + " | " + " | ".join(f"SkyRL {n} | ours {n} (ours/SkyRL)" for n in names)
+def table(meds: dict[str, dict[str, dict[str, float | None]]], repeats: int, base: str, other: str) -> str:
+    """Markdown: one row per figure, the base server and the other (with other / base) per model."""
+    names, b, o = list(meds), LABELS[base], LABELS[other]
+    head = "| median of " + str(repeats) + " | " + " | ".join(f"{b} {n} | {o} {n} ({o}/{b})" for n in names)
     lines = [head + " |", "|---" * (1 + 2 * len(names)) + "|"]
     for row, _, unit, higher in ROWS:
         cells = [f"{row}, {unit} ({'higher' if higher else 'lower'} is better)"]
         for n in names:
             m = meds[n][row]
             ratio = f" ({m['ratio']:.2f}x)" if m["ratio"] is not None else ""
-            cells += [fmt(m["peer"]), fmt(m["ours"]) + ratio]
+            cells += [fmt(m["base"]), fmt(m["other"]) + ratio]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -308,7 +319,7 @@ def targets(meds: dict[str, dict[str, dict[str, float | None]]]) -> str:
     lines = []
     for row, kind, bound, at_most in TARGETS:
         for name, rows in meds.items():
-            value = rows[row][kind]
+            value = rows[row]["other" if kind == "ours" else kind]
             met = value is not None and (value <= bound if at_most else value >= bound)
             what = "ours / SkyRL" if kind == "ratio" else "ours"
             sign = "<=" if at_most else ">="
@@ -338,7 +349,8 @@ def main() -> None:
     ap.add_argument("--scratch", type=Path, default=Path(os.environ.get("PEER", "/work/peer-scratch")))
     ap.add_argument("--models", default="tiny,small")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--servers", default="peer,ours", help="for a quick check of one side")
+    ap.add_argument("--servers", default="peer,ours", help="the base server, then the one compared with it")
+    ap.add_argument("--preload", default=None, help="LD_PRELOAD of the 'preload' server (e.g. tcmalloc)")
     ap.add_argument("--probes", action="store_true", help="also run the client's feature probes (slower)")
     ap.add_argument("--client-python", default=None, help="default: the peer venv's python (tinker SDK 0.25)")
     ap.add_argument("--start-timeout", type=float, default=300.0)
@@ -347,6 +359,8 @@ def main() -> None:
     args.scratch = args.scratch.resolve()
     args.client_python = args.client_python or str(args.scratch / "venv" / "bin" / "python")
     servers = [s for s in args.servers.split(",") if s in SERVERS]
+    if len(servers) != 2 or ("preload" in servers) != bool(args.preload):
+        sys.exit(f"--servers names two of {SERVERS}; 'preload' goes with --preload LIB")
     names = args.models.split(",")
     for name in names:
         if not (args.scratch / "models" / name / "config.json").exists():
@@ -359,11 +373,12 @@ def main() -> None:
             order = servers if repeat % 2 == 0 else servers[::-1]
             for server in order:
                 runs[name][server].append(one_run(args, server, name, repeat))
-    meds = medians(runs)
+    meds = medians(runs, *servers)
     after = machine()
-    text = table(meds, args.repeats)
+    text = table(meds, args.repeats, *servers)
     print(text)
-    print("\n" + targets(meds))
+    if servers == ["peer", "ours"]:
+        print("\n" + targets(meds))
     print(
         f"\n{started}; {before['nproc']} cores ({before['cpu']}), {before['mem_gib']} GiB; load average before "
         f"{'/'.join(f'{x:.2f}' for x in before['loadavg'])}, after {'/'.join(f'{x:.2f}' for x in after['loadavg'])}"
@@ -376,7 +391,8 @@ def main() -> None:
         "machine_after": after,
         "peer_backend": PEER_BACKEND,
     }
-    report |= {"our_max_lora_rank": OUR_MAX_LORA_RANK, "repeats": args.repeats, "medians": meds, "table": text}
+    report |= {"our_max_lora_rank": OUR_MAX_LORA_RANK, "repeats": args.repeats, "servers": servers}
+    report |= {"preload": args.preload, "medians": meds, "table": text}
     report["runs"] = runs
     out.write_text(json.dumps(report, indent=1))
     log(f"results: {out}")

@@ -14,6 +14,7 @@ from app.api.quotas import check_live_models
 from app.api.sessions import unload
 from app.config import ROLES, BaseModelConfig
 from app.db.metadata import TrainingRun, model_id_for
+from app.db.outcomes import Pending
 from app.errors import LimitExceeded, UserError
 from app.messages import AdapterSpec, CreateModel
 from app.operations.load_checkpoint import LoadCheckpoint
@@ -106,12 +107,14 @@ async def register_model(
 ) -> dict:
     """Record the model `{session_id}:train:{model_seq_id}` in `user`'s session (its training run and its route to
     a trainer) and have that trainer create it, filled from a checkpoint by `load(request_id)` if given.
-    A retry finds the first request's future."""
+    A retry finds the first request's future; while that is pending, it does the hand-over again (idempotently),
+    since the first attempt may have died before the trainer had it."""
     await services.session(session_id, user)
     model_id = model_id_for(session_id, model_seq_id)
     await check_live_models(services, user, model_id)
     request_id, created = await services.futures.create(kind, model_id, 0)
-    if created:
+    handed_over = created or isinstance(await services.futures.get(request_id), Pending)
+    if handed_over:
         adapter = spec()
         trainer = base.trainer_for(adapter.role)
         await services.metadata.add_training_run(
@@ -126,13 +129,16 @@ async def register_model(
                 user_metadata=user_metadata or {},
                 created_at=time.time(),
                 unloaded=False,
-            )
+            ),
+            exists_ok=not created,
         )
         creation = CreateModel(request_id, adapter, load(request_id) if load else None)
         await services.journal.append(model_id, 0, creation)  # how a restarted trainer makes the model again
         services.trainers.create_model(trainer, model_id, creation, user)
+    if created:
         await services.audit.record("model_created", user, {"model_id": model_id, "base_model": base.name, "via": kind})
-    log_request("queued" if created else "retried", op=kind, model_id=model_id, seq_id=0, tinker_request_id=request_id)
+    outcome = "queued" if created else "queued again" if handed_over else "retried"
+    log_request(outcome, op=kind, model_id=model_id, seq_id=0, tinker_request_id=request_id)
     return {"request_id": request_id, "model_id": model_id}
 
 

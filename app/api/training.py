@@ -20,6 +20,7 @@ from app.api.deps import Services, ServicesDep, UserDep
 from app.api.error_responses import validation_message
 from app.api.quotas import check_pending_requests
 from app.db.metadata import TrainingRun
+from app.db.outcomes import Pending
 from app.errors import ServerError, TinkerServeError, UserError
 from app.messages import AdamParams, DimuonParams, ForwardBackwardArgs, SequencedOp, Skip
 from app.operations import operation
@@ -48,11 +49,16 @@ async def sequenced(
     nbytes: int = 0,
 ) -> dict:
     """Create (or find, for a retry) the future of (model_id, seq_id) of `user`'s model and queue its operation,
-    which holds `nbytes` of training data until it runs."""
+    which holds `nbytes` of training data until it runs.
+
+    A retry whose future is still pending does the hand-over again: the first attempt may have died (its ingress
+    replica killed) after creating the future and before the journal or the trainer had the operation. Each
+    step is idempotent: the journal keeps its first entry, usage is counted with the entry, and the trainer
+    ignores an operation it already holds."""
     run = await services.training_run(model_id, user)
     await check_pending_requests(services, user, model_id, seq_id, nbytes)
     request_id, created = await services.futures.create(kind, model_id, seq_id)
-    if not created:
+    if not created and not isinstance(await services.futures.get(request_id), Pending):
         log_request("retried", op=kind, model_id=model_id, seq_id=seq_id, tinker_request_id=request_id)
         return {"request_id": request_id, "model_id": model_id}
     try:
@@ -60,7 +66,7 @@ async def sequenced(
         if error is not None:
             await services.futures.fail(request_id, error)
         log_request(
-            "queued" if error is None else "rejected",
+            ("queued" if created else "queued again") if error is None else "rejected",
             op=kind,
             model_id=model_id,
             seq_id=seq_id,
@@ -68,9 +74,10 @@ async def sequenced(
             trainer=run.trainer,
             outcome=outcome_of(error),
         )
-        await asyncio.gather(  # one commit: the journal before the trainer has it (a restart reruns it), and usage
-            services.journal.append(model_id, seq_id, op), _count_usage(services, run, op)
-        )
+        if created:  # one commit: the journal before the trainer has it (a restart reruns it), and usage
+            await asyncio.gather(services.journal.append(model_id, seq_id, op), _count_usage(services, run, op))
+        elif await services.journal.append(model_id, seq_id, op):
+            await _count_usage(services, run, op)
         services.trainers.submit(run.trainer, model_id, seq_id, op, user)
     except BaseException as exc:  # the future must not stay pending: a retry would find it and wait forever
         failure = exc if isinstance(exc, TinkerServeError) else ServerError(f"{kind} was not queued: {exc!r}")

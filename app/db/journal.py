@@ -10,7 +10,6 @@ whole, and the journal keeps what follows that one (plus the creation, seq_id 0,
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -48,8 +47,8 @@ class JournalStore:
         self._db = db
         self._writes = group_commit(db)
 
-    async def append(self, model_id: str, seq_id: int, op: CreateModel | SequencedOp) -> None:
-        """Record an accepted operation; a retried one (same seq_id) is recorded already."""
+    async def append(self, model_id: str, seq_id: int, op: CreateModel | SequencedOp) -> bool:
+        """Record an accepted operation; False when (model_id, seq_id) is recorded already (a retry)."""
         row = {
             "model_id": model_id,
             "seq_id": seq_id,
@@ -57,8 +56,11 @@ class JournalStore:
             "op": journal_codec.encode(op),
             "created_at": time.time(),
         }
-        with contextlib.suppress(IntegrityError):  # shares a commit with the process's other writes of the moment
+        try:  # shares a commit with the process's other writes of the moment
             await self._writes.run(lambda conn: conn.execute(insert(journal).values(**row)))
+        except IntegrityError:
+            return False
+        return True
 
     async def entries(self, model_id: str) -> list[JournalEntry]:
         """The model's journal in seq_id order, each with its future's state."""

@@ -141,7 +141,8 @@ class MetadataStore:
             raise session_not_found(session_id)
         return row.owner
 
-    async def add_training_run(self, run: TrainingRun) -> None:
+    async def add_training_run(self, run: TrainingRun, *, exists_ok: bool = False) -> None:
+        """Record a new model; `exists_ok`: a model of that id recorded already (a retried create) is no error."""
         try:
             async with self._db.begin() as conn:
                 await conn.execute(
@@ -159,6 +160,8 @@ class MetadataStore:
                     )
                 )
         except IntegrityError as exc:
+            if exists_ok:
+                return
             raise UserError(
                 f"model {run.model_id!r} already exists (model_seq_id reused)", field="model_seq_id"
             ) from exc

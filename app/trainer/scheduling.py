@@ -36,6 +36,12 @@ class _ModelQueue(Generic[Op]):
     waiting: dict[int, tuple[Op, asyncio.Future]] = field(default_factory=dict)
     cancelled: dict[int, Op] = field(default_factory=dict)  # seq_id -> what runs instead, once it arrives
     gap_watch: tuple[int, asyncio.TimerHandle] | None = None  # (the missing seq_id, its timer)
+    given_up: list[range] = field(default_factory=list)  # seq_ids skipped after the gap timeout: stragglers are refused
+
+
+class AlreadySubmitted(Exception):
+    """The seq_id is waiting or was dispatched already: a repeat of the same operation (an ingress that handed it
+    over again after a retry), which changes nothing."""
 
 
 class SeqScheduler(Generic[Op]):
@@ -110,12 +116,14 @@ class SeqScheduler(Generic[Op]):
                 "restarted): create it again or load a checkpoint",
                 field="model_id",
             )
-        if seq_id < queue.next_seq or seq_id in queue.waiting:
+        if any(seq_id in skipped for skipped in queue.given_up):
             raise UserError(
-                f"seq_id {seq_id} of model {model_id!r} was already submitted, or arrived after "
-                "later operations had waited timeouts.seq_gap_timeout_seconds for it",
+                f"seq_id {seq_id} of model {model_id!r} arrived after later operations had waited "
+                "timeouts.seq_gap_timeout_seconds for it",
                 field="seq_id",
             )
+        if seq_id < queue.next_seq or seq_id in queue.waiting:
+            raise AlreadySubmitted(f"seq_id {seq_id} of model {model_id!r}")
         if queue.user != user:
             self._fair.forget(queue.user, model_id)
             queue.user = user
@@ -197,6 +205,7 @@ class SeqScheduler(Generic[Op]):
             self._gap_timeout_s,
             len(queue.waiting),
         )
+        queue.given_up.append(range(expected, first))
         queue.next_seq = first
         queue.cancelled = {seq: op for seq, op in queue.cancelled.items() if seq > first}
         self._watch_gap(model_id, queue)

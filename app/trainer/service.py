@@ -38,7 +38,7 @@ from app.trainer.recovery import (
     run_commands,
     unfinished,
 )
-from app.trainer.scheduling import SeqScheduler
+from app.trainer.scheduling import AlreadySubmitted, SeqScheduler
 from app.trainer.single_flight import SingleFlight
 from app.trainer.worker_deaths import ActivationBytes, WorkerDeaths
 from app.trainer.worker_group import WorkerGroup
@@ -210,6 +210,8 @@ class TrainerService:
         try:
             written = await self._scheduler.submit(model_id, seq_id, (seq_id, op), user)
             await written
+        except AlreadySubmitted:
+            return  # handed over again after a client retry: the first hand-over writes its future
         except TinkerServeError as exc:
             await self._futures.fail_if_pending(op.request_id, exc.to_body())
 

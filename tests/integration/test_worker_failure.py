@@ -282,6 +282,37 @@ def test_ingress_restart_loses_nothing(service_client, state_dir: Path):
     assert service_client.create_rest_client().get_training_run(tc.model_id).result().training_run_id == tc.model_id
 
 
+def _future_left_by_a_dead_ingress(state_dir: Path, kind: str, model_id: str, seq_id: int) -> None:
+    """The state an Ingress replica leaves when it is killed just after creating an operation's future, before the
+    journal and the trainer had the operation: a pending future, nothing else (the SDK then retries its request)."""
+    request_id, now = os.urandom(16).hex(), time.time()
+    with sqlite3.connect(state_dir / "tinker_serve.db", timeout=30) as db:
+        db.execute(
+            "INSERT INTO futures (request_id, kind, subject_id, seq_id, state, created_at) VALUES (?, ?, ?, ?, ?, ?)",
+            (request_id, kind, model_id, seq_id, "pending", now),
+        )
+        db.execute(
+            "INSERT INTO session_requests (request_id, session_id, created_at) VALUES (?, ?, ?)",
+            (request_id, model_id.split(":")[0], now),
+        )
+
+
+def test_a_retry_hands_over_what_a_dead_ingress_only_promised(service_client, state_dir: Path):
+    """An ingress killed between creating a future and handing its operation to the trainer: the SDK's retry finds
+    the pending future and the new attempt hands the operation over, so the model neither stalls on a gap nor
+    skips the step (a create_model cut the same way is created)."""
+    holder = service_client.holder
+    next_model = f"{holder.get_session_id()}:train:{holder._training_client_counter}"
+    _future_left_by_a_dead_ingress(state_dir, "create_model", next_model, 0)
+    # the SDK's create_model request meets that pending future
+    tc = service_client.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=49).result(timeout=60)
+    data = sft_datums(tc.get_tokenizer())
+    before = tc.forward_backward(data, "cross_entropy").result(timeout=60).metrics["loss:sum"]
+    _future_left_by_a_dead_ingress(state_dir, "optim_step", tc.model_id, tc._request_id_counter + 1)
+    assert tc.optim_step(ADAM).result(timeout=60) is not None
+    assert tc.forward(data, "cross_entropy").result(timeout=60).metrics["loss:sum"] < before
+
+
 def test_sampler_replica_death_is_invisible_to_clients(service_client, state_dir: Path):
     """16 samples (half from a LoRA adapter) in flight when the only Sampler replica dies: the ingress sends
     them again, the replacement replica answers every one (loading the adapter on demand), nothing stays

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from app.errors import UserError
-from app.trainer.scheduling import SeqScheduler
+from app.trainer.scheduling import AlreadySubmitted, SeqScheduler
 
 
 class Recorder:
@@ -73,21 +73,23 @@ def test_later_ops_are_dispatched_while_earlier_ones_run() -> None:
     asyncio.run(main())
 
 
-def test_open_with_next_seq_and_resubmit_rejected() -> None:
+def test_open_with_next_seq_and_a_resubmit_is_a_repeat() -> None:
+    """An ingress that hands an operation over again (after a client retry) must neither run it twice nor fail it:
+    the scheduler says it has it, whether it ran, came before the first accepted seq_id, or still waits."""
+
     async def main() -> None:
         rec = Recorder()
         sched = SeqScheduler(rec)
         sched.open("m", next_seq=5)
         assert await sched.submit("m", 5, "x") == "m/x"
         for seq in (5, 4):  # executed, and before the first accepted seq_id
-            with pytest.raises(UserError) as info:
+            with pytest.raises(AlreadySubmitted):
                 await sched.submit("m", seq, "again")
-            assert info.value.field == "seq_id"
         waiting = asyncio.create_task(sched.submit("m", 7, "y"))
         await _settle()
-        with pytest.raises(UserError) as info:  # a duplicate of a queued op
-            await sched.submit("m", 7, "dup")
-        assert info.value.field == "seq_id"
+        with pytest.raises(AlreadySubmitted):  # a repeat of a queued op
+            await sched.submit("m", 7, "y")
+        assert rec.batches == [["x"]]
         sched.close("m", RuntimeError("bye"))
         with pytest.raises(RuntimeError):
             await waiting
@@ -199,6 +201,8 @@ def test_a_seq_id_that_never_arrives_is_skipped_after_the_gap_timeout() -> None:
         assert rec.batches == [["op3"]]
         with pytest.raises(UserError, match="seq_gap_timeout_seconds"):  # a straggler is refused, not run late
             await sched.submit("m", 1, "op1")
+        with pytest.raises(AlreadySubmitted):  # op3 again is a repeat, not a straggler
+            await sched.submit("m", 3, "op3")
 
     asyncio.run(main())
 
