@@ -21,7 +21,7 @@ from app.db.schema import connect
 from app.db.stability import StabilityStore
 from app.db.statement_metrics import count_statements
 from app.db.usage import UsageStore
-from app.sampling.cpu_env import CPU_ENGINE_ENV
+from app.sampling.cpu_env import replica_env
 from app.sampling.engine import SamplerEngine
 from app.sampling.openai import Answer, Route
 from app.sampling.params import SampleArgs
@@ -56,7 +56,7 @@ class Sampler:
     @classmethod
     def deployment_options(cls, config: ServerConfig, base_name: str) -> dict[str, Any]:
         sampler = config.configured_base_model(base_name).sampler
-        env = {**({} if sampler.num_gpus else CPU_ENGINE_ENV), **sampler.env}
+        env = {**({} if sampler.num_gpus else replica_env()), **sampler.env}
         return {
             "name": f"Sampler:{base_name}",
             "autoscaling_config": {

@@ -7,6 +7,8 @@ are sums, so SUM is exact).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -15,14 +17,17 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from app.errors import NotFound, UserError
-from app.messages import AdapterSpec, OptimParams, ShardOutput
+from app.errors import NotFound, TinkerServeError, UserError
+from app.messages import AdapterSpec, ForwardBackwardArgs, OptimParams, ShardOutput
 from app.training import checkpoint
+from app.training.grads import all_reduce_sum_grads, any_rank_failed, give_back_grads, take_grads
 from app.training.logprobs import target_logprobs
 from app.training.lora import AdapterPool
 from app.training.loss_step import LossStep, Stats, joined, loss_error
 from app.training.micro_batches import micro_batches
+from app.training.mixed_pass import MixedPass
 from app.training.optim import apply_step, make_optimizer
+from app.training.rows import padded, unpadded
 from app.training_data.batch import PackedBatch
 from app.training_data.custom_losses import CustomLossProgram
 
@@ -34,7 +39,7 @@ def shard_indices(num_datums: int, rank: int, world_size: int) -> np.ndarray:
 
 
 @dataclass
-class _Model:
+class LoadedModel:
     """One trained model on this rank: its adapter's module name, trainable parameters and optimizer."""
 
     name: str  # module keys cannot hold every model id
@@ -67,9 +72,9 @@ class TrainingEngine:
         self._autocast = autocast
         # one token's forward and backward through the base, ~6 FLOPs a parameter: what a custom loss's estimated
         # FLOPs are counted in (its cost in the fair share)
-        self._token_flops = max(1, 6 * sum(p.numel() for p in base.parameters()))
+        self.token_flops = max(1, 6 * sum(p.numel() for p in base.parameters()))
         self.pool = AdapterPool(base, cast_inputs=not autocast)
-        self._models: dict[str, _Model] = {}
+        self._models: dict[str, LoadedModel] = {}
         self._next_name = 0
 
     # -- adapters -----------------------------------------------------------------------------
@@ -82,7 +87,7 @@ class TrainingEngine:
         head = self._value_head() if spec.role == "critic" else None
         if head is not None:
             params = [*params, *head.parameters()]
-        self._models[model_id] = _Model(name, spec, params, make_optimizer(params, spec.optimizer), head)
+        self._models[model_id] = LoadedModel(name, spec, params, make_optimizer(params, spec.optimizer), head)
 
     def _value_head(self) -> torch.nn.Linear:
         """A scalar head on the final hidden state, in float32; zero-initialised, so new critics predict 0."""
@@ -98,9 +103,9 @@ class TrainingEngine:
 
     def require_model(self, model_id: str) -> None:
         """NotFound unless the model is loaded here."""
-        self._model(model_id)
+        self.loaded(model_id)
 
-    def _model(self, model_id: str) -> _Model:
+    def loaded(self, model_id: str) -> LoadedModel:
         model = self._models.get(model_id)
         if model is None:
             raise NotFound(
@@ -110,8 +115,8 @@ class TrainingEngine:
             )
         return model
 
-    def _activate(self, model_id: str) -> _Model:
-        model = self._model(model_id)
+    def _activate(self, model_id: str) -> LoadedModel:
+        model = self.loaded(model_id)
         self.pool.activate(model.name)
         return model
 
@@ -135,7 +140,7 @@ class TrainingEngine:
         loss = LossStep(loss_fn, config, custom, self.device, batch)
         indices = shard_indices(batch.num_datums, self.rank, self.world_size)
         shard = batch.select(indices)
-        earlier = None if forward_only else _take_grads(model.params)  # this op's gradients apart until it succeeds
+        earlier = None if forward_only else take_grads(model.params)  # this op's gradients apart until it succeeds
         parts: list[tuple[dict[str, np.ndarray], float, dict[str, tuple[float, float]]]] = []
         error: Exception | None = None  # the loss's (the passes all ran)
         raised: Exception | None = None  # a pass's (replicated base: the other ranks are not left waiting)
@@ -148,17 +153,49 @@ class TrainingEngine:
         if earlier is not None:  # every rank keeps this op's gradients, or none does
             failed = error is not None or raised is not None
             if self.world_size > 1 and dist.is_initialized():  # ranks simulated in one process have no group
-                failed = _any_rank_failed(failed, self.device)
-            _give_back_grads(model.params, earlier, keep_current=not failed)
+                failed = any_rank_failed(failed, self.device)
+            give_back_grads(model.params, earlier, keep_current=not failed)
         if raised is not None:
             raise raised
         if error is not None:
             raise loss_error(loss_fn, error)
-        return ShardOutput(indices, shard.offsets, *joined(parts), loss_cost_tokens=loss.flops // self._token_flops)
+        return ShardOutput(indices, shard.offsets, *joined(parts), loss_cost_tokens=loss.flops // self.token_flops)
+
+    def forward_backward_many(
+        self, requests: Sequence[tuple[str, ForwardBackwardArgs]]
+    ) -> list[ShardOutput | TinkerServeError]:
+        """Several models' forward(_backward)s, each as `forward_backward` would answer it (or its error: a failed
+        one fails only itself). When they `mix`, they run as one pass over the base, each row through its own
+        model's adapter (AdapterPool.segments: one LoRA product per adapter and layer over its rows), with one backward;
+        gradients reach each adapter apart, so each model's outputs and gradients are its own alone. Otherwise
+        one after another."""
+        if not self.mix(requests):
+            return [self._answer_alone(model_id, args) for model_id, args in requests]
+        return MixedPass(self, requests).run()
+
+    def mix(self, requests: Sequence[tuple[str, ForwardBackwardArgs]]) -> bool:
+        """Whether these requests run as one pass: two or more distinct models, adapters PEFT can mix, and every
+        rank's share within one micro-batch. Read from the whole requests, so every rank decides alike."""
+        ids = [model_id for model_id, _ in requests]
+        if len(ids) < 2 or len(set(ids)) != len(ids) or not self.pool.can_mix():
+            return False
+        for r in range(self.world_size):
+            lengths = np.concatenate([args.batch.lengths[r :: self.world_size] for _, args in requests])
+            if len(lengths) and len(lengths) * int(lengths.max()) > self.micro_batch_tokens:
+                return False
+        return True
+
+    def _answer_alone(self, model_id: str, args: ForwardBackwardArgs) -> ShardOutput | TinkerServeError:
+        try:
+            return self.forward_backward(
+                model_id, args.loss_fn, args.loss_config, args.batch, args.forward_only, args.custom_loss
+            )
+        except TinkerServeError as exc:
+            return exc
 
     def _run_passes(
         self,
-        model: _Model,
+        model: LoadedModel,
         batch: PackedBatch,
         shard: PackedBatch,
         loss: LossStep,
@@ -170,7 +207,7 @@ class TrainingEngine:
         error: Exception | None = None
         for i in range(self._passes(batch, len(runs))):
             if i >= len(runs):  # backward only where the real passes have a loss to backpropagate
-                self._idle_pass(model, forward_only or not loss.applies(batch))
+                self.idle_pass(model, forward_only or not loss.applies(batch))
                 continue
             part = shard.select(np.arange(runs[i].start, runs[i].stop))
             outputs, loss_sum, stats, failure = self._pass(model, part, loss, forward_only)
@@ -186,11 +223,11 @@ class TrainingEngine:
         return max(len(micro_batches(lengths[r::world], self.micro_batch_tokens)) for r in range(world))
 
     def _pass(
-        self, model: _Model, part: PackedBatch, loss: LossStep, forward_only: bool
+        self, model: LoadedModel, part: PackedBatch, loss: LossStep, forward_only: bool
     ) -> tuple[dict[str, np.ndarray], float, dict[str, tuple[float, float]], Exception | None]:
         """One micro-batch's forward (and backward): its outputs, loss, metrics, and the loss's error if it failed."""
         with torch.set_grad_enabled(not forward_only):
-            input_ids, mask = self._padded(part)
+            input_ids, mask = padded([part], self.device)
             # Every host-to-device copy before the forward: a blocking copy waits for the work queued ahead of it.
             finish = loss.prepare(part)
             if model.value_head is None:
@@ -211,7 +248,7 @@ class TrainingEngine:
         arrays = {k: v.detach().to(torch.float32).cpu().numpy() for k, v in outputs.items()}
         return arrays, float(total.detach()), stats, error
 
-    def _idle_pass(self, model: _Model, forward_only: bool) -> None:
+    def idle_pass(self, model: LoadedModel, forward_only: bool) -> None:
         """A one-token pass with a zero loss, through the same modules as a real one: with a sharded base, a rank
         with fewer micro-batches than another still joins each weight gather."""
         input_ids = torch.zeros((1, 1), dtype=torch.long, device=self.device)
@@ -224,79 +261,75 @@ class TrainingEngine:
             if not forward_only:
                 (out.float().sum() * 0).backward()
 
-    def _padded(self, shard: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """The shard's datums as right-padded input ids and their attention mask, both [N, max_len]."""
-        lengths = shard.lengths
-        input_ids = torch.zeros((shard.num_datums, int(lengths.max())), dtype=torch.long)
-        mask = torch.zeros_like(input_ids)
-        for i in range(shard.num_datums):
-            input_ids[i, : lengths[i]] = torch.from_numpy(shard.tokens[shard.datum_slice(i)])
-            mask[i, : lengths[i]] = 1
-        return input_ids.to(self.device), mask.to(self.device)
-
-    def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, **kwargs: Any) -> Any:
+    def forward(self, input_ids: torch.Tensor, mask: torch.Tensor, **kwargs: Any) -> Any:
         """The adapted model's forward (no KV cache: nothing is generated)."""
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self._autocast):
             return self.pool.model(input_ids=input_ids, attention_mask=mask, use_cache=False, **kwargs)
 
     def _logits(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return self._forward(input_ids, mask).logits
+        return self.forward(input_ids, mask).logits
 
     def _target_logprobs(self, shard: PackedBatch, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Log-probabilities of target_tokens, flat over the shard: [T] or [T, K]."""
         targets = torch.from_numpy(shard.loss_inputs["target_tokens"]).to(self.device).long()
-        return target_logprobs(_unpadded(self._logits(input_ids, mask), shard.lengths), targets)
+        return target_logprobs(unpadded(self._logits(input_ids, mask), shard.lengths), targets)
 
     def _hidden(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The backbone's final hidden states [N, L, hidden]. The call goes through the whole model, as a policy's
         does (a sharded base gathers its outer weights there), with the LM head applied to the last position only."""
+        with self.capturing_hidden() as captured:
+            self.forward(input_ids, mask, logits_to_keep=1)
+        return captured[0]
+
+    @contextlib.contextmanager
+    def capturing_hidden(self) -> Iterator[list[torch.Tensor]]:
+        """Within it, each forward appends the backbone's final hidden states [N, L, hidden] to the list given."""
         captured: list[torch.Tensor] = []
         backbone = cast(torch.nn.Module, self.pool.model.get_base_model().base_model)  # a submodule, not a tensor
         hook = backbone.register_forward_hook(lambda _m, _args, out: captured.append(out.last_hidden_state))
         try:
-            self._forward(input_ids, mask, logits_to_keep=1)
+            yield captured
         finally:
             hook.remove()
-        return captured[0]
 
     def _values(
         self, head: torch.nn.Linear, shard: PackedBatch, input_ids: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:
         """The critic's value of each position (after reading that token), flat over the shard: [T]."""
-        return head(_unpadded(self._hidden(input_ids, mask), shard.lengths).float()).squeeze(-1)
+        return head(unpadded(self._hidden(input_ids, mask), shard.lengths).float()).squeeze(-1)
 
     def optim_step(self, model_id: str, hp: OptimParams) -> dict[str, float]:
         model = self._activate(model_id)
         if self.world_size > 1:
-            _all_reduce_sum_grads(model.params)
+            all_reduce_sum_grads(model.params)
         norm = apply_step(model.optimizer, model.params, hp)
         return {"grad_norm:mean": norm}
 
     # -- checkpoints: `out` is a directory to create, `directory` a local one to read -----------------
     def save_adapter(self, model_id: str, out: Path) -> None:
         """Write the model's adapter as a PEFT adapter directory (what samplers load)."""
-        checkpoint.write_adapter(self.pool.model, self._model(model_id).name, out)
+        checkpoint.write_adapter(self.pool.model, self.loaded(model_id).name, out)
 
     def save_state(self, model_id: str, out: Path) -> None:
         """Write a training checkpoint: adapter, value head, optimizer state and spec."""
-        model = self._model(model_id)
+        model = self.loaded(model_id)
         checkpoint.write_state(self.pool.model, model.name, model.spec, model.value_head, model.optimizer, out)
 
     def save_export(self, model_id: str, out: Path) -> None:
         """Write a download: a policy's PEFT adapter (Hugging Face format), or a critic's whole training state
         (its value head and spec are part of it)."""
-        save = self.save_state if self._model(model_id).spec.role == "critic" else self.save_adapter
+        save = self.save_state if self.loaded(model_id).spec.role == "critic" else self.save_adapter
         save(model_id, out)
 
     def capture_state(self, model_id: str) -> checkpoint.TrainingState:
         """A copy of the model's adapter, value head, optimizer state and spec (a snapshot to write)."""
-        model = self._model(model_id)
+        model = self.loaded(model_id)
         return checkpoint.capture_state(self.pool.model, model.name, model.spec, model.value_head, model.optimizer)
 
     def load_state(self, model_id: str, directory: Path, with_optimizer: bool) -> None:
         """Replace the model's weights (and optimizer state, or else a fresh optimizer) with a checkpoint's.
         Its spec must match the model's: same rank, adapted layers and role."""
-        model = self._model(model_id)
+        model = self.loaded(model_id)
         saved = checkpoint.read_spec(directory)
         if (saved.rank, saved.adapted(), saved.role, saved.alpha) != (
             model.spec.rank,
@@ -329,60 +362,8 @@ class TrainingEngine:
 
     def adapter_state(self, model_id: str) -> dict[str, torch.Tensor]:
         """The model's trainable parameters by name, value head included (tests compare them)."""
-        model = self._model(model_id)
+        model = self.loaded(model_id)
         state = {n: p.detach().clone() for n, p in self.pool.model.named_parameters() if f".{model.name}." in n}
         if model.value_head is not None:
             state.update({f"value_head.{n}": p.detach().clone() for n, p in model.value_head.named_parameters()})
         return state
-
-
-def _unpadded(padded: torch.Tensor, lengths: np.ndarray) -> torch.Tensor:
-    """The rows of right-padded `padded` [N, L, ...] that hold tokens, datums in order: [sum(lengths), ...]. What
-    `padded[mask.bool()]` gives, without the device sync of a boolean index, and a view when nothing is padded."""
-    n, width = padded.shape[:2]
-    flat = padded.reshape(n * width, *padded.shape[2:])
-    if bool((lengths == width).all()):
-        return flat
-    rows = np.concatenate([i * width + np.arange(length) for i, length in enumerate(lengths)])
-    return flat.index_select(0, torch.from_numpy(rows).to(padded.device))
-
-
-def _take_grads(params: list[torch.nn.Parameter]) -> list[torch.Tensor | None]:
-    """The gradients accumulated so far, taken off `params` (which start again from none)."""
-    taken = [p.grad for p in params]
-    for p in params:
-        p.grad = None
-    return taken
-
-
-def _give_back_grads(
-    params: list[torch.nn.Parameter], earlier: list[torch.Tensor | None], *, keep_current: bool
-) -> None:
-    """Put back what `_take_grads` took, with the gradients accumulated since added (`keep_current`) or dropped."""
-    for p, before in zip(params, earlier, strict=True):
-        if not keep_current or p.grad is None:
-            p.grad = before
-        elif before is not None:
-            p.grad.add_(before)
-
-
-def _any_rank_failed(failed: bool, device: torch.device) -> bool:
-    """Whether any rank failed the operation this one just ran (one small collective every rank joins)."""
-    flag = torch.tensor([1.0 if failed else 0.0], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
-
-
-def _all_reduce_sum_grads(params: list[torch.nn.Parameter]) -> None:
-    """Sum every rank's gradients of `params` with one collective over a flat buffer."""
-    grads: list[torch.Tensor] = []
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-        grads.append(p.grad)
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset : offset + g.numel()].view_as(g))
-        offset += g.numel()

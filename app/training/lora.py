@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from typing import cast
+
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
+from peft.tuners.lora.layer import Linear as LoraLinear
+from peft.tuners.lora.layer import ParamWrapper
 from peft.tuners.tuners_utils import BaseTunerLayer
 from transformers import PreTrainedModel
 
@@ -60,3 +66,36 @@ class AdapterPool:
     def activate(self, name: str) -> None:
         if self.model.active_adapter != name:
             self.model.set_adapter(name)
+
+    def can_mix(self) -> bool:
+        """Whether `segments` can give rows their own adapters: not once an adapter on an expert parameter
+        (`ParamWrapper`, MoE bases) is in the model, since the segments' deltas are added to Linear layers only."""
+        return not any(isinstance(m, ParamWrapper) for m in self.model.modules())
+
+    @contextlib.contextmanager
+    def segments(self, runs: list[tuple[str, int]]) -> Iterator[None]:
+        """Within it, the model's forward gives each consecutive run of rows its own adapter: `runs` lists (adapter
+        name, rows) in row order. Each adapted layer adds, per run, its adapter's LoRA product over that run's rows
+        (a split of the input, so the backward joins the runs' gradients with one concatenation), instead of PEFT's
+        gather and scatter per row index. Every adapter is left untrainable inside (PEFT's disable_adapter) and
+        on leaving (the active one trainable again): the caller says which learn, and runs their backward inside."""
+        sizes = [rows for _, rows in runs]
+
+        def add_deltas(module: LoraLinear, args: tuple[torch.Tensor, ...], output: torch.Tensor) -> torch.Tensor:
+            deltas = []
+            for (name, _), part in zip(runs, args[0].split(sizes), strict=True):
+                if name in module.lora_A:
+                    a, b = module.lora_A[name], module.lora_B[name]
+                    dtype = cast(torch.Tensor, a.weight).dtype
+                    deltas.append(b(a(module._cast_input_dtype(part, dtype))) * module.scaling[name])
+                else:  # an adapter of other layers
+                    deltas.append(part.new_zeros((*part.shape[:-1], output.shape[-1])))
+            return output + torch.cat(deltas).to(output.dtype)
+
+        hooks = [m.register_forward_hook(add_deltas) for m in self.model.modules() if isinstance(m, LoraLinear)]
+        try:
+            with self.model.disable_adapter():  # each layer computes its base alone; the hooks add the deltas
+                yield
+        finally:
+            for hook in hooks:
+                hook.remove()

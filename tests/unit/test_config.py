@@ -25,6 +25,7 @@ from app.config import (
     ServerConfig,
     TimeoutsConfig,
 )
+from app.sampling.cpu_env import replica_env
 
 ROOT = Path(__file__).resolve().parents[2]
 LOOPBACK = {"mode": "any_tml_key_on_loopback"}
@@ -228,6 +229,22 @@ def test_custom_resources_reach_workers_and_replicas() -> None:
     assert config.base_models[0].trainer_groups()[TINY["name"]].resources == {"trainer_node": 1}
     options = Sampler.deployment_options(config, TINY["name"])
     assert options["ray_actor_options"]["resources"] == {"sampler_node": 0.5}
+
+
+def test_a_cpu_sampler_preloads_tcmalloc_where_it_is_installed(tmp_path: Path) -> None:
+    """vLLM's CPU advice: the replica's environment preloads tcmalloc when the library is there, and not otherwise;
+    the sampler's own `env` can turn it off."""
+    from deployments.sampler import Sampler
+
+    installed = tmp_path / "libtcmalloc_minimal.so.4"
+    installed.write_bytes(b"")
+    assert replica_env(installed)["LD_PRELOAD"] == str(installed)
+    assert "LD_PRELOAD" not in replica_env(tmp_path / "missing.so")
+    config = ServerConfig(base_models=[{**TINY, "sampler": {"env": {"LD_PRELOAD": ""}}}], auth=LOOPBACK)
+    assert (
+        Sampler.deployment_options(config, TINY["name"])["ray_actor_options"]["runtime_env"]["env_vars"]["LD_PRELOAD"]
+        == ""
+    )
 
 
 def test_api_keys_mode_needs_keys_where_they_are_loaded(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -124,7 +124,7 @@ def test_critic_gradients_shard_exactly(engine: TrainingEngine) -> None:
         shards.append(e.forward_backward("critic-sharded", "ppo_critic", {"value_clip": 0.2}, data, forward_only=False))
     merged = merge_shards(batch.offsets, shards[1:])
     np.testing.assert_allclose(merged.outputs["elementwise_loss"], shards[0].outputs["elementwise_loss"], atol=1e-6)
-    single, *per_rank = (e._model("critic-sharded").params for e in (engine, *ranks))
+    single, *per_rank = (e.loaded("critic-sharded").params for e in (engine, *ranks))
     head_grad = single[-2].grad  # the value head's weight: zero-initialised, so only it has a gradient yet
     assert head_grad is not None and head_grad.abs().max() > 0
     for whole, *parts in zip(single, *per_rank):

@@ -129,7 +129,7 @@ def test_forward_only_leaves_no_gradients(engine: TrainingEngine) -> None:
     before = engine.adapter_state("frozen")
     forward(engine, "frozen", batch)
     forward(engine, "frozen", batch)
-    assert all(p.grad is None for p in engine._model("frozen").params)
+    assert all(p.grad is None for p in engine.loaded("frozen").params)
     metrics = engine.optim_step("frozen", AdamParams(learning_rate=1e-1, weight_decay=0.0))
     assert metrics == {"grad_norm:mean": 0.0}
     after = engine.adapter_state("frozen")
@@ -137,7 +137,7 @@ def test_forward_only_leaves_no_gradients(engine: TrainingEngine) -> None:
 
 
 def _exp_avg_norm(engine: TrainingEngine, model_id: str) -> float:
-    opt = engine._model(model_id).optimizer
+    opt = engine.loaded(model_id).optimizer
     return float(
         torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(s["exp_avg"]) for s in opt.state.values()]))
     )

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from app.training import logprobs
-from app.training.engine import _unpadded
+from app.training.rows import unpadded
 
 
 def _cpu_expression(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -56,4 +56,4 @@ def test_unpadded_equals_the_masked_rows(lengths: list[int]) -> None:
     mask = torch.zeros(padded.shape[:2], dtype=torch.bool)
     for i, length in enumerate(lengths):
         mask[i, :length] = True
-    assert torch.equal(_unpadded(padded, np.array(lengths)), padded[mask])
+    assert torch.equal(unpadded(padded, np.array(lengths)), padded[mask])

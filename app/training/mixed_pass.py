@@ -1,0 +1,160 @@
+"""Several models' forward(_backward)s on one base as one pass (app.training.engine.TrainingEngine.
+forward_backward_many): the rows of every request's shard in one padded batch, each row through its own model's
+adapter, the requests' losses summed into one backward. The adapters are distinct parameters, so each gradient
+holds its own model's loss alone, and each request keeps its answer, metrics and failure to itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from app.errors import TinkerServeError
+from app.messages import ForwardBackwardArgs, ShardOutput
+from app.training.grads import give_back_grads, take_grads
+from app.training.logprobs import target_logprobs
+from app.training.loss_step import LossResult, LossStep, Stats, loss_error
+from app.training.rows import padded, unpadded
+from app.training_data.batch import PackedBatch
+
+if TYPE_CHECKING:
+    from app.training.engine import LoadedModel, TrainingEngine
+
+Finish = Callable[[torch.Tensor], LossResult] | None  # a request's loss on its predictions (None: no loss inputs)
+
+
+@dataclass(eq=False)  # compared by identity
+class _Request:
+    """One request of the pass, once its model and loss are known: its shard and rows in the padded batch."""
+
+    model: LoadedModel
+    args: ForwardBackwardArgs
+    loss: LossStep
+    indices: np.ndarray  # the request's datums on this rank
+    shard: PackedBatch
+    rows: slice  # its rows in the pass's padded batch
+    earlier: list[torch.Tensor | None] | None = None  # the gradients before this request (backward only)
+    total: float = 0.0
+    outputs: dict[str, np.ndarray] | None = None
+    stats: Stats | None = None
+    error: Exception | None = None
+
+
+class MixedPass:
+    """One pass of several requests, each of a different model (app.training.engine.TrainingEngine.mix)."""
+
+    def __init__(self, engine: TrainingEngine, requests: Sequence[tuple[str, ForwardBackwardArgs]]) -> None:
+        self._engine = engine
+        self._failed: dict[int, TinkerServeError] = {}
+        self._live: list[tuple[int, _Request]] = []
+        row = 0
+        for i, (model_id, args) in enumerate(requests):
+            try:  # a model not loaded here, or a custom loss over its limits, fails that request alone
+                model = engine.loaded(model_id)
+                loss = LossStep(args.loss_fn, args.loss_config, args.custom_loss, engine.device, args.batch)
+            except TinkerServeError as exc:
+                self._failed[i] = exc
+                continue
+            indices = np.arange(engine.rank, args.batch.num_datums, engine.world_size, dtype=np.int64)
+            shard = args.batch.select(indices)
+            self._live.append((i, _Request(model, args, loss, indices, shard, slice(row, row + shard.num_datums))))
+            row += shard.num_datums
+        self._rows = row
+        self._count = len(requests)
+
+    def run(self) -> list[ShardOutput | TinkerServeError]:
+        """Each request's answer, in order."""
+        requests = [r for _, r in self._live]
+        learning = [r for r in requests if not r.args.forward_only and r.loss.applies(r.args.batch)]
+        for r in learning:
+            r.earlier = take_grads(r.model.params)
+        try:
+            self._pass(requests, learning)
+        except Exception:
+            for r in learning:  # a replicated base: the other ranks are not left waiting; drop what this added
+                give_back_grads(r.model.params, r.earlier or [], keep_current=False)
+            raise
+        finally:
+            for r in requests:  # as the engine keeps them (PEFT's set_adapter decides an adapter's own)
+                for p in r.model.params:
+                    p.requires_grad_(True)
+        answers = self._settle(requests)
+        return [self._failed[i] if i in self._failed else answers[i] for i in range(self._count)]
+
+    def _pass(self, requests: list[_Request], learning: list[_Request]) -> None:
+        """The forward of every row, each request's outputs and loss, and one backward of the learning ones'."""
+        engine, backward = self._engine, bool(learning)
+        if self._rows == 0:  # no datum of any request on this rank: a sharded base still joins the other ranks' pass
+            if engine.sharded and requests:
+                engine.idle_pass(requests[0].model, not backward)
+            return
+        present = [r for r in requests if r.shard.num_datums]
+        input_ids, mask = padded([r.shard for r in present], engine.device)
+        critics = any(r.model.value_head is not None for r in requests)
+        runs = [(r.model.name, r.shard.num_datums) for r in present]
+        # the backward inside too: a gradient reaches only a parameter that still requires it then
+        with torch.set_grad_enabled(backward), engine.pool.segments(runs):
+            finishes = [r.loss.prepare(r.shard) if r.shard.num_datums else None for r in requests]
+            for r in requests:  # the learning adapters take gradients (the others' rows would give them zeros)
+                for p in r.model.params:
+                    p.requires_grad_(r in learning)
+            with engine.capturing_hidden() as hidden:
+                logits = engine.forward(input_ids, mask).logits
+            total = logits.sum() * 0 if engine.sharded else None  # every rank's backward gathers the same weights
+            for r, finish in zip(requests, finishes, strict=True):
+                loss = self._predict_and_loss(r, finish, logits, hidden[0] if critics else None)
+                if loss is not None and r in learning and (r.error is None or engine.sharded):
+                    total = loss if total is None else total + loss
+            if backward and total is not None:
+                total.backward()
+
+    def _predict_and_loss(
+        self, r: _Request, finish: Finish, logits: torch.Tensor, hidden: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        """The request's prediction and outputs; its loss to backpropagate (None: no datum here, or no loss)."""
+        if not r.shard.num_datums:
+            r.outputs, r.stats = {}, {}
+            return None
+        lengths = r.shard.lengths
+        if r.model.value_head is None:
+            targets = torch.from_numpy(r.shard.loss_inputs["target_tokens"]).to(self._engine.device).long()
+            name, prediction = "logprobs", target_logprobs(unpadded(logits[r.rows], lengths), targets)
+        else:
+            assert hidden is not None
+            name, prediction = "values", r.model.value_head(unpadded(hidden[r.rows], lengths).float()).squeeze(-1)
+        outputs: dict[str, torch.Tensor] = {name: prediction}
+        loss: torch.Tensor | None = None
+        stats: Stats = {}
+        if finish is not None:
+            try:
+                loss, extra, stats = finish(prediction)
+                outputs.update(extra)
+            except Exception as exc:  # noqa: BLE001 - this request's failure, answered below
+                r.error, loss = exc, prediction.sum() * 0
+        r.outputs = {k: v.detach().to(torch.float32).cpu().numpy() for k, v in outputs.items()}
+        r.total, r.stats = (float(loss.detach()) if loss is not None else 0.0), stats
+        return loss
+
+    def _settle(self, requests: list[_Request]) -> dict[int, ShardOutput | TinkerServeError]:
+        """Each request keeps its gradients unless it failed on any rank; its answer or error, by position."""
+        engine = self._engine
+        failed = [r.error is not None for r in requests]
+        if engine.world_size > 1 and dist.is_initialized() and requests:  # one collective for every request
+            flags = torch.tensor([1.0 if f else 0.0 for f in failed], device=engine.device)
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+            failed = [bool(f) for f in flags.tolist()]
+        answers: dict[int, ShardOutput | TinkerServeError] = {}
+        for (i, r), lost in zip(self._live, failed, strict=True):
+            if r.earlier is not None:
+                give_back_grads(r.model.params, r.earlier, keep_current=not lost)
+            if r.error is not None:
+                answers[i] = loss_error(r.args.loss_fn, r.error)
+                continue
+            cost = r.loss.flops // engine.token_flops
+            answers[i] = ShardOutput(r.indices, r.shard.offsets, r.outputs or {}, r.total, r.stats or {}, cost)
+        return answers

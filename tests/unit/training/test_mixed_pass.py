@@ -1,0 +1,161 @@
+"""Several models' requests as one pass over the base (TrainingEngine.forward_backward_many) equal the same requests
+one after another: outputs, losses, metrics, gradients and the weights after an optimizer step, for every loss kind
+(built-in policy losses, stable_reinforce, a custom loss, a critic, a forward only), on the real tiny model.
+
+Tolerance: float32 on the CPU, where only the order of float additions differs (one GEMM over every model's rows
+instead of one per model): 2e-5 absolute on outputs and losses, 1e-5 on gradients and weights; measured ~1e-6.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from app.errors import NotFound, TinkerServeError
+from app.messages import AdamParams, AdapterSpec, ForwardBackwardArgs, ShardOutput
+from app.training.base_model import load_base_model
+from app.training.engine import TrainingEngine
+from app.training_data.batch import PackedBatch
+from app.training_data.custom_losses import CustomLossProgram
+from app.training_data.losses import SAMPLED_MASK, SAMPLER_LOGPROBS, resolve_config
+from tests.conftest import TINY_MODEL
+from tests.unit.training.custom_loss_graphs import clipped_pg, program
+from tests.unit.training.test_engine import make_batch
+
+OUTPUT_ATOL = 2e-5
+GRAD_ATOL = 1e-5
+ADAM = AdamParams(learning_rate=1e-2)
+
+
+def _policy_batch(lengths: list[int], seed: int) -> PackedBatch:
+    batch = make_batch(lengths, seed=seed)
+    rng = np.random.default_rng(seed + 100)
+    n = len(batch.tokens)
+    extra = {
+        "logprobs": rng.uniform(-9.0, -6.0, n).astype(np.float32),
+        "old_logprobs": rng.uniform(-9.0, -6.0, n).astype(np.float32),
+        "advantages": rng.normal(0.0, 1.0, n).astype(np.float32),
+        SAMPLER_LOGPROBS: rng.uniform(-9.0, -6.0, n).astype(np.float32),
+        SAMPLED_MASK: np.ones(n, np.float32),
+    }
+    return PackedBatch(batch.tokens, batch.offsets, {**batch.loss_inputs, **extra})
+
+
+def _critic_batch(lengths: list[int], seed: int) -> PackedBatch:
+    batch = make_batch(lengths, seed=seed)
+    rng = np.random.default_rng(seed + 200)
+    n = len(batch.tokens)
+    inputs = {"values": rng.normal(0, 0.1, n).astype(np.float32), "returns": rng.normal(0, 1, n).astype(np.float32)}
+    return PackedBatch(batch.tokens, batch.offsets, inputs)
+
+
+def _args(
+    loss_fn: str, batch: PackedBatch, forward_only: bool = False, custom: CustomLossProgram | None = None
+) -> ForwardBackwardArgs:
+    config = {} if custom is not None else resolve_config(loss_fn, {})
+    return ForwardBackwardArgs(loss_fn, config, forward_only, batch, custom)
+
+
+REQUESTS: list[tuple[str, AdapterSpec, ForwardBackwardArgs]] = [
+    ("ce", AdapterSpec(rank=8, seed=1), _args("cross_entropy", make_batch([7, 12, 3], seed=1))),
+    ("ppo", AdapterSpec(rank=4, seed=2), _args("ppo", _policy_batch([9, 5], seed=2))),
+    ("is", AdapterSpec(rank=8, seed=3), _args("importance_sampling", _policy_batch([4, 11, 6, 2], seed=3))),
+    ("stable", AdapterSpec(rank=8, seed=4), _args("stable_reinforce", _policy_batch([8, 8], seed=4))),
+    (
+        "custom",
+        AdapterSpec(rank=8, seed=5),
+        _args(
+            "custom",
+            _policy_batch([10, 3], seed=5),
+            custom=program(clipped_pg, {"logprobs": 1, "advantages": 1, "old_logprobs": 1}),
+        ),
+    ),
+    ("critic", AdapterSpec(rank=8, seed=6, role="critic"), _args("ppo_critic", _critic_batch([6, 9], seed=6))),
+    ("looker", AdapterSpec(rank=8, seed=7), _args("cross_entropy", make_batch([5, 13], seed=7), forward_only=True)),
+]
+
+
+def _engine(micro_batch_tokens: int = 16384) -> TrainingEngine:
+    engine = TrainingEngine(load_base_model(str(TINY_MODEL)), micro_batch_tokens=micro_batch_tokens)
+    for model_id, spec, _ in REQUESTS:
+        engine.create_model(model_id, spec)
+    return engine
+
+
+def _grads(engine: TrainingEngine, model_id: str) -> list[torch.Tensor | None]:
+    return [None if p.grad is None else p.grad.clone() for p in engine.loaded(model_id).params]
+
+
+def _assert_same_answer(mixed: ShardOutput | TinkerServeError, alone: ShardOutput | TinkerServeError) -> None:
+    assert isinstance(mixed, ShardOutput) and isinstance(alone, ShardOutput)
+    np.testing.assert_array_equal(mixed.datum_indices, alone.datum_indices)
+    assert mixed.outputs.keys() == alone.outputs.keys()
+    for name in alone.outputs:
+        np.testing.assert_allclose(mixed.outputs[name], alone.outputs[name], atol=OUTPUT_ATOL)
+    assert mixed.loss_sum == pytest.approx(alone.loss_sum, abs=OUTPUT_ATOL * 10)
+    assert mixed.stats.keys() == alone.stats.keys()
+    for name, (total, count) in alone.stats.items():
+        assert mixed.stats[name][0] == pytest.approx(total, abs=OUTPUT_ATOL * 10) and mixed.stats[name][1] == count
+    assert mixed.loss_cost_tokens == alone.loss_cost_tokens
+
+
+@pytest.fixture(scope="module")
+def engines() -> tuple[TrainingEngine, TrainingEngine]:
+    return _engine(), _engine()
+
+
+def test_one_pass_of_many_models_equals_them_one_after_another(engines) -> None:  # type: ignore[no-untyped-def]
+    mixed, alone = engines
+    requests = [(model_id, args) for model_id, _, args in REQUESTS]
+    assert mixed.mix(requests)
+    for _ in range(2):  # the second step starts from trained adapters and accumulated optimizer state
+        together = mixed.forward_backward_many(requests)
+        apart = [alone.forward_backward_many([request])[0] for request in requests]
+        for (model_id, _, args), got, want in zip(REQUESTS, together, apart, strict=True):
+            _assert_same_answer(got, want)
+            got_grads, want_grads = _grads(mixed, model_id), _grads(alone, model_id)
+            if args.forward_only:
+                assert all(g is None for g in got_grads + want_grads)
+                continue
+            assert max(float(w.abs().max()) for w in want_grads if w is not None) > 0  # it learns something
+            for g, w in zip(got_grads, want_grads, strict=True):
+                assert g is not None and w is not None
+                torch.testing.assert_close(g, w, atol=GRAD_ATOL, rtol=0)
+        for model_id, _, args in REQUESTS:
+            if not args.forward_only:
+                mixed.optim_step(model_id, ADAM)
+                alone.optim_step(model_id, ADAM)
+    for model_id, _, _ in REQUESTS:
+        for name, weight in alone.adapter_state(model_id).items():
+            torch.testing.assert_close(mixed.adapter_state(model_id)[name], weight, atol=GRAD_ATOL, rtol=0)
+
+
+def test_a_failed_request_fails_alone_and_keeps_no_gradient(engines) -> None:  # type: ignore[no-untyped-def]
+    mixed, alone = engines
+    good = _policy_batch([6, 4], seed=9)
+    wrong = np.zeros((len(good.tokens), 3), np.float32)  # advantages of the wrong shape: the loss fails on the worker
+    broken = PackedBatch(good.tokens, good.offsets, {**good.loss_inputs, "advantages": wrong})
+    requests = [
+        ("ce", REQUESTS[0][2]),
+        ("is", _args("importance_sampling", broken)),
+        ("nobody", REQUESTS[0][2]),
+        ("critic", REQUESTS[5][2]),
+    ]
+    before = _grads(mixed, "is")
+    answers = mixed.forward_backward_many(requests)
+    assert isinstance(answers[1], TinkerServeError) and isinstance(answers[2], NotFound)
+    for got, want in zip(before, _grads(mixed, "is"), strict=True):
+        assert (got is None and want is None) or torch.equal(got, want)  # type: ignore[arg-type]
+    _assert_same_answer(answers[0], alone.forward_backward_many([requests[0]])[0])
+    _assert_same_answer(answers[3], alone.forward_backward_many([requests[3]])[0])
+
+
+def test_requests_mix_only_within_one_micro_batch_and_once_per_model() -> None:
+    engine = _engine(micro_batch_tokens=64)
+    small = make_batch([8, 8], seed=1)
+    assert engine.mix([("ce", _args("cross_entropy", small)), ("is", _args("cross_entropy", small))])
+    assert not engine.mix([("ce", _args("cross_entropy", small)), ("ce", _args("cross_entropy", small))])
+    assert not engine.mix([("ce", _args("cross_entropy", small))])
+    big = make_batch([40, 40], seed=2)  # 2 x 40 + 2 x 40 padded tokens > 64
+    assert not engine.mix([("ce", _args("cross_entropy", big)), ("is", _args("cross_entropy", big))])
