@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import cast
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
@@ -15,6 +14,7 @@ from transformers import PreTrainedModel
 
 from app.messages import AdapterSpec
 from app.models.families import Family, family_of
+from app.training.grouped_lora import segment_deltas
 
 _PLACEHOLDER = "placeholder"  # keeps the PeftModel alive when no user adapter exists; never active
 
@@ -76,21 +76,12 @@ class AdapterPool:
     def segments(self, runs: list[tuple[str, int]]) -> Iterator[None]:
         """Within it, the model's forward gives each consecutive run of rows its own adapter: `runs` lists (adapter
         name, rows) in row order. Each adapted layer adds, per run, its adapter's LoRA product over that run's rows
-        (a split of the input, so the backward joins the runs' gradients with one concatenation), instead of PEFT's
-        gather and scatter per row index. Every adapter is left untrainable inside (PEFT's disable_adapter) and
+        (app.training.grouped_lora: batched over the adapters of one rank), instead of PEFT's gather and scatter per
+        row index and adapter. Every adapter is left untrainable inside (PEFT's disable_adapter) and
         on leaving (the active one trainable again): the caller says which learn, and runs their backward inside."""
-        sizes = [rows for _, rows in runs]
 
         def add_deltas(module: LoraLinear, args: tuple[torch.Tensor, ...], output: torch.Tensor) -> torch.Tensor:
-            deltas = []
-            for (name, _), part in zip(runs, args[0].split(sizes), strict=True):
-                if name in module.lora_A:
-                    a, b = module.lora_A[name], module.lora_B[name]
-                    dtype = cast(torch.Tensor, a.weight).dtype
-                    deltas.append(b(a(module._cast_input_dtype(part, dtype))) * module.scaling[name])
-                else:  # an adapter of other layers
-                    deltas.append(part.new_zeros((*part.shape[:-1], output.shape[-1])))
-            return output + torch.cat(deltas).to(output.dtype)
+            return output + segment_deltas(module, runs, args[0], output.shape[-1]).to(output.dtype)
 
         hooks = [m.register_forward_hook(add_deltas) for m in self.model.modules() if isinstance(m, LoraLinear)]
         try:

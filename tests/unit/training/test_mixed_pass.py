@@ -1,6 +1,7 @@
 """Several models' requests as one pass over the base (TrainingEngine.forward_backward_many) equal the same requests
 one after another: outputs, losses, metrics, gradients and the weights after an optimizer step, for every loss kind
-(built-in policy losses, stable_reinforce, a custom loss, a critic, a forward only), on the real tiny model.
+(built-in policy losses, stable_reinforce, a custom loss, a critic, a forward only), adapters of different ranks,
+scalings and layers, on the real tiny model.
 
 Tolerance: float32 on the CPU, where only the order of float additions differs (one GEMM over every model's rows
 instead of one per model): 2e-5 absolute on outputs and losses, 1e-5 on gradients and weights; measured ~1e-6.
@@ -73,6 +74,8 @@ REQUESTS: list[tuple[str, AdapterSpec, ForwardBackwardArgs]] = [
     ),
     ("critic", AdapterSpec(rank=8, seed=6, role="critic"), _args("ppo_critic", _critic_batch([6, 9], seed=6))),
     ("looker", AdapterSpec(rank=8, seed=7), _args("cross_entropy", make_batch([5, 13], seed=7), forward_only=True)),
+    # attention only, another alpha: no delta on the MLP layers, another scaling
+    ("attn", AdapterSpec(rank=8, seed=8, train_mlp=False, alpha=8.0), _args("cross_entropy", make_batch([5], seed=8))),
 ]
 
 
