@@ -22,29 +22,40 @@ def segment_deltas(module: LoraLinear, runs: list[tuple[str, int]], x: torch.Ten
             by_rank.setdefault(int(module.r[name]), []).append(i)
     deltas: list[torch.Tensor | None] = [None] * len(runs)
     for members in by_rank.values():
-        for i, delta in zip(members, _grouped(module, runs, parts, members), strict=True):
-            deltas[i] = delta
+        grouped = _grouped(module, runs, x, parts, members)
+        if len(members) == len(runs) and grouped.shape[1] * len(runs) == x.shape[0]:  # every run, none padded
+            return grouped.reshape(*x.shape[:-1], out)
+        sizes = [parts[i].shape[0] for i in members]
+        for i, delta, size in zip(members, grouped.unbind(), sizes, strict=True):
+            deltas[i] = delta[:size]
     return torch.cat(
         [d if d is not None else p.new_zeros((*p.shape[:-1], out)) for p, d in zip(parts, deltas, strict=True)]
     )
 
 
 def _grouped(
-    module: LoraLinear, runs: list[tuple[str, int]], parts: tuple[torch.Tensor, ...], members: list[int]
-) -> list[torch.Tensor]:
-    """The deltas of the runs `members` (adapters of one rank): x [G, longest, ..., in] @ A^T @ B^T, scaled."""
+    module: LoraLinear,
+    runs: list[tuple[str, int]],
+    x: torch.Tensor,
+    parts: tuple[torch.Tensor, ...],
+    members: list[int],
+) -> torch.Tensor:
+    """The deltas of the runs `members` (adapters of one rank), [G, longest, ..., out]: each run padded to the
+    longest, x @ A^T @ B^T, scaled."""
     names = [runs[i][0] for i in members]
     a = torch.stack([cast(torch.Tensor, module.lora_A[n].weight) for n in names])  # [G, r, in]
     b = torch.stack([cast(torch.Tensor, module.lora_B[n].weight) for n in names])  # [G, out, r]
     sizes = [parts[i].shape[0] for i in members]
     longest = max(sizes)
-    xs = torch.stack([_padded(parts[i], longest) for i in members])
+    if len(members) == len(parts) and longest * len(parts) == x.shape[0]:  # every run, none padded: a view of x
+        xs = x.view(len(parts), longest, *x.shape[1:])
+    else:
+        xs = torch.stack([_padded(parts[i], longest) for i in members])
     inner = xs.shape[2:-1]
     flat = module._cast_input_dtype(xs.reshape(len(members), -1, xs.shape[-1]), a.dtype)
     scale = torch.tensor([module.scaling[n] for n in names], dtype=a.dtype, device=a.device).view(-1, 1, 1)
     deltas = torch.bmm(torch.bmm(flat, a.transpose(1, 2)), b.transpose(1, 2)) * scale
-    deltas = deltas.view(len(members), longest, *inner, -1)
-    return [deltas[j, :size] for j, size in enumerate(sizes)]
+    return deltas.view(len(members), longest, *inner, -1)
 
 
 def _padded(part: torch.Tensor, rows: int) -> torch.Tensor:

@@ -30,14 +30,13 @@ Finish = Callable[[torch.Tensor], LossResult] | None  # a request's loss on its 
 
 @dataclass(eq=False)  # compared by identity
 class _Request:
-    """One request of the pass, once its model and loss are known: its shard and rows in the padded batch."""
+    """One request of the pass, once its model and loss are known, and its shard (its rows of the padded batch)."""
 
     model: LoadedModel
     args: ForwardBackwardArgs
     loss: LossStep
     indices: np.ndarray  # the request's datums on this rank
     shard: PackedBatch
-    rows: slice  # its rows in the pass's padded batch
     earlier: list[torch.Tensor | None] | None = None  # the gradients before this request (backward only)
     total: float = 0.0
     outputs: dict[str, np.ndarray] | None = None
@@ -62,7 +61,7 @@ class MixedPass:
                 continue
             indices = np.arange(engine.rank, args.batch.num_datums, engine.world_size, dtype=np.int64)
             shard = args.batch.select(indices)
-            self._live.append((i, _Request(model, args, loss, indices, shard, slice(row, row + shard.num_datums))))
+            self._live.append((i, _Request(model, args, loss, indices, shard)))
             row += shard.num_datums
         self._rows = row
         self._count = len(requests)
@@ -106,8 +105,12 @@ class MixedPass:
             with engine.capturing_hidden() as hidden:
                 logits = engine.forward(input_ids, mask).logits
             total = logits.sum() * 0 if engine.sharded else None  # every rank's backward gathers the same weights
-            for r, finish in zip(requests, finishes, strict=True):
-                loss = self._predict_and_loss(r, finish, logits, hidden[0] if critics else None)
+            # each request's rows by one split (its backward is one concatenation; a slice's fills a whole copy)
+            sizes = [r.shard.num_datums for r in requests]
+            own_logits = logits.split(sizes)
+            own_hidden = hidden[0].split(sizes) if critics else [None] * len(requests)
+            for r, finish, r_logits, r_hidden in zip(requests, finishes, own_logits, own_hidden, strict=True):
+                loss = self._predict_and_loss(r, finish, r_logits, r_hidden)
                 if loss is not None and r in learning and (r.error is None or engine.sharded):
                     total = loss if total is None else total + loss
             if backward and total is not None:
@@ -116,17 +119,18 @@ class MixedPass:
     def _predict_and_loss(
         self, r: _Request, finish: Finish, logits: torch.Tensor, hidden: torch.Tensor | None
     ) -> torch.Tensor | None:
-        """The request's prediction and outputs; its loss to backpropagate (None: no datum here, or no loss)."""
+        """The request's prediction and outputs from its rows' logits (or hidden states); its loss to backpropagate
+        (None: no datum here, or no loss)."""
         if not r.shard.num_datums:
             r.outputs, r.stats = {}, {}
             return None
         lengths = r.shard.lengths
         if r.model.value_head is None:
             targets = torch.from_numpy(r.shard.loss_inputs["target_tokens"]).to(self._engine.device).long()
-            name, prediction = "logprobs", target_logprobs(unpadded(logits[r.rows], lengths), targets)
+            name, prediction = "logprobs", target_logprobs(unpadded(logits, lengths), targets)
         else:
             assert hidden is not None
-            name, prediction = "values", r.model.value_head(unpadded(hidden[r.rows], lengths).float()).squeeze(-1)
+            name, prediction = "values", r.model.value_head(unpadded(hidden, lengths).float()).squeeze(-1)
         outputs: dict[str, torch.Tensor] = {name: prediction}
         loss: torch.Tensor | None = None
         stats: Stats = {}

@@ -154,6 +154,20 @@ def test_a_failed_request_fails_alone_and_keeps_no_gradient(engines) -> None:  #
     _assert_same_answer(answers[3], alone.forward_backward_many([requests[3]])[0])
 
 
+def test_runs_of_one_rank_and_size_equal_one_after_another(engines) -> None:  # type: ignore[no-untyped-def]
+    """Every adapter of one rank on every layer, the same number of rows each: the layers' deltas come from one
+    batched product over a view of the input (no padding, no gather)."""
+    mixed, alone = engines
+    models = ("ce", "is", "stable")  # rank 8 each, every layer
+    requests = [(m, _args("cross_entropy", make_batch([6, 9], seed=20 + i))) for i, m in enumerate(models)]
+    for got, request in zip(mixed.forward_backward_many(requests), requests, strict=True):
+        _assert_same_answer(got, alone.forward_backward_many([request])[0])
+    for model_id, _ in requests:
+        for g, w in zip(_grads(mixed, model_id), _grads(alone, model_id), strict=True):
+            assert g is not None and w is not None
+            torch.testing.assert_close(g, w, atol=GRAD_ATOL, rtol=0)
+
+
 def test_requests_mix_only_within_one_micro_batch_and_once_per_model() -> None:
     engine = _engine(micro_batch_tokens=64)
     small = make_batch([8, 8], seed=1)
