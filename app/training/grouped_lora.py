@@ -44,7 +44,6 @@ def _grouped(
     longest, x @ A^T @ B^T, scaled."""
     names = [runs[i][0] for i in members]
     a = torch.stack([cast(torch.Tensor, module.lora_A[n].weight) for n in names])  # [G, r, in]
-    b = torch.stack([cast(torch.Tensor, module.lora_B[n].weight) for n in names])  # [G, out, r]
     sizes = [parts[i].shape[0] for i in members]
     longest = max(sizes)
     if len(members) == len(parts) and longest * len(parts) == x.shape[0]:  # every run, none padded: a view of x
@@ -53,8 +52,13 @@ def _grouped(
         xs = torch.stack([_padded(parts[i], longest) for i in members])
     inner = xs.shape[2:-1]
     flat = module._cast_input_dtype(xs.reshape(len(members), -1, xs.shape[-1]), a.dtype)
-    scale = torch.tensor([module.scaling[n] for n in names], dtype=a.dtype, device=a.device).view(-1, 1, 1)
-    deltas = torch.bmm(torch.bmm(flat, a.transpose(1, 2)), b.transpose(1, 2)) * scale
+    # the scalings as Python floats (a tensor of them would be a copy to the device that waits for it)
+    scales = [float(module.scaling[n]) for n in names]
+    same = len(set(scales)) == 1
+    b = torch.stack([cast(torch.Tensor, module.lora_B[n].weight) * (1.0 if same else s) for n, s in zip(names, scales)])
+    deltas = torch.bmm(torch.bmm(flat, a.transpose(1, 2)), b.transpose(1, 2))  # [G, rows, out]
+    if same:
+        deltas = deltas * scales[0]
     return deltas.view(len(members), longest, *inner, -1)
 
 

@@ -98,7 +98,9 @@ class MixedPass:
         runs = [(r.model.name, r.shard.num_datums) for r in present]
         # the backward inside too: a gradient reaches only a parameter that still requires it then
         with torch.set_grad_enabled(backward), engine.pool.segments(runs):
+            # every copy to the device before the forward: a blocking copy waits for the work queued ahead of it
             finishes = [r.loss.prepare(r.shard) if r.shard.num_datums else None for r in requests]
+            targets = [self._targets(r) for r in requests]
             for r in requests:  # the learning adapters take gradients (the others' rows would give them zeros)
                 for p in r.model.params:
                     p.requires_grad_(r in learning)
@@ -109,28 +111,40 @@ class MixedPass:
             sizes = [r.shard.num_datums for r in requests]
             own_logits = logits.split(sizes)
             own_hidden = hidden[0].split(sizes) if critics else [None] * len(requests)
-            for r, finish, r_logits, r_hidden in zip(requests, finishes, own_logits, own_hidden, strict=True):
-                loss = self._predict_and_loss(r, finish, r_logits, r_hidden)
+            for r, finish, r_targets, r_logits, r_hidden in zip(
+                requests, finishes, targets, own_logits, own_hidden, strict=True
+            ):
+                loss = self._predict_and_loss(r, finish, r_targets, r_logits, r_hidden)
                 if loss is not None and r in learning and (r.error is None or engine.sharded):
                     total = loss if total is None else total + loss
             if backward and total is not None:
                 total.backward()
 
+    def _targets(self, r: _Request) -> torch.Tensor | None:
+        """A policy's target tokens on the device (None for a critic, or no datum here)."""
+        if r.model.value_head is not None or not r.shard.num_datums:
+            return None
+        return torch.from_numpy(r.shard.loss_inputs["target_tokens"]).to(self._engine.device).long()
+
     def _predict_and_loss(
-        self, r: _Request, finish: Finish, logits: torch.Tensor, hidden: torch.Tensor | None
+        self,
+        r: _Request,
+        finish: Finish,
+        targets: torch.Tensor | None,
+        logits: torch.Tensor,
+        hidden: torch.Tensor | None,
     ) -> torch.Tensor | None:
         """The request's prediction and outputs from its rows' logits (or hidden states); its loss to backpropagate
         (None: no datum here, or no loss)."""
         if not r.shard.num_datums:
             r.outputs, r.stats = {}, {}
             return None
-        lengths = r.shard.lengths
-        if r.model.value_head is None:
-            targets = torch.from_numpy(r.shard.loss_inputs["target_tokens"]).to(self._engine.device).long()
-            name, prediction = "logprobs", target_logprobs(unpadded(logits, lengths), targets)
+        lengths, head = r.shard.lengths, r.model.value_head
+        if head is not None and hidden is not None:
+            name, prediction = "values", head(unpadded(hidden, lengths).float()).squeeze(-1)
         else:
-            assert hidden is not None
-            name, prediction = "values", r.model.value_head(unpadded(hidden, lengths).float()).squeeze(-1)
+            assert targets is not None
+            name, prediction = "logprobs", target_logprobs(unpadded(logits, lengths), targets)
         outputs: dict[str, torch.Tensor] = {name: prediction}
         loss: torch.Tensor | None = None
         stats: Stats = {}
