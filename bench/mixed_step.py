@@ -60,6 +60,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (a worker runs 1)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--profile", action="store_true", help="then the profile of one pass of the most users")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     users = [int(u) for u in args.users.split(",")]
@@ -103,6 +104,10 @@ def main() -> None:
         rate = k * tokens / together
         cells = [apart * 1e3, together * 1e3, passing * 1e3]
         print(f"| {k} | " + " | ".join(f"{c:.1f}" for c in cells) + f" | {rate:,.0f} | {rate / (tokens / solo):.2f}x |")
+    if args.profile:
+        with torch.profiler.profile() as prof:
+            synced(lambda: forward_backward_pass(max(users)))()
+        print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25, max_name_column_width=50))
 
 
 if __name__ == "__main__":
