@@ -98,7 +98,7 @@ def blamed(commands: Sequence[WorkerCommand], running: Collection[str]) -> list[
 
 def largest_pass_tokens(lengths: np.ndarray, world_size: int, micro_batch_tokens: int) -> int:
     """The tokens of the largest forward/backward pass a rank runs: rank r takes datums r, r + world_size, ...
-    (app.training.engine.shard_indices) in micro-batches padded to their longest (app.training.micro_batches)."""
+    (app.training.rows.shard_indices) in micro-batches padded to their longest (app.training.micro_batches)."""
     passes: list[np.ndarray] = []
     for rank in range(world_size):
         own = lengths[rank::world_size]

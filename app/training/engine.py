@@ -15,27 +15,22 @@ from typing import Any, cast
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from app.errors import NotFound, TinkerServeError, UserError
 from app.messages import AdapterSpec, ForwardBackwardArgs, OptimParams, ShardOutput
 from app.training import checkpoint
-from app.training.grads import all_reduce_sum_grads, any_rank_failed, give_back_grads, take_grads
+from app.training.grads import all_reduce_sum_grads, failed_on_any_rank, give_back_grads, take_grads
 from app.training.logprobs import target_logprobs
 from app.training.lora import AdapterPool
 from app.training.loss_step import LossStep, Stats, joined, loss_error
 from app.training.micro_batches import micro_batches
 from app.training.mixed_pass import MixedPass
 from app.training.optim import apply_step, make_optimizer
-from app.training.rows import padded, unpadded
+from app.training.rows import padded, shard_indices, unpadded
 from app.training_data.batch import PackedBatch
 from app.training_data.custom_losses import CustomLossProgram
 
 DEFAULT_MICRO_BATCH_TOKENS = 16384
-
-
-def shard_indices(num_datums: int, rank: int, world_size: int) -> np.ndarray:
-    return np.arange(rank, num_datums, world_size, dtype=np.int64)
 
 
 @dataclass
@@ -151,9 +146,7 @@ class TrainingEngine:
                 raise
             raised = exc
         if earlier is not None:  # every rank keeps this op's gradients, or none does
-            failed = error is not None or raised is not None
-            if self.world_size > 1 and dist.is_initialized():  # ranks simulated in one process have no group
-                failed = any_rank_failed(failed, self.device)
+            (failed,) = failed_on_any_rank([error is not None or raised is not None], self.device)
             give_back_grads(model.params, earlier, keep_current=not failed)
         if raised is not None:
             raise raised

@@ -25,11 +25,14 @@ def give_back_grads(
             p.grad.add_(before)
 
 
-def any_rank_failed(failed: bool, device: torch.device) -> bool:
-    """Whether any rank failed the operation this one just ran (one small collective every rank joins)."""
-    flag = torch.tensor([1.0 if failed else 0.0], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
+def failed_on_any_rank(failed: list[bool], device: torch.device) -> list[bool]:
+    """For each operation this rank just ran, whether any rank failed it: one small collective every rank joins
+    (ranks simulated in one process have no group, and answer for themselves)."""
+    if not failed or not dist.is_initialized() or dist.get_world_size() == 1:
+        return failed
+    flags = torch.tensor([1.0 if f else 0.0 for f in failed], device=device)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    return [bool(f) for f in flags.tolist()]
 
 
 def all_reduce_sum_grads(params: list[torch.nn.Parameter]) -> None:

@@ -12,14 +12,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from app.errors import TinkerServeError
 from app.messages import ForwardBackwardArgs, ShardOutput
-from app.training.grads import give_back_grads, take_grads
+from app.training.grads import failed_on_any_rank, give_back_grads, take_grads
 from app.training.logprobs import target_logprobs
 from app.training.loss_step import LossResult, LossStep, Stats, loss_error
-from app.training.rows import padded, unpadded
+from app.training.rows import padded, shard_indices, unpadded
 from app.training_data.batch import PackedBatch
 
 if TYPE_CHECKING:
@@ -51,7 +50,6 @@ class MixedPass:
         self._engine = engine
         self._failed: dict[int, TinkerServeError] = {}
         self._live: list[tuple[int, _Request]] = []
-        row = 0
         for i, (model_id, args) in enumerate(requests):
             try:  # a model not loaded here, or a custom loss over its limits, fails that request alone
                 model = engine.loaded(model_id)
@@ -59,12 +57,8 @@ class MixedPass:
             except TinkerServeError as exc:
                 self._failed[i] = exc
                 continue
-            indices = np.arange(engine.rank, args.batch.num_datums, engine.world_size, dtype=np.int64)
-            shard = args.batch.select(indices)
-            self._live.append((i, _Request(model, args, loss, indices, shard)))
-            row += shard.num_datums
-        self._rows = row
-        self._count = len(requests)
+            indices = shard_indices(args.batch.num_datums, engine.rank, engine.world_size)
+            self._live.append((i, _Request(model, args, loss, indices, args.batch.select(indices))))
 
     def run(self) -> list[ShardOutput | TinkerServeError]:
         """Each request's answer, in order."""
@@ -83,16 +77,16 @@ class MixedPass:
                 for p in r.model.params:
                     p.requires_grad_(True)
         answers = self._settle(requests)
-        return [self._failed[i] if i in self._failed else answers[i] for i in range(self._count)]
+        return [self._failed[i] if i in self._failed else answers[i] for i in range(len(self._failed) + len(answers))]
 
     def _pass(self, requests: list[_Request], learning: list[_Request]) -> None:
         """The forward of every row, each request's outputs and loss, and one backward of the learning ones'."""
         engine, backward = self._engine, bool(learning)
-        if self._rows == 0:  # no datum of any request on this rank: a sharded base still joins the other ranks' pass
+        present = [r for r in requests if r.shard.num_datums]
+        if not present:  # no datum of any request on this rank: a sharded base still joins the other ranks' pass
             if engine.sharded and requests:
                 engine.idle_pass(requests[0].model, not backward)
             return
-        present = [r for r in requests if r.shard.num_datums]
         input_ids, mask = padded([r.shard for r in present], engine.device)
         critics = any(r.model.value_head is not None for r in requests)
         runs = [(r.model.name, r.shard.num_datums) for r in present]
@@ -161,11 +155,7 @@ class MixedPass:
     def _settle(self, requests: list[_Request]) -> dict[int, ShardOutput | TinkerServeError]:
         """Each request keeps its gradients unless it failed on any rank; its answer or error, by position."""
         engine = self._engine
-        failed = [r.error is not None for r in requests]
-        if engine.world_size > 1 and dist.is_initialized() and requests:  # one collective for every request
-            flags = torch.tensor([1.0 if f else 0.0 for f in failed], device=engine.device)
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-            failed = [bool(f) for f in flags.tolist()]
+        failed = failed_on_any_rank([r.error is not None for r in requests], engine.device)  # one collective
         answers: dict[int, ShardOutput | TinkerServeError] = {}
         for (i, r), lost in zip(self._live, failed, strict=True):
             if r.earlier is not None:

@@ -10,6 +10,11 @@ import torch
 from app.training_data.batch import PackedBatch
 
 
+def shard_indices(num_datums: int, rank: int, world_size: int) -> np.ndarray:
+    """The datums of a request that are this rank's: every world_size-th from `rank`."""
+    return np.arange(rank, num_datums, world_size, dtype=np.int64)
+
+
 def padded(shards: Sequence[PackedBatch], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """The shards' datums, in order, as right-padded input ids and their attention mask, both [N, max_len]."""
     longest = max(int(shard.lengths.max()) for shard in shards)
