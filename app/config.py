@@ -156,6 +156,14 @@ class WorkerGroupConfig(Strict):
         "the rest wait in the Trainer, where the next run is chosen fairly across users (large: every run is sent as "
         "it becomes ready)",
     )
+    mixed_pass_models: int = Field(
+        8,
+        ge=1,
+        description="ready forward/forward_backwards of up to this many models (any users) run as one pass over "
+        "the base, each row through its own model's adapter, when together they fit one micro-batch on every rank "
+        "(micro_batch_tokens) and the base is not a mixture of experts; each is charged its own tokens in the fair "
+        "share, as if it ran alone (1: one model at a time)",
+    )
     fixed_op_cost_tokens: int = Field(
         64,
         ge=0,

@@ -125,13 +125,33 @@ class RemoveModelCommand(_ServesNoRequest):
 
 
 @dataclass(frozen=True)
+class PassMember:
+    """One request of a pass that ran several models' forward(_backward)s together: its model's adapter and its
+    datums' lengths, which is all its rows' share of the pass depends on."""
+
+    spec: AdapterSpec
+    lengths: np.ndarray
+
+
+@dataclass(frozen=True)
+class PassLayout:
+    """The shape of a mixed pass (app.training.mixed_pass) and which of its members an operation was: what replays
+    that operation bit for bit when its model is rebuilt, with stand-ins of the same shape for the other members."""
+
+    members: tuple[PassMember, ...]
+    own: int
+
+
+@dataclass(frozen=True)
 class ForwardBackwardCommand:
-    """Run the rank's shard of the batch. Reply: a ShardOutput."""
+    """Run the rank's shard of the batch. Reply: a ShardOutput. Consecutive ones of distinct models in a message run
+    as one pass where they can (app.ranks.execute). `replay`: rerun it as it ran in that mixed pass (a rebuild)."""
 
     name: ClassVar[str] = "forward_backward"
     model_id: str
     args: ForwardBackwardArgs
     request_id: str = ""
+    replay: PassLayout | None = None
 
 
 @dataclass(frozen=True)
@@ -209,6 +229,7 @@ class ShardOutput:
     # a custom loss's estimated compute over the whole request, in tokens of the base's training (what it costs in
     # the fair share beyond the request's tokens)
     loss_cost_tokens: int = 0
+    layout: PassLayout | None = None  # when it ran in a pass with other models' requests: that pass's shape
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.db import journal_codec
 from app.db.group_commit import group_commit
 from app.db.schema import futures, journal, snapshots
-from app.messages import CreateModel, SequencedOp
+from app.messages import CreateModel, PassLayout, SequencedOp
 
 KEPT_SNAPSHOTS = 2
 
@@ -33,6 +33,7 @@ class JournalEntry:
     op: CreateModel | SequencedOp
     state: str  # its future's: pending | completed | failed
     worker_deaths: int = 0  # how often the training workers died while it ran
+    layout: PassLayout | None = None  # the mixed pass it ran in, if it ran in one (what replays it)
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,14 @@ class JournalStore:
     async def entries(self, model_id: str) -> list[JournalEntry]:
         """The model's journal in seq_id order, each with its future's state."""
         query = (
-            select(journal.c.seq_id, journal.c.request_id, journal.c.op, journal.c.worker_deaths, futures.c.state)
+            select(
+                journal.c.seq_id,
+                journal.c.request_id,
+                journal.c.op,
+                journal.c.worker_deaths,
+                journal.c.layout,
+                futures.c.state,
+            )
             .join(futures, futures.c.request_id == journal.c.request_id, isouter=True)
             .where(journal.c.model_id == model_id)
             .order_by(journal.c.seq_id)
@@ -73,9 +81,22 @@ class JournalStore:
         async with self._db.connect() as conn:
             rows = (await conn.execute(query)).all()
         return [
-            JournalEntry(r.seq_id, r.request_id, journal_codec.decode(r.op), r.state or "failed", r.worker_deaths)
+            JournalEntry(
+                r.seq_id,
+                r.request_id,
+                journal_codec.decode(r.op),
+                r.state or "failed",
+                r.worker_deaths,
+                None if r.layout is None else journal_codec.decode_tree(r.layout),
+            )
             for r in rows
         ]
+
+    async def record_layout(self, model_id: str, seq_id: int, layout: PassLayout) -> None:
+        """Record the mixed pass the operation ran in (before its future completes: a rebuild replays it so)."""
+        blob = journal_codec.encode_tree(layout)
+        statement = update(journal).where(journal.c.model_id == model_id, journal.c.seq_id == seq_id)
+        await self._writes.run(lambda conn: conn.execute(statement.values(layout=blob)))
 
     async def charge_worker_death(self, request_ids: Collection[str]) -> dict[str, int]:
         """Count a death of the training workers against each of these operations (they were running); returns how

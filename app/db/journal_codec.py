@@ -17,7 +17,17 @@ import msgpack
 import numpy as np
 
 from app.db.checkpoints import CheckpointRecord
-from app.messages import AdamParams, AdapterSpec, CreateModel, DimuonParams, ForwardBackwardArgs, SequencedOp, Skip
+from app.messages import (
+    AdamParams,
+    AdapterSpec,
+    CreateModel,
+    DimuonParams,
+    ForwardBackwardArgs,
+    PassLayout,
+    PassMember,
+    SequencedOp,
+    Skip,
+)
 from app.operations import OPERATIONS
 from app.storage.paths import CheckpointPath
 from app.training_data.batch import PackedBatch
@@ -39,6 +49,8 @@ RECORD_TYPES: dict[str, type] = {  # every operation's message (app.operations),
         ForwardBackwardArgs,
         LossNode,
         PackedBatch,
+        PassLayout,
+        PassMember,
         Skip,
         *OPERATIONS,
     )
@@ -74,6 +86,14 @@ def encode_tree(value: Any) -> bytes:
 
 def decode(blob: bytes) -> CreateModel | SequencedOp:
     """The operation a journal blob holds."""
+    op = decode_tree(blob)
+    if not isinstance(op, _OPERATIONS):
+        raise JournalFormatError(f"a journal entry holds a {type(op).__name__}, not an operation")
+    return op
+
+
+def decode_tree(blob: bytes) -> Any:
+    """The value a blob of `encode_tree` holds."""
     if blob[: len(MAGIC)] != MAGIC or len(blob) <= len(MAGIC):
         raise JournalFormatError("not a tinker-serve journal entry (unknown header)")
     version = blob[len(MAGIC)]
@@ -81,10 +101,7 @@ def decode(blob: bytes) -> CreateModel | SequencedOp:
         raise JournalFormatError(
             f"journal entry in format {version}; this release reads format {FORMAT}: use the release that wrote it"
         )
-    op = _unpack(blob[len(MAGIC) + 1 :])
-    if not isinstance(op, _OPERATIONS):
-        raise JournalFormatError(f"a journal entry holds a {type(op).__name__}, not an operation")
-    return op
+    return _unpack(blob[len(MAGIC) + 1 :])
 
 
 def _pack(value: Any) -> bytes:

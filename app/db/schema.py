@@ -227,6 +227,9 @@ journal = Table(
     Column("created_at", Float, nullable=False),
     # how often the training workers died while it ran: at timeouts.max_worker_deaths_per_operation it fails
     Column("worker_deaths", Integer, nullable=False, server_default="0"),
+    # a forward_backward that ran in one pass with other models': that pass's shape (app.messages.PassLayout), what
+    # replays it bit for bit
+    Column("layout", LargeBinary, nullable=True),
 )
 
 snapshots = Table(

@@ -13,7 +13,7 @@ import torch
 
 from app.config import WorkerGroupConfig
 from app.models.precision import resolve_dtype
-from app.ranks.execute import execute
+from app.ranks.execute import execute_message
 from app.ranks.snapshots import SnapshotWriter
 from app.storage.objects import ObjectStorage
 from app.trainer.mailbox import Answer, Message, Stop
@@ -84,4 +84,4 @@ def command_loop(config: dict) -> None:
             snapshots.flush()
             return
         msg_id, commands = message
-        answer = (msg_id, [execute(engine, storage, snapshots, cmd) for cmd in commands])
+        answer = (msg_id, execute_message(engine, storage, snapshots, commands))

@@ -1,4 +1,4 @@
-"""How one rank executes a worker command (app.messages.WorkerCommand) against its TrainingEngine."""
+"""How one rank executes a message's worker commands (app.messages.WorkerCommand) against its TrainingEngine."""
 
 from __future__ import annotations
 
@@ -62,6 +62,8 @@ def _snapshot(engine: TrainingEngine, snapshots: SnapshotWriter, cmd: SnapshotCo
 
 def _run(engine: TrainingEngine, storage: ObjectStorage, snapshots: SnapshotWriter, cmd: WorkerCommand) -> RankReply:
     match cmd:
+        case ForwardBackwardCommand(model_id=model_id, args=args, replay=replay) if replay is not None:
+            return engine.replay(model_id, args, replay)
         case ForwardBackwardCommand(model_id=model_id, args=args):
             return engine.forward_backward(
                 model_id, args.loss_fn, args.loss_config, args.batch, args.forward_only, args.custom_loss
@@ -85,22 +87,72 @@ def _run(engine: TrainingEngine, storage: ObjectStorage, snapshots: SnapshotWrit
     return None
 
 
+def execute_message(
+    engine: TrainingEngine, storage: ObjectStorage, snapshots: SnapshotWriter, commands: list[Shipped]
+) -> list[RankReply]:
+    """Run a message's commands in order, one reply each. Consecutive forward(_backward)s of distinct models (what
+    the Trainer sends when it mixes models' operations) go to the engine together, which runs them as one pass when
+    they mix."""
+    replies: list[RankReply] = []
+    i = 0
+    while i < len(commands):
+        together = _forwards_from(commands, i)
+        if len(together) < 2:
+            replies.append(execute(engine, storage, snapshots, commands[i]))
+            i += 1
+            continue
+        replies += _execute_together(engine, together)
+        i += len(together)
+    return replies
+
+
+Forward = ForwardBackwardCommand | StoredForwardBackward
+
+
+def _forwards_from(commands: list[Shipped], start: int) -> list[Forward]:
+    """The consecutive forward(_backward)s of distinct models at `start`."""
+    together: list[Forward] = []
+    for cmd in commands[start:]:
+        if not isinstance(cmd, ForwardBackwardCommand | StoredForwardBackward) or any(
+            cmd.model_id == other.model_id for other in together
+        ):
+            break
+        together.append(cmd)
+    return together
+
+
+def _execute_together(engine: TrainingEngine, shipped: list[Forward]) -> list[RankReply]:
+    try:
+        commands = [cmd.command() if isinstance(cmd, StoredForwardBackward) else cmd for cmd in shipped]
+        requests = [(cmd.model_id, cmd.args) for cmd in commands]
+        answers = engine.forward_backward_many(requests)
+    except Exception as exc:  # noqa: BLE001 - a reply says why; the loop keeps serving
+        body = _failure(engine, "forward_backward", ", ".join(cmd.model_id for cmd in shipped), exc, forward=True)
+        return [body] * len(shipped)
+    return [CommandError(a.to_body()) if isinstance(a, TinkerServeError) else a for a in answers]
+
+
 def execute(engine: TrainingEngine, storage: ObjectStorage, snapshots: SnapshotWriter, cmd: Shipped) -> RankReply:
     """Run one command on this rank; errors come back as CommandError instead of killing the loop."""
     try:
         return _run(engine, storage, snapshots, cmd.command() if isinstance(cmd, StoredForwardBackward) else cmd)
-    except TinkerServeError as exc:
-        return CommandError(exc.to_body())
-    except Exception as exc:  # logged, reported, and the loop keeps serving
+    except Exception as exc:  # noqa: BLE001 - a reply says why; the loop keeps serving
         name = getattr(cmd, "name", type(cmd).__name__)  # (not a command at all: what was sent instead)
-        logger.exception("rank %d: %s of model %r failed", engine.rank, name, getattr(cmd, "model_id", ""))
         forward = isinstance(cmd, ForwardBackwardCommand | StoredForwardBackward)
-        if forward and (engine.sharded or isinstance(exc, torch.OutOfMemoryError)):
-            # Mid-pass: with a sharded base the other ranks wait in a weight gather this rank will not join, and an
-            # out-of-memory error leaves this model's gradients partial. This rank ends instead: the group restarts,
-            # every model is rebuilt exactly from its snapshot and journal, and the death is charged to this
-            # operation, which is given up, with a user error, once charged twice (app.trainer.worker_deaths).
-            logger.error("rank %d: ending this worker so the group restarts in step", engine.rank)
-            os._exit(70)
-        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        return CommandError(ServerError(f"{name} failed on a worker: {detail}").to_body())
+        return _failure(engine, name, getattr(cmd, "model_id", ""), exc, forward)
+
+
+def _failure(engine: TrainingEngine, name: str, model_ids: str, exc: Exception, forward: bool) -> CommandError:
+    """The reply of a command that raised `exc`; a user's error as it is, anything else logged as a server error."""
+    if isinstance(exc, TinkerServeError):
+        return CommandError(exc.to_body())
+    logger.exception("rank %d: %s of model %r failed", engine.rank, name, model_ids)
+    if forward and (engine.sharded or isinstance(exc, torch.OutOfMemoryError)):
+        # Mid-pass: with a sharded base the other ranks wait in a weight gather this rank will not join, and an
+        # out-of-memory error leaves this model's gradients partial. This rank ends instead: the group restarts,
+        # every model is rebuilt exactly from its snapshot and journal, and the death is charged to this
+        # operation, which is given up, with a user error, once charged twice (app.trainer.worker_deaths).
+        logger.error("rank %d: ending this worker so the group restarts in step", engine.rank)
+        os._exit(70)
+    detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    return CommandError(ServerError(f"{name} failed on a worker: {detail}").to_body())

@@ -24,20 +24,29 @@ class FairShare:
         self._credit: dict[str, int] = {}
         self._models: dict[str, list[str]] = {}  # per user: their models, least recently served first
 
-    def pick(self, ready: Mapping[str, Sequence[str]], cost: Callable[[str], int]) -> tuple[str, str, int]:
+    def pick(
+        self,
+        ready: Mapping[str, Sequence[str]],
+        cost: Callable[[str], int],
+        among: Mapping[str, Sequence[str]] | None = None,
+    ) -> tuple[str, str, int]:
         """(user, model, credit): whose model runs next and the tokens it may spend now (at least the cost of its
         next operation). `ready`: each user's models whose next operation is ready (non-empty); `cost(model)`: the
-        cost of that model's next operation."""
+        cost of that model's next operation. `among`: when given (non-empty, within `ready`), the choice is of these
+        models only (those that can join a pass being formed), while every user in `ready` keeps their place and
+        credit."""
         joined = [user for user in ready if user not in self._round]
         self._round = joined + [user for user in self._round if user in ready]
         kept = {user: credit for user, credit in self._credit.items() if user in ready or credit < 0}  # debts stay
         self._credit = kept | {user: kept.get(user, 0) for user in self._round}
-        model_of = {user: self._next_model(user, ready[user]) for user in self._round}
-        shortfall = {user: cost(model_of[user]) - self._credit[user] for user in self._round}
+        choices = ready if among is None else among
+        candidates = [user for user in self._round if choices.get(user)]
+        model_of = {user: self._next_model(user, choices[user]) for user in candidates}
+        shortfall = {user: cost(model_of[user]) - self._credit[user] for user in candidates}
         grant = max(0, min(shortfall.values()) + self._extra)  # nothing while someone has that much to spare
         for user in self._round:
             self._credit[user] += grant
-        user = next(user for user in self._round if shortfall[user] <= grant)
+        user = next(user for user in candidates if shortfall[user] <= grant)
         return user, model_of[user], self._credit[user]
 
     def charge(self, user: str, model: str, spent: int) -> None:

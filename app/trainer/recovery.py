@@ -8,12 +8,14 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 from app.db.journal import KEPT_SNAPSHOTS, JournalEntry, JournalStore, Snapshot
 from app.errors import GroupRestarted, ServerError, TinkerServeError
 from app.messages import (
     CreateModel,
     CreateModelCommand,
+    ForwardBackwardCommand,
     LoadStateCommand,
     RemoveModelCommand,
     Replies,
@@ -204,6 +206,14 @@ def _rebuild_commands(
             LoadStateCommand(model_id, snapshot.location, with_optimizer=True),
         ]
     after = snapshot.seq_id if snapshot is not None else 0
-    replay = [e.op for e in entries if e.seq_id > after and e.state == "completed" and changes_model(e.op)]
-    commands += [operation(op).command(model_id, op) for op in replay if not isinstance(op, CreateModel)]
+    replay = [e for e in entries if e.seq_id > after and e.state == "completed" and changes_model(e.op)]
+    commands += [_replay_command(model_id, e) for e in replay if not isinstance(e.op, CreateModel)]
     return commands, len(replay)
+
+
+def _replay_command(model_id: str, entry: JournalEntry) -> WorkerCommand:
+    """What reruns a completed operation exactly: its command, as it ran in its mixed pass if it ran in one."""
+    command = operation(cast(SequencedOp, entry.op)).command(model_id, cast(SequencedOp, entry.op))
+    if entry.layout is not None and isinstance(command, ForwardBackwardCommand):
+        return replace(command, replay=entry.layout)
+    return command

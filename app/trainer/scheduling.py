@@ -23,10 +23,11 @@ from app.trainer.fair_share import FairShare
 Op = TypeVar("Op")
 logger = logging.getLogger("tinker_serve.scheduling")
 
-# dispatch(model_id, ops) must send `ops` before it returns, and give back an awaitable of one result
-# (or exception) per op; the run holds its dispatch slot until that awaitable is done.
-Dispatch = Callable[[str, list[Op]], Awaitable[list[Any]]]
+# dispatch([(model_id, ops), ...]) must send the runs (one model's consecutive ops each) before it returns, and give
+# back an awaitable of one result (or exception) per op, in order; the runs hold one dispatch slot until it is done.
+Dispatch = Callable[[list[tuple[str, list[Op]]]], Awaitable[list[Any]]]
 Cost = Callable[[Op], int]  # an operation's cost in the fair share (tokens)
+Mixes = Callable[[list[Op]], bool]  # whether ops at the heads of distinct models' queues may run as one pass
 
 
 @dataclass
@@ -54,17 +55,22 @@ class SeqScheduler(Generic[Op]):
         max_dispatched_runs: int | None = None,
         cost: Cost | None = None,
         extra_credit: int = 0,
+        mixes: Mixes | None = None,
     ) -> None:
         """`gap_timeout_s`: how long operations wait for a missing earlier seq_id before it is skipped
         (a submit rejected before its seq_id could be read never arrives; the SDK retries a submit for
         up to 300 s, so the default waits longer than that). `max_dispatched_runs`: runs at the worker group at
         once (None: every run is sent as soon as it is ready, in arrival order). `cost`: each op's cost in the fair
-        share (default 0: a ready run leaves whole, up to `max_batch`); `extra_credit`: see app.trainer.fair_share."""
+        share (default 0: a ready run leaves whole, up to `max_batch`); `extra_credit`: see app.trainer.fair_share.
+        `mixes`: when given, a run whose first op mixes is dispatched together with the runs of other models whose
+        first ops mix with it (one dispatch slot, one pass on the workers), each chosen and charged by the fair share
+        as if it went alone."""
         self._dispatch = dispatch
         self._max_batch = max_batch
         self._gap_timeout_s = gap_timeout_s
         self._max_dispatched = max_dispatched_runs
         self._cost: Cost = cost or (lambda _: 0)
+        self._mixes = mixes
         self._fair = FairShare(extra_credit)
         self._dispatched = 0  # runs sent whose awaitable is not done
         self._queues: dict[str, _ModelQueue[Op]] = {}
@@ -134,24 +140,51 @@ class SeqScheduler(Generic[Op]):
         return await fut
 
     def _pump(self) -> None:
-        """Send ready runs while a dispatch slot is free, the next one chosen fairly across users."""
+        """Send ready runs while a dispatch slot is free, the next one chosen fairly across users (and the runs that
+        mix with it, chosen the same way)."""
         while self._max_dispatched is None or self._dispatched < self._max_dispatched:
-            ready: dict[str, list[str]] = {}
-            for model_id, queue in self._queues.items():
-                if queue.next_seq in queue.waiting:
-                    ready.setdefault(queue.user, []).append(model_id)
+            ready = self._ready()
             if not ready:
                 return
-            user, model_id, credit = self._fair.pick(ready, self._head_cost)
-            queue = self._queues[model_id]
-            run, spent = self._take_run(queue, credit)
-            self._fair.charge(user, model_id, spent)
-            self._watch_gap(model_id, queue)
-            self._send(model_id, run)
+            runs = [self._next_run(ready)]
+            while self._mixes is not None and (ready := self._ready()):
+                heads = [run[0][0] for _, run in runs]
+                taken = {model_id for model_id, _ in runs}
+                among = {
+                    user: joining
+                    for user, models in ready.items()
+                    if (joining := [m for m in models if m not in taken and self._mixes([*heads, self._head(m)])])
+                }
+                if not among:
+                    break
+                runs.append(self._next_run(ready, among))
+            self._send(runs)
+
+    def _ready(self) -> dict[str, list[str]]:
+        """Each user's models whose next operation is ready."""
+        ready: dict[str, list[str]] = {}
+        for model_id, queue in self._queues.items():
+            if queue.next_seq in queue.waiting:
+                ready.setdefault(queue.user, []).append(model_id)
+        return ready
+
+    def _next_run(
+        self, ready: dict[str, list[str]], among: dict[str, list[str]] | None = None
+    ) -> tuple[str, list[tuple[Op, asyncio.Future]]]:
+        """The fair share's next model (of `among`, when given) and its run, charged."""
+        user, model_id, credit = self._fair.pick(ready, self._head_cost, among)
+        queue = self._queues[model_id]
+        run, spent = self._take_run(queue, credit)
+        self._fair.charge(user, model_id, spent)
+        self._watch_gap(model_id, queue)
+        return model_id, run
+
+    def _head(self, model_id: str) -> Op:
+        queue = self._queues[model_id]
+        return queue.waiting[queue.next_seq][0]
 
     def _head_cost(self, model_id: str) -> int:
-        queue = self._queues[model_id]
-        return self._cost(queue.waiting[queue.next_seq][0])
+        return self._cost(self._head(model_id))
 
     def _take_run(self, queue: _ModelQueue[Op], credit: int) -> tuple[list[tuple[Op, asyncio.Future]], int]:
         """The model's next consecutive ready ops, at least one, as many as `credit` and `max_batch` allow; and
@@ -167,14 +200,15 @@ class SeqScheduler(Generic[Op]):
             spent += cost
         return run, spent
 
-    def _send(self, model_id: str, run: list[tuple[Op, asyncio.Future]]) -> None:
+    def _send(self, runs: list[tuple[str, list[tuple[Op, asyncio.Future]]]]) -> None:
+        ops = [op for _, run in runs for op in run]
         try:
-            pending = self._dispatch(model_id, [op for op, _ in run])
-        except Exception as exc:  # noqa: BLE001 - every op of the run learns why
-            self._resolve(run, [exc] * len(run))
+            pending = self._dispatch([(model_id, [op for op, _ in run]) for model_id, run in runs])
+        except Exception as exc:  # noqa: BLE001 - every op of the runs learns why
+            self._resolve(ops, [exc] * len(ops))
             return
         self._dispatched += 1
-        task = asyncio.ensure_future(self._settle(pending, run))
+        task = asyncio.ensure_future(self._settle(pending, ops))
         self._in_flight.add(task)
         task.add_done_callback(self._in_flight.discard)
 

@@ -11,6 +11,7 @@ import itertools
 import logging
 import time
 from collections.abc import Awaitable, Collection, Sequence
+from dataclasses import dataclass
 from typing import cast
 
 from app.config import EngineConfig, TimeoutsConfig, WorkerGroupConfig
@@ -20,12 +21,22 @@ from app.db.history import HistoryStore
 from app.db.journal import JournalStore
 from app.db.metadata import MetadataStore
 from app.errors import GroupRestarted, LimitExceeded, ServerError, TinkerServeError
-from app.messages import CreateModel, RankReply, RemoveModelCommand, Replies, SequencedOp, Skip, WorkerCommand
+from app.messages import (
+    CreateModel,
+    RankReply,
+    RemoveModelCommand,
+    Replies,
+    SequencedOp,
+    ShardOutput,
+    Skip,
+    WorkerCommand,
+)
 from app.metrics import server_metrics
-from app.operations import CheckpointCommitter, Reply, fair_share_cost, operation
+from app.operations import CheckpointCommitter, Reply, changes_model, fair_share_cost, operation
 from app.request_log import log_request, outcome_of
 from app.storage.objects import ObjectStorage
 from app.trainer.history import HistoryRecorder
+from app.trainer.mixing import MixPolicy, mixed_message
 from app.trainer.rank_replies import first_error, first_failed_command
 from app.trainer.recovery import (
     PlannedSnapshot,
@@ -45,6 +56,20 @@ from app.trainer.worker_group import WorkerGroup
 
 logger = logging.getLogger("tinker_serve.trainer")
 Queued = tuple[int, SequencedOp]  # (seq_id, op)
+
+
+@dataclass(frozen=True)
+class _PlannedRun:
+    """A run of one model's ops as dispatched: its length (Skips included), the ops that run, the snapshot planned
+    after them, and their commands."""
+
+    model_id: str
+    length: int
+    work: list[Queued]
+    snapshot: PlannedSnapshot | None
+    commands: list[WorkerCommand]
+
+
 _REBUILD_ATTEMPTS = 3  # restarts of the group while its models are being rebuilt, before they are given up
 
 
@@ -79,12 +104,14 @@ class TrainerService:
         self._group = group
         self._futures = futures
         self._fixed_op_cost = shape.fixed_op_cost_tokens
+        self._mix_policy = MixPolicy(shape, group.world_size)
         self._scheduler: SeqScheduler[Queued] = SeqScheduler(
             self._dispatch,
             gap_timeout_s=timeouts.seq_gap_timeout_seconds,
             max_dispatched_runs=shape.max_dispatched_runs,
             cost=self._cost,
             extra_credit=shape.fixed_op_cost_tokens,  # an optim_step leaves with its forward_backward
+            mixes=self._mixes,
         )
         self._models: set[str] = set()
         self._running: dict[str, tuple[str, SequencedOp]] = {}  # id -> (model_id, op) sent, outcome not written
@@ -231,41 +258,46 @@ class TrainerService:
             outcome="dropped" if dropped else "running",
         )
 
+    def _mixes(self, heads: list[Queued]) -> bool:
+        """Whether ops at the heads of distinct models' queues run as one pass (app.trainer.mixing)."""
+        return self._mix_policy([op for _, op in heads])
+
     def _cost(self, queued: Queued) -> int:
         """An op's cost in the fair share (its operation's `cost`)."""
         return fair_share_cost(queued[1], self._fixed_op_cost)
 
-    def _dispatch(self, model_id: str, run: list[Queued]) -> Awaitable[list[Awaitable[None]]]:
-        """Send the run to the workers now (order matters; while the group is being recovered, the recovery sends
-        it); the returned awaitable is done when the workers answer (which frees the run's dispatch slot), with,
-        for each op, the writing of the run's futures to await."""
+    def _dispatch(self, runs: list[tuple[str, list[Queued]]]) -> Awaitable[list[Awaitable[None]]]:
+        """Send the runs (one model's consecutive ops each; several when they mix: app.trainer.mixing) to the workers
+        as one message now (order matters; while the group is being recovered, the recovery sends it); the returned
+        awaitable is done when the workers answer (which frees the dispatch slot), with, for each op, the writing of
+        its run's futures to await."""
+        planned = [self._plan(model_id, run) for model_id, run in runs]
+        message, positions = mixed_message([p.commands for p in planned])
+        number = next(self._dispatch_numbers)
+        if message:
+            self._unanswered[number] = message
+            pending = self._group.send(message) if self._recovery is None and not self._stopping else None
+            self._sent[number] = (pending, self._generation)
+        for p in planned:
+            self._running.update((op.request_id, (p.model_id, op)) for _, op in p.work)
+            server_metrics().queue_depth.set(
+                self._scheduler.waiting(p.model_id), tags={"trainer": self.name, "model_id": p.model_id}
+            )
+        return self._replies(planned, positions, number)
+
+    def _plan(self, model_id: str, run: list[Queued]) -> _PlannedRun:
         work = [(seq_id, op) for seq_id, op in run if not isinstance(op, Skip)]
         snapshot = self._snapshots.plan(model_id, [seq_id for seq_id, _ in work], [op for _, op in work])
-        commands = run_commands(model_id, [op for _, op in work], snapshot)
-        number = next(self._dispatch_numbers)
-        if work:
-            self._unanswered[number] = commands
-            pending = self._group.send(commands) if self._recovery is None and not self._stopping else None
-            self._sent[number] = (pending, self._generation)
-        self._running.update((op.request_id, (model_id, op)) for _, op in work)
-        server_metrics().queue_depth.set(
-            self._scheduler.waiting(model_id), tags={"trainer": self.name, "model_id": model_id}
-        )
-        return self._replies(model_id, len(run), work, number, snapshot)
+        return _PlannedRun(model_id, len(run), work, snapshot, run_commands(model_id, [op for _, op in work], snapshot))
 
     async def _replies(
-        self,
-        model_id: str,
-        run_length: int,
-        work: Sequence[Queued],
-        number: int,
-        snapshot: PlannedSnapshot | None,
+        self, planned: list[_PlannedRun], positions: list[list[int]], number: int
     ) -> list[Awaitable[None]]:
         started = time.monotonic()
         try:
-            replies = await self._answers(number) if work else []
+            replies = await self._answers(number) if number in self._sent else []
         except Exception:
-            ids = {op.request_id for _, op in work}
+            ids = {op.request_id for p in planned for _, op in p.work}
             self._running = {request_id: sent for request_id, sent in self._running.items() if request_id not in ids}
             self._cancelled -= ids
             raise
@@ -273,13 +305,17 @@ class TrainerService:
             self._unanswered.pop(number, None)
             self._sent.pop(number, None)
         seconds = time.monotonic() - started
-        if snapshot is not None:
-            replies = [r[: snapshot.index] + r[snapshot.index + 1 :] for r in replies]
-            await record_snapshot(self._journal, self._storage, self.name, model_id, snapshot, seconds)
-        task = asyncio.create_task(self._write_outcomes(model_id, work, replies, seconds))
-        self._writes.add(task)
-        task.add_done_callback(self._writes.discard)
-        return [task] * run_length
+        writes: list[Awaitable[None]] = []
+        for p, where in zip(planned, positions, strict=True):
+            own = [[rank_replies[i] for i in where] for rank_replies in replies]
+            if p.snapshot is not None:
+                own = [r[: p.snapshot.index] + r[p.snapshot.index + 1 :] for r in own]
+                await record_snapshot(self._journal, self._storage, self.name, p.model_id, p.snapshot, seconds)
+            task = asyncio.create_task(self._write_outcomes(p.model_id, p.work, own, seconds))
+            self._writes.add(task)
+            task.add_done_callback(self._writes.discard)
+            writes += [task] * p.length
+        return writes
 
     async def _answers(self, number: int) -> Replies:
         """The replies to run `number`: through any restarts of the group, after which the recovery resends it."""
@@ -373,8 +409,14 @@ class TrainerService:
             return error
         reply = await operation(op).reply(model_id, op, per_rank, self._committer)
         self._scheduler.debit(model_id, reply.cost_tokens)  # a custom loss's compute, beyond the tokens charged
-        complete = self._futures.complete(op.request_id, reply.payload, reply.content_type)
-        await asyncio.gather(complete, self._history.record(model_id, seq_id, op, reply))  # one commit (group_commit)
+        writes = [
+            self._futures.complete(op.request_id, reply.payload, reply.content_type),
+            self._history.record(model_id, seq_id, op, reply),
+        ]
+        layout = per_rank[0].layout if isinstance(per_rank[0], ShardOutput) else None
+        if layout is not None and changes_model(op):  # what replays it bit for bit in a rebuild
+            writes.append(self._journal.record_layout(model_id, seq_id, layout))
+        await asyncio.gather(*writes)  # one commit (group_commit)
         return None
 
     def _record(self, work: list[SequencedOp], seconds: float) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -17,13 +17,13 @@ import numpy as np
 import torch
 
 from app.errors import NotFound, TinkerServeError, UserError
-from app.messages import AdapterSpec, ForwardBackwardArgs, OptimParams, ShardOutput
+from app.messages import AdapterSpec, ForwardBackwardArgs, OptimParams, PassLayout, ShardOutput
 from app.training import checkpoint
 from app.training.grads import all_reduce_sum_grads, failed_on_any_rank, give_back_grads, take_grads
 from app.training.logprobs import target_logprobs
 from app.training.lora import AdapterPool
 from app.training.loss_step import LossStep, Stats, joined, loss_error
-from app.training.micro_batches import micro_batches
+from app.training.micro_batches import fits_one_pass, micro_batches
 from app.training.mixed_pass import MixedPass
 from app.training.optim import apply_step, make_optimizer
 from app.training.rows import padded, shard_indices, unpadded
@@ -160,23 +160,43 @@ class TrainingEngine:
         """Several models' forward(_backward)s, each as `forward_backward` would answer it (or its error: a failed
         one fails only itself). When they `mix`, they run as one pass over the base, each row through its own
         model's adapter (AdapterPool.segments: one LoRA product per adapter and layer over its rows), with one backward;
-        gradients reach each adapter apart, so each model's outputs and gradients are its own alone. Otherwise
-        one after another."""
+        gradients reach each adapter apart, so each model's outputs and gradients are its own alone, and each answer
+        carries the pass's layout (what `replay` needs). Otherwise one after another."""
         if not self.mix(requests):
             return [self._answer_alone(model_id, args) for model_id, args in requests]
         return MixedPass(self, requests).run()
 
     def mix(self, requests: Sequence[tuple[str, ForwardBackwardArgs]]) -> bool:
-        """Whether these requests run as one pass: two or more distinct models, adapters PEFT can mix, and every
-        rank's share within one micro-batch. Read from the whole requests, so every rank decides alike."""
+        """Whether these requests run as one pass: two or more distinct models on a base whose adapters mix, and
+        every rank's share within one micro-batch. Read from the whole requests, so every rank decides alike."""
         ids = [model_id for model_id, _ in requests]
         if len(ids) < 2 or len(set(ids)) != len(ids) or not self.pool.can_mix():
             return False
-        for r in range(self.world_size):
-            lengths = np.concatenate([args.batch.lengths[r :: self.world_size] for _, args in requests])
-            if len(lengths) and len(lengths) * int(lengths.max()) > self.micro_batch_tokens:
-                return False
-        return True
+        return fits_one_pass([args.batch.lengths for _, args in requests], self.world_size, self.micro_batch_tokens)
+
+    def replay(self, model_id: str, args: ForwardBackwardArgs, layout: PassLayout) -> ShardOutput:
+        """Run the model's request as it ran in the mixed pass `layout` describes, bit for bit: the other members
+        are stand-ins of the same shape (adapters of their specs, rows of their lengths, no loss). A row's results
+        depend on the other rows' shapes only (the same kernels), not on their values, so this equals the original
+        for the model's own rows and gradients (app.trainer.recovery rebuilds models apart from each other)."""
+        requests: list[tuple[str, ForwardBackwardArgs]] = []
+        stand_ins: list[str] = []
+        try:
+            for i, member in enumerate(layout.members):
+                if i == layout.own:
+                    requests.append((model_id, args))
+                    continue
+                stand_in = f"\x00stand-in-{i}"  # no model id the ingress gives out
+                self.create_model(stand_in, replace(member.spec, role="policy", optimizer="adamw"))
+                stand_ins.append(stand_in)
+                requests.append((stand_in, _stand_in_args(member.lengths)))
+            answer = MixedPass(self, requests).run()[layout.own]
+        finally:
+            for stand_in in stand_ins:
+                self.remove_model(stand_in)
+        if isinstance(answer, TinkerServeError):
+            raise answer
+        return answer
 
     def _answer_alone(self, model_id: str, args: ForwardBackwardArgs) -> ShardOutput | TinkerServeError:
         try:
@@ -360,3 +380,10 @@ class TrainingEngine:
         if model.value_head is not None:
             state.update({f"value_head.{n}": p.detach().clone() for n, p in model.value_head.named_parameters()})
         return state
+
+
+def _stand_in_args(lengths: np.ndarray) -> ForwardBackwardArgs:
+    """A forward of zero tokens with these datum lengths: a stand-in's rows in a replayed pass."""
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    tokens = np.zeros(int(offsets[-1]), dtype=np.int64)
+    return ForwardBackwardArgs("cross_entropy", {}, True, PackedBatch(tokens, offsets, {"target_tokens": tokens}))

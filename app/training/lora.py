@@ -8,7 +8,6 @@ from collections.abc import Iterator
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from peft.tuners.lora.layer import Linear as LoraLinear
-from peft.tuners.lora.layer import ParamWrapper
 from peft.tuners.tuners_utils import BaseTunerLayer
 from transformers import PreTrainedModel
 
@@ -68,9 +67,10 @@ class AdapterPool:
             self.model.set_adapter(name)
 
     def can_mix(self) -> bool:
-        """Whether `segments` can give rows their own adapters: not once an adapter on an expert parameter
-        (`ParamWrapper`, MoE bases) is in the model, since the segments' deltas are added to Linear layers only."""
-        return not any(isinstance(m, ParamWrapper) for m in self.model.modules())
+        """Whether `segments` can give rows their own adapters: not on a mixture of experts, whose expert adapters
+        (`ParamWrapper`) it does not reach, and whose routing makes a row's experts' batch depend on other rows'
+        values (a replayed pass, app.training.engine.TrainingEngine.replay, would not be bit for bit)."""
+        return not self.family.moe
 
     @contextlib.contextmanager
     def segments(self, runs: list[tuple[str, int]]) -> Iterator[None]:

@@ -4,6 +4,8 @@ over tokens, so the split changes only the order of float additions."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 
@@ -21,3 +23,13 @@ def micro_batches(lengths: np.ndarray, max_tokens: int) -> list[slice]:
     if len(lengths):
         runs.append(slice(start, len(lengths)))
     return runs
+
+
+def fits_one_pass(batches: Sequence[np.ndarray], world_size: int, max_tokens: int) -> bool:
+    """Whether the datums of several batches (their token lengths) fit one micro-batch on every rank together: rank r
+    takes datums r, r + world_size, ... of each (app.training.rows.shard_indices), padded to the longest of all."""
+    for rank in range(world_size):
+        lengths = np.concatenate([lengths[rank::world_size] for lengths in batches]) if batches else np.zeros(0)
+        if len(lengths) and len(lengths) * int(lengths.max()) > max_tokens:
+            return False
+    return True

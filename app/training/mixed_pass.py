@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from app.errors import TinkerServeError
-from app.messages import ForwardBackwardArgs, ShardOutput
+from app.messages import ForwardBackwardArgs, PassLayout, PassMember, ShardOutput
 from app.training.grads import failed_on_any_rank, give_back_grads, take_grads
 from app.training.logprobs import target_logprobs
 from app.training.loss_step import LossResult, LossStep, Stats, loss_error
@@ -157,12 +157,14 @@ class MixedPass:
         engine = self._engine
         failed = failed_on_any_rank([r.error is not None for r in requests], engine.device)  # one collective
         answers: dict[int, ShardOutput | TinkerServeError] = {}
-        for (i, r), lost in zip(self._live, failed, strict=True):
+        members = tuple(PassMember(r.model.spec, r.args.batch.lengths) for r in requests)
+        for own, ((i, r), lost) in enumerate(zip(self._live, failed, strict=True)):
             if r.earlier is not None:
                 give_back_grads(r.model.params, r.earlier, keep_current=not lost)
             if r.error is not None:
                 answers[i] = loss_error(r.args.loss_fn, r.error)
                 continue
             cost = r.loss.flops // engine.token_flops
-            answers[i] = ShardOutput(r.indices, r.shard.offsets, r.outputs or {}, r.total, r.stats or {}, cost)
+            layout = PassLayout(members, own)
+            answers[i] = ShardOutput(r.indices, r.shard.offsets, r.outputs or {}, r.total, r.stats or {}, cost, layout)
         return answers

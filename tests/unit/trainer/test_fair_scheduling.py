@@ -7,6 +7,7 @@ import asyncio
 import logging
 import random
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
 
@@ -20,11 +21,15 @@ class Workers:
     """A dispatch whose runs finish only when the test says so, oldest first, as a worker group runs them."""
 
     def __init__(self) -> None:
-        self.runs: list[list[Op]] = []
+        self.runs: list[list[Op]] = []  # each dispatch's ops
+        self.models: list[list[str]] = []  # each dispatch's models (several: a mixed pass)
+        self.heads: list[list[Op]] = []  # each dispatch's first op of each model's run
         self._pending: list[asyncio.Future] = []
 
-    def __call__(self, model_id: str, ops: list[Op]) -> asyncio.Future:
-        self.runs.append(list(ops))
+    def __call__(self, runs: list[tuple[str, list[Op]]]) -> asyncio.Future:
+        self.runs.append([op for _, ops in runs for op in ops])
+        self.models.append([model_id for model_id, _ in runs])
+        self.heads.append([ops[0] for _, ops in runs])
         fut = asyncio.get_running_loop().create_future()
         self._pending.append(fut)
         return fut
@@ -290,6 +295,64 @@ def test_unbounded_depth_sends_in_arrival_order() -> None:
         tasks.append(asyncio.create_task(sched.submit("b", 1, ("b", 1, 10), "bob")))
         await _settle()
         assert [op[0] for op in workers.order()] == ["a"] * 5 + ["b"]
+        await workers.finish_all()
+        await asyncio.gather(*tasks)
+
+    asyncio.run(main())
+
+
+def _forwards_mix(limit: int) -> Callable[[list[Op]], bool]:
+    """The Trainer's rule in miniature: up to `limit` heads mix, forward_backwards only (ops costing over 8)."""
+    return lambda heads: len(heads) <= limit and all(cost > 8 for _, _, cost in heads)
+
+
+def test_ready_forwards_of_many_models_go_as_one_pass_in_each_models_order() -> None:
+    """8 users step at once (a forward_backward of 100 tokens and an optim_step, 3 steps each): each dispatch carries
+    up to 4 models' runs, each opening with a forward_backward; every model's ops still run in seq_id order."""
+
+    async def main() -> None:
+        workers = Workers()
+        sched = SeqScheduler(workers, max_dispatched_runs=1, cost=_cost, extra_credit=8, mixes=_forwards_mix(4))
+        tasks = []
+        for user in range(8):
+            sched.open(f"m{user}")
+            tasks += [
+                asyncio.create_task(sched.submit(f"m{user}", seq, (f"m{user}", seq, 100 if seq % 2 else 8), f"u{user}"))
+                for seq in range(1, 7)
+            ]
+        await _settle()
+        await workers.finish_all()
+        await asyncio.gather(*tasks)
+        assert max(len(models) for models in workers.models) == 4
+        assert len(workers.runs) <= 8  # 24 steps (alone: 24 dispatches); the first went before the others came
+        for heads, models in zip(workers.heads, workers.models, strict=True):
+            assert len(set(models)) == len(models)  # a model at most once a pass
+            assert len(models) == 1 or all(cost == 100 for _, _, cost in heads)  # passes open with forward_backwards
+        for user in range(8):
+            assert [seq for model, seq, _ in workers.order() if model == f"m{user}"] == list(range(1, 7))
+
+    asyncio.run(main())
+
+
+def test_mixing_gives_no_user_more_for_splitting_work_across_models() -> None:
+    """Alice floods from 4 models, Bob from 1; passes hold 2 models' runs. Each op is charged its own tokens as if it
+    ran alone, so both are served the same tokens, within one op, however Alice splits hers."""
+
+    async def main() -> None:
+        workers = Workers()
+        sched = SeqScheduler(workers, max_dispatched_runs=1, cost=_cost, mixes=_forwards_mix(2))
+        tasks = []
+        for model in ("a1", "a2", "a3", "a4", "b"):
+            sched.open(model)
+            user = "bob" if model == "b" else "alice"
+            tasks += _flood(sched, user, model, 10, 100)
+        await _settle()
+        for _ in range(10):
+            await workers.finish_one()
+        served = {"alice": 0, "bob": 0}
+        for model, _, cost in workers.order():
+            served["bob" if model == "b" else "alice"] += cost
+        assert served["bob"] > 0 and abs(served["alice"] - served["bob"]) <= 100
         await workers.finish_all()
         await asyncio.gather(*tasks)
 

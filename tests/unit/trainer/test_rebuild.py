@@ -23,6 +23,7 @@ from app.messages import (
     ForwardBackwardArgs,
     Replies,
     SequencedOp,
+    ShardOutput,
     Skip,
     SnapshotCommand,
     WorkerCommand,
@@ -30,7 +31,7 @@ from app.messages import (
 from app.operations import operation
 from app.operations.forward_backward import ForwardBackward
 from app.operations.optim_step import OptimStep
-from app.ranks.execute import execute
+from app.ranks.execute import execute_message
 from app.ranks.snapshots import SnapshotWriter
 from app.storage.objects import ObjectStorage
 from app.storage.paths import snapshot_location
@@ -58,7 +59,7 @@ class InProcessGroup(WorkerGroup):
 
     def send(self, commands: Sequence[WorkerCommand]) -> Awaitable[Replies]:
         async def run() -> Replies:
-            return [[execute(self.engine, self._storage, self.snapshots, cmd) for cmd in commands]]
+            return [execute_message(self.engine, self._storage, self.snapshots, list(commands))]
 
         return run()
 
@@ -74,19 +75,20 @@ class InProcessGroup(WorkerGroup):
         return 1
 
 
-def _batch(seed: int) -> PackedBatch:
+def _batch(seed: int, lengths: tuple[int, ...] = (5, 7)) -> PackedBatch:
     rng = np.random.default_rng(seed)
     vocab = load_base_model(str(TINY_MODEL)).config.vocab_size
+    tokens = sum(lengths)
     return PackedBatch(
-        tokens=rng.integers(3, vocab, 12, dtype=np.int64),
-        offsets=np.array([0, 5, 12], dtype=np.int64),
-        loss_inputs={"target_tokens": rng.integers(3, vocab, 12, dtype=np.int64)},
+        tokens=rng.integers(3, vocab, tokens, dtype=np.int64),
+        offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        loss_inputs={"target_tokens": rng.integers(3, vocab, tokens, dtype=np.int64)},
     )
 
 
-def _by_layer(engine: TrainingEngine) -> dict[str, torch.Tensor]:
+def _by_layer(engine: TrainingEngine, model_id: str = "m") -> dict[str, torch.Tensor]:
     """The model's trainable tensors, named without the engine's internal adapter name."""
-    return {re.sub(r"\.m\d+\.", ".", name): t for name, t in engine.adapter_state("m").items()}
+    return {re.sub(r"\.m\d+\.", ".", name): t for name, t in engine.adapter_state(model_id).items()}
 
 
 def test_an_interrupted_snapshot_is_never_restored_and_the_rebuild_is_exact(tmp_path: Path) -> None:
@@ -128,6 +130,50 @@ def test_an_interrupted_snapshot_is_never_restored_and_the_rebuild_is_exact(tmp_
         expected, got = _by_layer(live.engine), _by_layer(fresh.engine)  # (the first try made adapter m0, then m1)
         assert expected.keys() == got.keys()
         assert all(torch.equal(expected[k], got[k]) for k in expected)
+
+    run_on_db(tmp_path / "meta.db", body)
+
+
+def test_models_whose_steps_ran_as_one_pass_are_rebuilt_bit_for_bit(tmp_path: Path) -> None:
+    """Three models step together: each message carries their forward_backwards first (one mixed pass on the rank),
+    then their optim_steps, and each pass's layout is journaled with the outcome, as the Trainer does. Rebuilt one
+    at a time on fresh workers, each equals its live self exactly, though nothing else ran in its passes."""
+    storage = ObjectStorage(str(tmp_path / "store"))
+    models = {"a": AdapterSpec(rank=4, seed=1), "b": AdapterSpec(rank=8, seed=2), "c": AdapterSpec(rank=4, seed=3)}
+
+    async def body(db: AsyncEngine) -> None:
+        futures, journal = FutureStore(db), JournalStore(db)
+        live = InProcessGroup(storage)
+        for model_id, spec in models.items():
+            request_id = (await futures.create("create", model_id, 0))[0]
+            await journal.append(model_id, 0, CreateModel(request_id, spec))
+            await live.call([CreateModelCommand(model_id, spec)])
+            await futures.complete(request_id, b"{}", JSON_CONTENT_TYPE)
+        for step in range(3):
+            ops: list[tuple[str, int, SequencedOp]] = []
+            for i, model_id in enumerate(models):
+                ids = [(await futures.create("op", model_id, seq))[0] for seq in (2 * step + 1, 2 * step + 2)]
+                lengths = (3 + 5 * i, 9, 2 + 7 * step)[: 1 + (i + step) % 3]  # padded alike in no two passes
+                args = ForwardBackwardArgs("cross_entropy", {}, False, _batch(10 * step + i, lengths))
+                ops += [(model_id, 2 * step + 1, ForwardBackward(ids[0], args))]
+                ops += [(model_id, 2 * step + 2, OptimStep(ids[1], AdamParams(learning_rate=1e-2)))]
+            for model_id, seq_id, op in ops:
+                await journal.append(model_id, seq_id, op)
+            forwards = [(m, s, op) for m, s, op in ops if isinstance(op, ForwardBackward)]
+            steps = [(m, s, op) for m, s, op in ops if isinstance(op, OptimStep)]
+            replies = (await live.call([operation(op).command(m, op) for m, _, op in forwards + steps]))[0]
+            for (model_id, seq_id, op), reply in zip(forwards + steps, replies, strict=True):
+                assert not isinstance(reply, CommandError), reply
+                if isinstance(reply, ShardOutput):
+                    assert reply.layout is not None and len(reply.layout.members) == 3  # they ran as one pass
+                    await journal.record_layout(model_id, seq_id, reply.layout)
+                await futures.complete(op.request_id, b"{}", JSON_CONTENT_TYPE)
+        fresh = InProcessGroup(storage)
+        for model_id in sorted(models):
+            assert await rebuild(fresh, journal, model_id) == 6
+        for model_id in models:
+            expected, got = _by_layer(live.engine, model_id), _by_layer(fresh.engine, model_id)
+            assert expected.keys() == got.keys() and all(torch.equal(expected[k], got[k]) for k in expected), model_id
 
     run_on_db(tmp_path / "meta.db", body)
 

@@ -22,7 +22,8 @@ class Recorder:
             self.release.set()
         self.fail_on = fail_on or set()
 
-    async def __call__(self, model_id: str, ops: list[str]) -> list[Any]:
+    async def __call__(self, runs: list[tuple[str, list[str]]]) -> list[Any]:
+        ((model_id, ops),) = runs  # one model's run at a time (nothing mixes)
         self.batches.append(list(ops))
         self.started.set()
         if len(self.batches) == 1:
@@ -149,7 +150,8 @@ def test_failing_batch_fails_its_ops_and_later_batches_run() -> None:
 
 def test_per_op_exception_results() -> None:
     async def main() -> None:
-        async def run_batch(_model: str, ops: list[int]) -> list[Any]:
+        async def run_batch(runs: list[tuple[str, list[int]]]) -> list[Any]:
+            ops = [op for _, run in runs for op in run]
             return [ValueError(op) if op % 2 else op * 10 for op in ops]
 
         sched = SeqScheduler(run_batch)
