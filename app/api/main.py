@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 
 from app.api import (
     admin,
@@ -60,12 +61,15 @@ def create_api() -> FastAPI:
     api.add_middleware(RequestGate)  # before routing: Host/Origin, key, rate, body size (app.api.gate)
     install_console(api)
 
-    @api.get("/ready")
-    async def ready(request: Request) -> dict:
+    @api.get("/ready", response_model=None)
+    async def ready(request: Request) -> dict | JSONResponse:
+        """200 once every trainer and sampler answers; 503 naming those that do not yet (a normal start: not logged
+        as an error)."""
         services = request.app.state.services
         status = {"trainers": await services.trainers.ready(), "samplers": await services.samplers.ready()}
         if not all(all(part.values()) for part in status.values()):
-            raise Unavailable("not every trainer and sampler answers yet", details=status)
+            starting = Unavailable("not every trainer and sampler answers yet", details=status)
+            return JSONResponse(starting.to_body(), status_code=starting.status_code, headers=starting.headers())
         return status
 
     return api

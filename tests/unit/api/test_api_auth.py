@@ -1,13 +1,16 @@
 """presented_key on hand-built ASGI requests (no network); the Authenticator over a real SQLite key store (enrolment,
-issued, configured, revoked and expired keys, hash-only storage); and the open health path through the app."""
+issued, configured, revoked and expired keys, hash-only storage); the open health path through the app, and /ready
+while the server starts."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from pathlib import Path
 
 import pytest
+from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.requests import Request
 
@@ -80,9 +83,9 @@ def test_open_paths_need_no_key(path: str) -> None:
     assert presented_key(make_request(path, key=None, client="10.1.2.3"), LOOPBACK) is None
 
 
-def test_healthz_open_through_the_app_and_other_routes_are_not(tmp_path: Path) -> None:
-    from fastapi.testclient import TestClient
-
+def _api(tmp_path: Path, trainers: object = None, samplers: object = None) -> FastAPI:
+    """The app with only config, auth and the signing key behind it (what the auth dependency and these routes
+    reach), and the given trainer and sampler clients."""
     from app.api.deps import Services
     from app.api.main import create_api
     from app.config import ServerConfig
@@ -92,14 +95,13 @@ def test_healthz_open_through_the_app_and_other_routes_are_not(tmp_path: Path) -
     run_on_db(tmp_path / "keys.sqlite", lambda db: asyncio.sleep(0))  # the tables; the app's engine opens lazily
     db = connect(f"sqlite+aiosqlite:///{tmp_path / 'keys.sqlite'}")
     keys, audit = KeyStore(db), AuditLog(db)
-    # Only config, auth and the signing key are reached by the auth dependency and these routes.
     api.state.services = Services(
         config=config,
         futures=None,
         metadata=None,
         checkpoints=None,  # type: ignore[arg-type]
         storage=None,
-        trainers=None,
+        trainers=trainers,
         sampler_store=None,
         stability=None,
         journal=None,
@@ -109,7 +111,7 @@ def test_healthz_open_through_the_app_and_other_routes_are_not(tmp_path: Path) -
         usage=None,
         copies=None,
         custom_losses=None,
-        samplers=None,
+        samplers=samplers,
         model_limits={},
         auth=Authenticator(LOOPBACK, frozenset(), keys, cache_s=0, audit=audit, tokens=SIGNER),
         audit=audit,
@@ -119,6 +121,39 @@ def test_healthz_open_through_the_app_and_other_routes_are_not(tmp_path: Path) -
         failed_auth_rate=RateLimiter(600),
         url_signing_key="k",
     )
+    return api
+
+
+class _Answering:
+    """Trainer or sampler clients of which these answer (what /ready asks)."""
+
+    def __init__(self, answers: dict[str, bool]) -> None:
+        self._answers = answers
+
+    async def ready(self) -> dict[str, bool]:
+        return self._answers
+
+
+def test_ready_while_a_sampler_starts_is_503_naming_it_and_logs_no_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from fastapi.testclient import TestClient
+
+    trainers = _Answering({"tiny": True})
+    api = _api(tmp_path, trainers=trainers, samplers=_Answering({"tiny": False}))
+    local = TestClient(api, base_url=HERE, client=("127.0.0.1", 40000))
+    with caplog.at_level(logging.INFO):
+        starting = local.get("/ready")
+    assert starting.status_code == 503 and starting.json()["samplers"] == {"tiny": False}
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    api.state.services.samplers = _Answering({"tiny": True})
+    assert local.get("/ready").json() == {"trainers": {"tiny": True}, "samplers": {"tiny": True}}
+
+
+def test_healthz_open_through_the_app_and_other_routes_are_not(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    api = _api(tmp_path)
     remote = TestClient(api, base_url=HERE, client=("10.1.2.3", 40000))
     assert remote.get("/api/v1/healthz").json() == {"status": "ok"}
     denied = remote.post("/api/v1/client/config", json={})
