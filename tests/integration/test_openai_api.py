@@ -3,6 +3,7 @@ layer: base model and trained checkpoint, streamed and not, checked against the 
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import httpx
@@ -79,6 +80,39 @@ def test_streamed_completion_equals_the_whole(client, trained):
     )
     assert len(chunks) > 1 and all(c.model == path for c in chunks)
     assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.text
+
+
+def _prompt_ending_mid_character(tokenizer) -> list[int]:
+    """Token ids whose text ends in an incomplete character (what random or cut token prompts often do)."""
+    for start in range(3, 2000):
+        ids = [start, *range(start * 7 % 1900 + 3, start * 7 % 1900 + 8)]
+        if len(tokenizer.decode(ids)) > 3 and tokenizer.decode(ids).endswith("\ufffd"):
+            return ids
+    raise AssertionError("no such prompt in the vocabulary")
+
+
+def test_a_token_prompt_ending_mid_character_is_not_echoed(base_url, service_client):
+    """A prompt given as token ids whose text ends in an incomplete character: the completion's text (streamed or
+    not) is the generated tokens' text alone, not the prompt's in front of it (`echo` unset). A logit bias makes the
+    random base write "a"s, as in the report (its own greedy tokens are often bytes of no whole character)."""
+    tokenizer = new_client(service_client, seed=24).get_tokenizer()
+    prompt = _prompt_ending_mid_character(tokenizer)
+    (letter,) = tokenizer.encode("a")
+    body = {
+        "model": BASE_MODEL,
+        "prompt": prompt,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "logit_bias": {str(letter): 100},
+        "return_token_ids": True,
+    }
+    headers = {"Authorization": f"Bearer {KEY}"}
+    answer = httpx.post(f"{base_url}/v1/completions", json=body, headers=headers, timeout=120).json()["choices"][0]
+    assert answer["token_ids"] == [letter] * MAX_TOKENS
+    assert answer["text"] == "a" * MAX_TOKENS
+    streamed = httpx.post(f"{base_url}/v1/completions", json={**body, "stream": True}, headers=headers, timeout=120)
+    chunks = [json.loads(line[6:]) for line in streamed.text.splitlines() if line.startswith("data: {")]
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == "a" * MAX_TOKENS
 
 
 def test_chat_uses_the_template_streamed_or_not(client, trained):
