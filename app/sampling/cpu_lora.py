@@ -2,10 +2,11 @@
 
 vLLM 0.32's `PunicaWrapperCPU` applies every LoRA layer with plain torch ops that first copy each token's adapter
 matrix (`weights[indices]`: tokens x rank x hidden floats) and then contract it per token with `einsum`. On the peer
-workload that was 38-41% of an engine step (README, "Against the peer"). A batch holds few adapters, so the
-same product is one `x @ W.T` per adapter over that adapter's rows. The contract is vLLM's, index for index: an
-index of -1 selects the last slot, as vLLM's gather does, and the output slices and `add_inputs` are the same. Every
-argument is required: vLLM 0.32's callers pass them all, and its own defaults differ between the two forms.
+workload that was 38-41% of an engine step (bench/results/history.md, "Against the peer"). A batch holds few
+adapters, so the same product is one `x @ W.T` per adapter over that adapter's rows. The contract is vLLM's, index for
+index: an index of -1 selects the last slot, as vLLM's gather does, and the output slices and `add_inputs` are the
+same. Every argument is required: vLLM 0.32's callers pass them all, and its own defaults differ between the two
+forms.
 
 vLLM loads `install` in each of its processes as a general plugin (pyproject's `vllm.general_plugins` entry point);
 a Sampler `env` of `VLLM_PLUGINS=""` keeps vLLM's own ops.
