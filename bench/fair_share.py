@@ -14,11 +14,11 @@ import argparse
 import json
 import sqlite3
 import statistics
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
+
+from children import results_per_setting  # bench/ is the script's directory
 
 ADAM_LR = 1e-4
 
@@ -105,12 +105,9 @@ def main() -> None:
     if args.depth is not None:
         child(args)
         return
-    rows = {}
-    for depth in (int(d) for d in args.depths.split(",")):
-        cmd = [sys.executable, str(Path(__file__)), *sys.argv[1:], "--depth", str(depth)]
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-        rows[depth] = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
-        print(f"depth {depth}: B's waits {[round(w, 3) for w in rows[depth]['waits']]}", flush=True)
+    rows = results_per_setting(__file__, "--depth", (int(d) for d in args.depths.split(",")))
+    for depth, row in rows.items():
+        print(f"depth {depth}: B's waits {[round(w, 3) for w in row['waits']]}", flush=True)
     print(f"\n{'max_dispatched_runs':>20} {'B wait s':>9} {'A step s':>9} {'wait/step':>10} {'flood s/step':>13}")
     medians = {}
     for depth, row in rows.items():

@@ -15,11 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
+
+from children import results_per_setting  # bench/ is the script's directory
 
 ADAM_LR = 1e-4
 ROLES = {"RayTrainWorker": "ranks", "Ingress": "ingress", "Trainer": "trainer"}  # by process title
@@ -128,11 +128,7 @@ def main() -> None:
     if args.mix_child is not None:
         child(args)
         return
-    rows = {}
-    for mix in (int(m) for m in args.mix.split(",")):
-        cmd = [sys.executable, str(Path(__file__)), *sys.argv[1:], "--mix-child", str(mix)]
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-        rows[mix] = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+    rows = results_per_setting(__file__, "--mix-child", (int(m) for m in args.mix.split(",")))
     print(f"\n{args.preset}, {args.datums}x{args.length} a step, {args.steps} steps each, medians of {args.repeats}")
     roles = ["ranks", "ingress", "trainer", "clients", "rest"]
     header = f"{'mixed_pass_models':>18} {'users':>6} {'tok/s':>8} {'vs 1 user':>10} {'step s':>8} {'vs solo':>8}"
