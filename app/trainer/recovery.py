@@ -140,17 +140,43 @@ async def unfinished(journal: JournalStore, model_id: str, max_worker_deaths: in
 
 
 def resend(group: WorkerGroup, unanswered: dict[int, list[WorkerCommand]]) -> dict[int, Awaitable[Replies]]:
-    """Send every unanswered run again, in dispatch order (runs of lost models fail on the workers); a group that
-    is down gives each run's waiter the error."""
+    """Send every unanswered message again, in dispatch order (runs of lost models fail on the workers); a group that
+    is down gives each message's waiter the error. A message of several models' runs (a mixed pass) goes as one
+    message per model, in its order, so a death is charged to the model whose run was running alone: one that kills
+    the workers fails by itself, not the operations it happened to share a pass with."""
     resent: dict[int, Awaitable[Replies]] = {}
     for number in sorted(unanswered):
+        commands = unanswered[number]
+        parts = _by_model(commands)
         try:
-            resent[number] = group.send(unanswered[number])
-        except Exception as exc:  # noqa: BLE001 - handed to the run's waiter
+            sends = [group.send([commands[i] for i in part]) for part in parts]
+        except Exception as exc:  # noqa: BLE001 - handed to the message's waiter
             failed: asyncio.Future[Replies] = asyncio.get_running_loop().create_future()
             failed.set_exception(exc)
             resent[number] = failed
+            continue
+        resent[number] = sends[0] if len(sends) == 1 else _joined(sends, parts, len(commands))
     return resent
+
+
+def _by_model(commands: Sequence[WorkerCommand]) -> list[list[int]]:
+    """The positions of each model's commands, models in the order they first appear (a command of no model, a
+    no-op, goes with those of no model)."""
+    parts: dict[str, list[int]] = {}
+    for i, command in enumerate(commands):
+        parts.setdefault(getattr(command, "model_id", ""), []).append(i)
+    return list(parts.values())
+
+
+async def _joined(sends: list[Awaitable[Replies]], parts: list[list[int]], length: int) -> Replies:
+    """The replies of a message sent in parts, in the message's order."""
+    answers = await asyncio.gather(*sends)  # every part awaited (a failed one's error is the message's)
+    joined: Replies = [[None] * length for _ in answers[0]]
+    for replies, part in zip(answers, parts, strict=True):
+        for rank, rank_replies in enumerate(replies):
+            for i, reply in zip(part, rank_replies, strict=True):
+                joined[rank][i] = reply
+    return joined
 
 
 async def rebuild(group: WorkerGroup, journal: JournalStore, model_id: str) -> int:

@@ -1,6 +1,7 @@
 """An operation that kills the training workers: which operations a death is charged to, the error of one given up,
 and a TrainerService whose workers die each time one operation runs (a real engine, journal and futures): that
-operation fails after two deaths with what to change, and everything else, on its model and another, goes on."""
+operation fails after two deaths with what to change, and everything else, on its model and another, goes on; one
+that ran in a pass with another model's fails alone too."""
 
 from __future__ import annotations
 
@@ -98,10 +99,12 @@ class DyingGroup(InProcessGroup):
         super().__init__(storage)
         self.killers: set[str] = set()
         self.deaths = 0
+        self.messages: list[set[str]] = []  # the request ids of each message sent
         self._down: tuple[str, ...] | None = None  # what the ranks were running when they died, until they are back
 
     def send(self, commands: Sequence[WorkerCommand]) -> Awaitable[Replies]:
         run = super().send(commands)
+        self.messages.append({c.request_id for c in commands if c.request_id})
 
         async def dying() -> Replies:
             running = tuple(c.request_id for c in commands if c.request_id)
@@ -186,5 +189,44 @@ def test_an_operation_that_kills_the_workers_fails_and_everything_else_goes_on(t
         entries = {e.request_id: e for e in await journal.entries("a")}
         assert (entries[killer].state, entries[killer].worker_deaths) == ("failed", 2)  # no rebuild replays it
         assert {e.worker_deaths for e in await journal.entries("b")} == {0}
+
+    run_on_db(tmp_path / "meta.db", body)
+
+
+def test_a_killer_that_shared_a_pass_fails_alone(tmp_path: Path) -> None:
+    """A's killing forward_backward and B's are ready together, so they go as one pass and the workers die. The
+    message is resent one model at a time: the second death is A's alone, so A's fails (two deaths) and B's, charged
+    once, completes."""
+    storage = ObjectStorage(str(tmp_path / "store"))
+
+    async def body(db: AsyncEngine) -> None:
+        futures, journal = FutureStore(db), JournalStore(db)
+        group = DyingGroup(storage)
+        shape = WorkerGroupConfig(max_dispatched_runs=1)  # C's step holds the only slot while A's and B's arrive
+        service = TrainerService(
+            "t", TimeoutsConfig(), EngineConfig(), group, futures, MetadataStore(db), CheckpointStore(db), storage,
+            journal, HistoryStore(db, 100), shape=shape,
+        )  # fmt: skip
+        await service.start()
+        for model_id in ("a", "b", "c"):
+            request_id = (await futures.create("create", model_id, 0))[0]
+            await journal.append(model_id, 0, CreateModel(request_id, SPEC))
+            await service.create_model(model_id, CreateModel(request_id, SPEC))
+        ops = {}
+        for seed, model_id in enumerate(("c", "a", "b")):
+            request_id = (await futures.create("op", model_id, 1))[0]
+            ops[model_id] = ForwardBackward(request_id, ForwardBackwardArgs("cross_entropy", {}, False, _batch(seed)))
+            await journal.append(model_id, 1, ops[model_id])
+        group.killers.add(ops["a"].request_id)
+        tasks = [asyncio.create_task(service.submit(model_id, 1, op)) for model_id, op in ops.items()]
+        await asyncio.wait_for(asyncio.gather(*tasks), 60)
+
+        assert {ops["a"].request_id, ops["b"].request_id} in group.messages  # they went as one pass
+        assert group.deaths == 2
+        assert isinstance(await futures.get(ops["a"].request_id), Failed)
+        for model_id in ("b", "c"):
+            assert isinstance(await futures.get(ops[model_id].request_id), Completed), model_id
+        deaths = {model_id: (await journal.entries(model_id))[1].worker_deaths for model_id in ops}
+        assert deaths == {"a": 2, "b": 1, "c": 0}
 
     run_on_db(tmp_path / "meta.db", body)
