@@ -29,9 +29,10 @@ def validation_message(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
     return "; ".join(parts), first
 
 
-def error_response(path: str, exc: TinkerServeError) -> JSONResponse:
-    """The answer to one of our errors on `path` (OpenAI's shape on the OpenAI-compatible routes)."""
-    if exc.status_code >= 500:
+def error_response(path: str, exc: TinkerServeError, expected: bool = False) -> JSONResponse:
+    """The answer to one of our errors on `path` (OpenAI's shape on the OpenAI-compatible routes). A server error is
+    logged unless `expected` (a part still starting, as /ready reports it)."""
+    if exc.status_code >= 500 and not expected:
         logger.error("server error on %s: %s", path, exc.message)
     body = exc.to_openai_body() if path.startswith(OPENAI_PREFIX) else exc.to_body()
     return JSONResponse(body, status_code=exc.status_code, headers=exc.headers())

@@ -26,7 +26,7 @@ from app.api import (
     training,
     usage,
 )
-from app.api.error_responses import register_exception_handlers
+from app.api.error_responses import error_response, register_exception_handlers
 from app.api.gate import RequestGate
 from app.console import install as install_console
 from app.errors import Unavailable
@@ -69,7 +69,7 @@ def create_api() -> FastAPI:
         status = {"trainers": await services.trainers.ready(), "samplers": await services.samplers.ready()}
         if not all(all(part.values()) for part in status.values()):
             starting = Unavailable("not every trainer and sampler answers yet", details=status)
-            return JSONResponse(starting.to_body(), status_code=starting.status_code, headers=starting.headers())
+            return error_response(request.url.path, starting, expected=True)
         return status
 
     return api
