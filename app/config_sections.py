@@ -100,6 +100,13 @@ class TimeoutsConfig(Strict):
     command_timeout_seconds: float = Field(
         900.0, gt=0, description="one message to the training workers, their start-up excluded"
     )
+    handover_check_seconds: float = Field(
+        10.0,
+        gt=0,
+        description="how often each ingress replica asks the trainers for journaled operations pending at least "
+        "this long that they never received (an ingress replica killed between answering a request and handing it "
+        "over), and hands those over again",
+    )
     worker_start_timeout_seconds: float = Field(
         600.0,
         gt=0,

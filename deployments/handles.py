@@ -143,6 +143,10 @@ class ServeTrainerClient(TrainerClient):
     async def cancel(self, trainer: str, model_id: str, seq_id: int, request_id: str) -> None:
         await self._calls.handle(trainer).cancel.remote(model_id, seq_id, request_id)
 
+    async def missing(self, trainer: str, model_id: str, seq_ids: list[int]) -> list[int]:
+        missing: list[int] = await self._calls.handle(trainer).missing.remote(model_id, seq_ids)
+        return missing
+
     async def ready(self) -> dict[str, bool]:
         return await self._calls.ready()
 

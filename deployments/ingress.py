@@ -11,6 +11,7 @@ from ray.serve.handle import DeploymentHandle
 
 from app.api.auth import Authenticator, check_mode_fits_bind
 from app.api.deps import Services
+from app.api.handover import hand_over_again
 from app.api.main import create_api
 from app.api.openapi import install as install_openapi
 from app.api.rates import RateLimiter
@@ -177,6 +178,11 @@ class Ingress:
                     "audit events past retention.audit_retention_days",
                     lambda: services.audit.expire(time.time() - retention.audit_retention_days * 86400),
                     3600.0,
+                ),
+                sweep_forever(
+                    "operations handed over again",
+                    lambda: hand_over_again(services, timeouts.handover_check_seconds),
+                    timeouts.handover_check_seconds,
                 ),
                 sweep_forever(
                     "stale sample futures",

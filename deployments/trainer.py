@@ -119,6 +119,9 @@ class Trainer:
     async def cancel(self, model_id: str, seq_id: int, request_id: str) -> None:
         await self._service.cancel(model_id, seq_id, request_id)
 
+    async def missing(self, model_id: str, seq_ids: list[int]) -> list[int]:
+        return self._service.missing(model_id, seq_ids)
+
     async def ping(self) -> bool:
         return True
 

@@ -32,6 +32,10 @@ class TrainerClient(ABC):
         """Drop a cancelled operation that has not run yet; one already running finishes, unrecorded."""
 
     @abstractmethod
+    async def missing(self, trainer: str, model_id: str, seq_ids: list[int]) -> list[int]:
+        """Of these seq_ids of the model, those the trainer never received."""
+
+    @abstractmethod
     async def ready(self) -> dict[str, bool]:
         """Whether each trainer answers."""
 

@@ -92,6 +92,20 @@ class JournalStore:
             for r in rows
         ]
 
+    async def pending_since(self, before: float) -> list[tuple[str, int, SequencedOp]]:
+        """(model_id, seq_id, op) of the operations journaled before `before` whose futures are still pending,
+        creations left out, in model and seq_id order."""
+        query = (
+            select(journal.c.model_id, journal.c.seq_id, journal.c.op)
+            .join(futures, futures.c.request_id == journal.c.request_id)
+            .where(futures.c.state == "pending", journal.c.seq_id > 0, journal.c.created_at < before)
+            .order_by(journal.c.model_id, journal.c.seq_id)
+        )
+        async with self._db.connect() as conn:
+            rows = (await conn.execute(query)).all()
+        decoded = [(r.model_id, r.seq_id, journal_codec.decode(r.op)) for r in rows]
+        return [(model_id, seq_id, op) for model_id, seq_id, op in decoded if isinstance(op, SequencedOp)]
+
     async def record_layout(self, model_id: str, seq_id: int, layout: PassLayout) -> None:
         """Record the mixed pass the operation ran in (before its future completes: a rebuild replays it so)."""
         blob = journal_codec.encode_tree(layout)

@@ -108,6 +108,21 @@ class SeqScheduler(Generic[Op]):
         if queue is not None and tokens > 0:
             self._fair.debit(queue.user, tokens)
 
+    def unknown(self, model_id: str, seq_ids: list[int]) -> list[int]:
+        """Of these seq_ids of an open model, those never submitted here (not waiting, not dispatched, not given up);
+        none for a model that is not open here."""
+        queue = self._queues.get(model_id)
+        if queue is None:
+            return []
+        return [
+            seq_id
+            for seq_id in seq_ids
+            if seq_id >= queue.next_seq
+            and seq_id not in queue.waiting
+            and seq_id not in queue.cancelled
+            and not any(seq_id in skipped for skipped in queue.given_up)
+        ]
+
     def waiting(self, model_id: str) -> int:
         """The model's operations submitted and not yet dispatched."""
         queue = self._queues.get(model_id)

@@ -242,6 +242,11 @@ class TrainerService:
         except TinkerServeError as exc:
             await self._futures.fail_if_pending(op.request_id, exc.to_body())
 
+    def missing(self, model_id: str, seq_ids: list[int]) -> list[int]:
+        """Of these seq_ids of the model, those this trainer never received (its ingress died before handing them
+        over): the ingress hands them over again (app.api.handover)."""
+        return self._scheduler.unknown(model_id, seq_ids)
+
     async def cancel(self, model_id: str, seq_id: int, request_id: str) -> None:
         """A cancelled operation (its future already failed) never runs if it has not started; one that runs
         finishes and its outcome is discarded. Later seq_ids go on either way."""

@@ -27,6 +27,9 @@ import tinker
 from ray import serve
 from tinker import types
 
+from app.db import journal_codec
+from app.messages import AdamParams
+from app.operations.optim_step import OptimStep
 from tests.integration.conftest import BASE_MODEL, MAX_PENDING_SAMPLES, MAX_TOKENS, replace_app, server_config
 from tests.integration.helpers import (
     logprobs_of,
@@ -282,9 +285,10 @@ def test_ingress_restart_loses_nothing(service_client, state_dir: Path):
     assert service_client.create_rest_client().get_training_run(tc.model_id).result().training_run_id == tc.model_id
 
 
-def _future_left_by_a_dead_ingress(state_dir: Path, kind: str, model_id: str, seq_id: int) -> None:
+def _future_left_by_a_dead_ingress(state_dir: Path, kind: str, model_id: str, seq_id: int) -> str:
     """The state an Ingress replica leaves when it is killed just after creating an operation's future, before the
-    journal and the trainer had the operation: a pending future, nothing else (the SDK then retries its request)."""
+    journal and the trainer had the operation: a pending future, nothing else (the SDK then retries its request).
+    Returns its request id."""
     request_id, now = os.urandom(16).hex(), time.time()
     with sqlite3.connect(state_dir / "tinker_serve.db", timeout=30) as db:
         db.execute(
@@ -295,6 +299,7 @@ def _future_left_by_a_dead_ingress(state_dir: Path, kind: str, model_id: str, se
             "INSERT INTO session_requests (request_id, session_id, created_at) VALUES (?, ?, ?)",
             (request_id, model_id.split(":")[0], now),
         )
+    return request_id
 
 
 def test_a_retry_hands_over_what_a_dead_ingress_only_promised(service_client, state_dir: Path):
@@ -311,6 +316,32 @@ def test_a_retry_hands_over_what_a_dead_ingress_only_promised(service_client, st
     _future_left_by_a_dead_ingress(state_dir, "optim_step", tc.model_id, tc._request_id_counter + 1)
     assert tc.optim_step(ADAM).result(timeout=60) is not None
     assert tc.forward(data, "cross_entropy").result(timeout=60).metrics["loss:sum"] < before
+
+
+def test_an_operation_answered_but_never_handed_over_still_runs(service_client, state_dir: Path):
+    """An ingress killed after answering an operation (its future and journal entry written) and before its hand-over
+    to the trainer left: the client only polls, so nothing retries it. An ingress replica's hand-over check finds
+    it pending, asks the trainer, and hands it over: it runs within timeouts.handover_check_seconds (10 s) or so."""
+    tc = new_client(service_client, seed=50)
+    tc.forward_backward(sft_datums(tc.get_tokenizer()), "cross_entropy").result(timeout=60)
+    seq_id = tc._request_id_counter + 1
+    request_id = _future_left_by_a_dead_ingress(state_dir, "optim_step", tc.model_id, seq_id)
+    step = journal_codec.encode(OptimStep(request_id, AdamParams(learning_rate=ADAM.learning_rate)))
+    with sqlite3.connect(state_dir / "tinker_serve.db", timeout=30) as db:
+        db.execute(
+            "INSERT INTO journal (model_id, seq_id, request_id, op, created_at) VALUES (?, ?, ?, ?, ?)",
+            (tc.model_id, seq_id, request_id, step, time.time()),
+        )
+    deadline = time.monotonic() + 60
+    while (state := _future_state(state_dir, request_id)) == "pending":
+        assert time.monotonic() < deadline, "the operation was never handed over"
+        time.sleep(0.5)
+    assert state == "completed"
+
+
+def _future_state(state_dir: Path, request_id: str) -> str:
+    with sqlite3.connect(state_dir / "tinker_serve.db", timeout=30) as db:
+        return str(db.execute("SELECT state FROM futures WHERE request_id = ?", (request_id,)).fetchone()[0])
 
 
 def test_sampler_replica_death_is_invisible_to_clients(service_client, state_dir: Path):
