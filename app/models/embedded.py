@@ -41,8 +41,11 @@ CHAT_TEMPLATE = (
 
 @dataclass(frozen=True)
 class Preset:
-    """The shape of one embedded model: a Qwen2 (head_dim = hidden_size / num_attention_heads), a Qwen3, a Llama, or
-    a mixture of experts (Qwen3-MoE, gpt-oss); `moe` holds the expert fields of its config class."""
+    """The shape of one embedded model: a Qwen2 (head_dim = hidden_size / num_attention_heads), a Qwen3, a Llama, a
+    mixture of experts (Qwen3-MoE, gpt-oss), or one of the hybrid and latent-attention families; `moe` holds the
+    expert fields (and any other family-specific ones) of its config class. A `vision` config makes the model
+    vision-language as the family's real checkpoints are (Qwen3.5): the text fields go under `text_config`, and a
+    tiny random vision tower is saved beside the language model."""
 
     hidden_size: int
     num_hidden_layers: int
@@ -51,14 +54,18 @@ class Preset:
     intermediate_size: int
     max_position_embeddings: int = 2048
     head_dim: int | None = None  # all but Qwen2
-    architecture: Literal["qwen2", "qwen3", "llama", "qwen3_moe", "gpt_oss"] = "qwen2"
+    architecture: Literal[
+        "qwen2", "qwen3", "llama", "qwen3_moe", "gpt_oss", "qwen3_5", "qwen3_5_moe", "nemotron_h", "deepseek_v3",
+        "glm4_moe", "olmo3"
+    ] = "qwen2"
     dtype: Literal["float32", "bfloat16"] = "float32"  # of the weights on disk
     moe: dict[str, object] = field(default_factory=dict)
+    vision: dict[str, object] | None = None
 
     def config_fields(self) -> dict[str, object]:
-        """The fields the architecture's config class takes."""
+        """The fields the architecture's config class takes (its text config's, for a vision-language model)."""
         fields = asdict(self)
-        for name in ("architecture", "dtype", "moe", *(("head_dim",) if self.head_dim is None else ())):
+        for name in ("architecture", "dtype", "moe", "vision", *(("head_dim",) if self.head_dim is None else ())):
             fields.pop(name)
         return fields | self.moe
 
@@ -67,6 +74,18 @@ def _tiny(**shape: Any) -> Preset:
     """The tiny model's size (0.56M parameters with this vocabulary), of any architecture."""
     return Preset(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, **shape)
 
+
+# Qwen3.5's layers: Gated DeltaNet (linear attention) then full attention, as 3:1 in the real models
+_GATED_DELTANET: dict[str, object] = {
+    "layer_types": ["linear_attention", "full_attention"], "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+    "linear_key_head_dim": 32, "linear_value_head_dim": 32}
+# Qwen3.5's vision tower, as small as its config allows (frozen and unused by text training, but in the checkpoint)
+_TINY_VISION: dict[str, object] = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+                                   "out_hidden_size": 128, "num_position_embeddings": 64}
+# DeepSeek-V3 and GLM-4.5: a dense first layer, then 8 routed experts (2 a token) and a shared one, one expert group
+_ROUTED_MOE: dict[str, object] = {
+    "first_k_dense_replace": 1, "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1,
+    "moe_intermediate_size": 64, "n_group": 1, "topk_group": 1}
 
 PRESETS: dict[str, Preset] = {
     "tiny": _tiny(intermediate_size=256),
@@ -84,6 +103,23 @@ PRESETS: dict[str, Preset] = {
     "tiny-gpt-oss": _tiny(intermediate_size=64, head_dim=32, architecture="gpt_oss",
                           moe={"num_local_experts": 8, "num_experts_per_tok": 2, "sliding_window": 128,
                                "layer_types": ["sliding_attention", "full_attention"]}),
+    # the lineup's hybrids and latent-attention MoEs (app.models.families), two to four layers of each kind they mix
+    "tiny-qwen3_5": _tiny(intermediate_size=256, head_dim=32, architecture="qwen3_5", moe=_GATED_DELTANET,
+                          vision=_TINY_VISION),
+    "tiny-qwen3_5-moe": _tiny(intermediate_size=256, head_dim=32, architecture="qwen3_5_moe", vision=_TINY_VISION,
+                              moe=_GATED_DELTANET | {"num_experts": 8, "num_experts_per_tok": 2,
+                                                     "moe_intermediate_size": 64,
+                                                     "shared_expert_intermediate_size": 64}),
+    "tiny-nemotron-h": _tiny(intermediate_size=256, head_dim=32, architecture="nemotron_h", moe={
+        "layers_block_type": ["mamba", "moe", "attention", "mlp"], "mamba_num_heads": 8, "mamba_head_dim": 32,
+        "n_groups": 1, "ssm_state_size": 16, "chunk_size": 16, "n_routed_experts": 8, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 64, "moe_shared_expert_intermediate_size": 64}),
+    "tiny-deepseek-v3": _tiny(intermediate_size=256, architecture="deepseek_v3", moe=_ROUTED_MOE | {
+        "num_key_value_heads": 4,  # latent attention: one latent for every head
+        "q_lora_rank": 64, "kv_lora_rank": 32, "qk_rope_head_dim": 16, "qk_nope_head_dim": 32, "v_head_dim": 32,
+        "num_nextn_predict_layers": 0}),
+    "tiny-glm4-moe": _tiny(intermediate_size=256, head_dim=32, architecture="glm4_moe",
+                           moe=_ROUTED_MOE | {"num_nextn_predict_layers": 0}),
 }
 
 _NOUNS = """cat dog bird fish horse farmer teacher student doctor child friend mother father sister brother
@@ -186,19 +222,25 @@ def _fix_permissions(path: Path) -> None:
 def _write_model(preset: str, seed: int, out: Path) -> dict[str, object]:
     """Write tokenizer, config and random weights into `out`; return the marker contents."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, GenerationConfig
 
     shape = PRESETS[preset]
     tokenizer = build_tokenizer(seed)
     tokenizer.save_pretrained(out)
     eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
-    config = AutoConfig.for_model(shape.architecture, vocab_size=len(tokenizer), tie_word_embeddings=True,
-                                  dtype=shape.dtype, bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id,
-                                  **shape.config_fields())
+    text = {"vocab_size": len(tokenizer), "tie_word_embeddings": True, "bos_token_id": pad_id, "eos_token_id": eos_id,
+            "pad_token_id": pad_id, **shape.config_fields()}
+    if shape.vision is None:
+        config = AutoConfig.for_model(shape.architecture, dtype=shape.dtype, **text)
+        model_class: Any = AutoModelForCausalLM
+    else:  # the real checkpoints' layout: a language model and a vision tower (AutoModelForCausalLM loads the former)
+        config = AutoConfig.for_model(shape.architecture, dtype=shape.dtype, text_config=text,
+                                      vision_config=shape.vision, tie_word_embeddings=True)
+        model_class = AutoModelForImageTextToText
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config).to(getattr(torch, shape.dtype)).eval()
+    model = model_class.from_config(config).to(getattr(torch, shape.dtype)).eval()
     with torch.no_grad():
-        model.model.norm.weight.mul_(FINAL_NORM_GAIN)
+        _final_norm(model).weight.mul_(FINAL_NORM_GAIN)
     model.generation_config = GenerationConfig(bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id)
     model.save_pretrained(out, safe_serialization=True)
     marker = _marker(preset, seed) | {
@@ -207,6 +249,12 @@ def _write_model(preset: str, seed: int, out: Path) -> dict[str, object]:
     }
     (out / MARKER_FILE).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
     return marker
+
+
+def _final_norm(model: Any) -> Any:
+    """The language model's last norm, before the LM head (`norm`, or Nemotron-H's `norm_f`)."""
+    decoder = model.get_decoder()
+    return getattr(decoder, "norm", None) or decoder.norm_f
 
 
 def build_embedded_model(preset: str, out_dir: Path, seed: int = 0) -> Path:

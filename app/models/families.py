@@ -11,6 +11,19 @@ from typing import Any
 
 ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
+# The sequence mixers that are not softmax attention count as attention layers (`train_attn`): Qwen3.5's Gated
+# DeltaNet projections (vLLM stacks qkv+z and b+a), Nemotron-H's Mamba2 input projection (PEFT refuses its out_proj:
+# Mamba kernels read that weight directly)
+GATED_DELTANET_MODULES = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")
+MAMBA2_MODULES = ("in_proj",)
+# DeepSeek-V3's multi-head latent attention: queries and keys/values through low-rank latents
+MLA_MODULES = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
+
+# DeepSeek-V3 and GLM-4.5 mix dense MLP layers (the first few), routed experts and shared experts, all with projections
+# named gate/up/down_proj. On these model types PEFT 0.21 (with transformers 5) turns every target ending in those
+# names into its fused routed-expert LoRA and drops it as a module name, when training and again when an exported
+# adapter is loaded: so `train_mlp` adapts the routed experts there, and the dense layers and shared experts stay
+# frozen (docs/guides/model-families.md).
 
 
 @dataclass(frozen=True)
@@ -68,8 +81,28 @@ FAMILIES: dict[str, Family] = {
             expert_parameters=("mlp.experts.gate_up_proj", "mlp.experts.down_proj"),
             trainer_attention="eager",  # transformers 5.19 has no SDPA path for its attention sinks
         ),
+        Family("qwen3_5", attention_modules=ATTN_MODULES + GATED_DELTANET_MODULES),
+        _moe(
+            "qwen3_5_moe",
+            attention_modules=ATTN_MODULES + GATED_DELTANET_MODULES,
+            expert_parameters=("mlp.experts.gate_up_proj", "mlp.experts.down_proj"),  # MLP_MODULES: the shared expert
+        ),
+        _moe(
+            "nemotron_h",
+            attention_modules=ATTN_MODULES + MAMBA2_MODULES,
+            mlp_modules=("up_proj", "down_proj"),  # squared-ReLU MLPs and shared experts: no gate
+            expert_parameters=("mixer.experts.up_proj", "mixer.experts.down_proj"),
+        ),
+        # the MLP names reach the routed experts only (above)
+        _moe("deepseek_v3", attention_modules=MLA_MODULES, sampler_rank_factor=2),
+        _moe("glm4_moe", sampler_rank_factor=2),
     )
 }
+
+
+# Other `model_type`s of a family's checkpoints: the language model of a vision-language config (what
+# AutoModelForCausalLM builds from one), and Kimi K2, a DeepSeek-V3 under its own name
+ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe", "kimi_k2": "deepseek_v3"}
 
 
 class UnsupportedFamily(ValueError):
@@ -78,7 +111,7 @@ class UnsupportedFamily(ValueError):
 
 def family_of(model_type: str) -> Family:
     """The family of a config's `model_type`; UnsupportedFamily names the supported ones otherwise."""
-    family = FAMILIES.get(model_type)
+    family = FAMILIES.get(ALIASES.get(model_type, model_type))
     if family is None:
         raise UnsupportedFamily(
             f"model_type {model_type!r} is not a supported model family; supported: {', '.join(sorted(FAMILIES))}"

@@ -7,19 +7,27 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from transformers import AutoConfig
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from app.models.families import family_of
 
 
 def write_zero_adapter(model_path: str, out_dir: Path) -> Path:
-    """A rank-1 LoRA on layer 0's q_proj whose weights are all zero: outputs equal the base model's."""
+    """A rank-1 LoRA on the first attention projection the family adapts (q_proj on most) whose weights are all zero:
+    outputs equal the base model's. Its name and shape come from the model as the trainer builds it (on the meta
+    device: no weights are read), so it names modules as the trainer's adapters do."""
     config = AutoConfig.from_pretrained(model_path)
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    prefix = "base_model.model.model.layers.0.self_attn.q_proj"
+    target = family_of(config.model_type).attention_modules[0]
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    name, module = next((n, m) for n, m in model.named_modules() if n.endswith(f".{target}"))
+    out_features, in_features = module.weight.shape
+    prefix = f"base_model.model.{name}"
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(
         {
-            f"{prefix}.lora_A.weight": torch.zeros(1, config.hidden_size),
-            f"{prefix}.lora_B.weight": torch.zeros(config.num_attention_heads * head_dim, 1),
+            f"{prefix}.lora_A.weight": torch.zeros(1, in_features),
+            f"{prefix}.lora_B.weight": torch.zeros(out_features, 1),
         },
         str(out_dir / "adapter_model.safetensors"),
     )
@@ -33,7 +41,7 @@ def write_zero_adapter(model_path: str, out_dir: Path) -> Path:
                 "lora_alpha": 1,
                 "lora_dropout": 0.0,
                 "bias": "none",
-                "target_modules": ["q_proj"],
+                "target_modules": [target],
                 "fan_in_fan_out": False,
                 "modules_to_save": None,
                 "use_rslora": False,

@@ -44,7 +44,7 @@ class AdapterPool:
         if not isinstance(base, PreTrainedModel):
             raise TypeError(f"the base model must be a transformers model, got {type(base).__name__}")
         self.family = family_of(base.config.model_type)
-        placeholder = LoraConfig(r=1, target_modules=["q_proj"], lora_dropout=0.0)
+        placeholder = LoraConfig(r=1, target_modules=[self.family.attention_modules[0]], lora_dropout=0.0)
         self.model: PeftModel = get_peft_model(base, placeholder, adapter_name=_PLACEHOLDER)
 
     def add(self, name: str, spec: AdapterSpec) -> list[torch.nn.Parameter]:
