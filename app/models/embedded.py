@@ -240,7 +240,11 @@ def _write_model(preset: str, seed: int, out: Path) -> dict[str, object]:
     torch.manual_seed(seed)
     model = model_class.from_config(config).to(getattr(torch, shape.dtype)).eval()
     with torch.no_grad():
-        _final_norm(model).weight.mul_(FINAL_NORM_GAIN)
+        gain = _final_norm(model).weight
+        if gain.any():
+            gain.mul_(FINAL_NORM_GAIN)
+        else:  # a zero-centred norm (Qwen3.5's scales by 1 + weight, initialised to 0)
+            gain.fill_(FINAL_NORM_GAIN - 1)
     model.generation_config = GenerationConfig(bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id)
     model.save_pretrained(out, safe_serialization=True)
     marker = _marker(preset, seed) | {

@@ -100,9 +100,8 @@ FAMILIES: dict[str, Family] = {
 }
 
 
-# Other `model_type`s of a family's checkpoints: the language model of a vision-language config (what
-# AutoModelForCausalLM builds from one), and Kimi K2, a DeepSeek-V3 under its own name
-ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe", "kimi_k2": "deepseek_v3"}
+# The `model_type` of a vision-language family's language model (what AutoModelForCausalLM builds from its config)
+ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe"}
 
 
 class UnsupportedFamily(ValueError):

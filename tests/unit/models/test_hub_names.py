@@ -11,10 +11,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-from app.models.embedded import build_embedded_model
+from app.models.embedded import PRESETS, build_embedded_model
 from tests.conftest import ROOT
 
-NAME = "meta-llama/Tiny-Llama-3"
+# a Hub id -> the tiny preset of its family standing in for it, and the family it must resolve to
+NAMES = {
+    "meta-llama/Tiny-Llama-3": ("tiny-llama", "llama"),
+    "Qwen/Qwen3.5-9B": ("tiny-qwen3_5", "qwen3_5"),
+    "deepseek-ai/DeepSeek-V3.1": ("tiny-deepseek-v3", "deepseek_v3"),
+    "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B": ("tiny-nemotron-h", "nemotron_h"),
+}
 PROBE = """
 import json, sys
 from app.config import ServerConfig
@@ -23,29 +29,39 @@ from app.training.base_model import load_base_model
 from app.training.engine import TrainingEngine
 from deployments.builder import _model_limits
 
-name = sys.argv[1]
-config = ServerConfig.model_validate({"auth": {"mode": "any_tml_key_on_loopback"},
-                                     "base_models": [{"name": name, "path": name}]}).resolved()
-limits = _model_limits(config)[name]
-base = load_base_model(config.base_models[0].path)
-parameters = sum(p.numel() for p in base.parameters())
-TrainingEngine(base).create_model("m", AdapterSpec(rank=4, seed=0, train_attn=False))
-print(json.dumps({"path": config.base_models[0].path, "arch": limits["arch"], "parameters": parameters}))
+loaded = {}
+for name in sys.argv[1:]:
+    config = ServerConfig.model_validate({"auth": {"mode": "any_tml_key_on_loopback"},
+                                         "base_models": [{"name": name, "path": name}]}).resolved()
+    limits = _model_limits(config)[name]
+    base = load_base_model(config.base_models[0].path)
+    parameters = sum(p.numel() for p in base.parameters())
+    TrainingEngine(base).create_model("m", AdapterSpec(rank=4, seed=0, train_attn=False))
+    loaded[name] = {"path": config.base_models[0].path, "arch": limits["arch"], "parameters": parameters}
+print(json.dumps(loaded))
 """
 
 
-def test_a_base_named_by_its_hub_id_loads_from_the_local_cache(tmp_path: Path) -> None:
-    built = build_embedded_model("tiny-llama", tmp_path / "built")
+def test_bases_named_by_their_hub_ids_load_from_the_local_cache(tmp_path: Path) -> None:
     revision = "0" * 40
-    repo = tmp_path / "hub" / f"models--{NAME.replace('/', '--')}"
-    shutil.copytree(built, repo / "snapshots" / revision)  # as a download leaves it
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(revision)
+    expected, sizes = {}, {}
+    for name, (preset, arch) in NAMES.items():
+        built = build_embedded_model(preset, tmp_path / "built" / preset)
+        repo = tmp_path / "hub" / f"models--{name.replace('/', '--')}"
+        shutil.copytree(built, repo / "snapshots" / revision)  # as a download leaves it
+        (repo / "refs").mkdir()
+        (repo / "refs" / "main").write_text(revision)
+        expected[name] = {"path": name, "arch": arch}
+        sizes[name] = json.loads((built / "tinker_serve_model.json").read_text())["num_parameters"]
     env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
     out = subprocess.run(
-        [sys.executable, "-c", PROBE, NAME], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", PROBE, *NAMES], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0, out.stderr[-3000:]
     loaded = json.loads(out.stdout.splitlines()[-1])
-    marker = json.loads((built / "tinker_serve_model.json").read_text())
-    assert loaded == {"path": NAME, "arch": "llama", "parameters": marker["num_parameters"]}
+    assert {name: {k: v for k, v in got.items() if k != "parameters"} for name, got in loaded.items()} == expected
+    for name, (preset, _) in NAMES.items():
+        if PRESETS[preset].vision is None:
+            assert loaded[name]["parameters"] == sizes[name], name
+        else:  # the trainer loads the language model alone, not the vision tower beside it
+            assert 0 < loaded[name]["parameters"] < sizes[name], name
