@@ -118,8 +118,9 @@ PRESETS: dict[str, Preset] = {
         "num_key_value_heads": 4,  # latent attention: one latent for every head
         "q_lora_rank": 64, "kv_lora_rank": 32, "qk_rope_head_dim": 16, "qk_nope_head_dim": 32, "v_head_dim": 32,
         "num_nextn_predict_layers": 0}),
+    # an LM head of its own, as GLM-4.5's (vLLM's Glm4MoeForCausalLM never ties it to the embedding)
     "tiny-glm4-moe": _tiny(intermediate_size=256, head_dim=32, architecture="glm4_moe",
-                           moe=_ROUTED_MOE | {"num_nextn_predict_layers": 0}),
+                           moe=_ROUTED_MOE | {"num_nextn_predict_layers": 0, "tie_word_embeddings": False}),
 }
 
 _NOUNS = """cat dog bird fish horse farmer teacher student doctor child friend mother father sister brother
