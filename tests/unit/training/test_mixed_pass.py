@@ -110,7 +110,8 @@ def _assert_same_answer(mixed: ShardOutput | TinkerServeError, alone: ShardOutpu
     assert mixed.loss_sum == pytest.approx(alone.loss_sum, abs=OUTPUT_ATOL * 10, rel=OUTPUT_RTOL)
     assert mixed.stats.keys() == alone.stats.keys()
     for name, (total, count) in alone.stats.items():
-        assert mixed.stats[name][0] == pytest.approx(total, abs=OUTPUT_ATOL * 10, rel=OUTPUT_RTOL) and mixed.stats[name][1] == count
+        assert mixed.stats[name][0] == pytest.approx(total, abs=OUTPUT_ATOL * 10, rel=OUTPUT_RTOL)
+        assert mixed.stats[name][1] == count
     assert mixed.loss_cost_tokens == alone.loss_cost_tokens
 
 
