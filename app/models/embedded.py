@@ -27,6 +27,9 @@ FORMAT_VERSION = 2  # 2: the final norm's gain (FINAL_NORM_GAIN)
 # barely move, since the unembedding is never adapted. Scaling the final norm's gain makes them peaked like a
 # trained model's (entropy ~3.7 nats on tiny) so fine-tuning and RL visibly learn.
 FINAL_NORM_GAIN = 8.0
+# DeepSeek-V3's routers add a load-balancing bias to each expert's score when choosing experts (not when weighting
+# them); initialised it is zero, which would leave that difference untested
+ROUTER_BIAS_STD = 0.05
 MARKER_FILE = "tinker_serve_model.json"
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 TOKENIZER_VOCAB_SIZE = 2048
@@ -114,10 +117,20 @@ PRESETS: dict[str, Preset] = {
         "layers_block_type": ["mamba", "moe", "attention", "mlp"], "mamba_num_heads": 8, "mamba_head_dim": 32,
         "n_groups": 1, "ssm_state_size": 16, "chunk_size": 16, "n_routed_experts": 8, "num_experts_per_tok": 2,
         "moe_intermediate_size": 64, "moe_shared_expert_intermediate_size": 64}),
+    # as DeepSeek-V3's and Kimi K2's config.json: sigmoid router scores with a correction bias (`noaux_tc`, what
+    # transformers' DeepseekV3 always computes; vLLM builds the bias only for that topk_method and scores with softmax
+    # without `scoring_func`), experts chosen within the best groups, and an LM head of its own (vLLM ties none)
     "tiny-deepseek-v3": _tiny(intermediate_size=256, architecture="deepseek_v3", moe=_ROUTED_MOE | {
         "num_key_value_heads": 4,  # latent attention: one latent for every head
-        "q_lora_rank": 64, "kv_lora_rank": 32, "qk_rope_head_dim": 16, "qk_nope_head_dim": 32, "v_head_dim": 32,
-        "num_nextn_predict_layers": 0}),
+        # the real models' latent, 512 wide plus 64 of rotary key: vLLM's MLA takes no other (its CPU decode kernel)
+        "q_lora_rank": 64, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 32, "v_head_dim": 32,
+        "num_nextn_predict_layers": 0, "n_group": 4, "topk_group": 2, "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid", "tie_word_embeddings": False,
+        # YaRN as theirs (a 4x context): vLLM's CPU build runs its DeepSeek YaRN rotary in torch, but its default
+        # rotary kernel misplaces the rotary halves of MLA's [tokens, heads, 64] queries
+        "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                            "original_max_position_embeddings": 512, "beta_fast": 32.0, "beta_slow": 1.0,
+                            "mscale": 1.0, "mscale_all_dim": 1.0}}),
     # an LM head of its own, as GLM-4.5's (vLLM's Glm4MoeForCausalLM never ties it to the embedding)
     "tiny-glm4-moe": _tiny(intermediate_size=256, head_dim=32, architecture="glm4_moe",
                            moe=_ROUTED_MOE | {"num_nextn_predict_layers": 0, "tie_word_embeddings": False}),
@@ -246,6 +259,10 @@ def _write_model(preset: str, seed: int, out: Path) -> dict[str, object]:
             gain.mul_(FINAL_NORM_GAIN)
         else:  # a zero-centred norm (Qwen3.5's scales by 1 + weight, initialised to 0)
             gain.fill_(FINAL_NORM_GAIN - 1)
+        if getattr(config, "topk_method", None) == "noaux_tc":  # a trained router's expert bias, not its zeros
+            for name, buffer in model.named_buffers():
+                if name.endswith("e_score_correction_bias"):
+                    buffer.normal_(std=ROUTER_BIAS_STD)
     model.generation_config = GenerationConfig(bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id)
     model.save_pretrained(out, safe_serialization=True)
     marker = _marker(preset, seed) | {
