@@ -16,8 +16,10 @@ MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
 # Mamba kernels read that weight directly)
 GATED_DELTANET_MODULES = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")
 MAMBA2_MODULES = ("in_proj",)
-# DeepSeek-V3's multi-head latent attention: queries and keys/values through low-rank latents
-MLA_MODULES = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
+# DeepSeek-V3's multi-head latent attention: queries and keys/values through low-rank latents. Not kv_b_proj, which
+# expands the latent into keys and values: vLLM's MLA folds its base weight into the queries and outputs when it loads
+# the model and decodes with those, so a LoRA on it would be sampled without its delta
+MLA_MODULES = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "o_proj")
 
 # DeepSeek-V3 and GLM-4.5 mix dense MLP layers (the first few), routed experts and shared experts, all with projections
 # named gate/up/down_proj. On these model types PEFT 0.21 (with transformers 5) turns every target ending in those
