@@ -25,6 +25,7 @@ from app.config_sections import (
     Strict,
     TimeoutsConfig,
 )
+from app.models.embedded import PresetName
 from app.models.precision import DtypeSetting, resolve_dtype
 
 __all__ = [
@@ -195,9 +196,9 @@ class BaseModelConfig(Strict):
 
     name: str = Field(description="what clients pass as base_model")
     path: str = Field(description="local directory or Hugging Face id")
-    embedded_preset: (
-        Literal["tiny", "small", "qwen3-0.6b", "tiny-qwen3", "tiny-llama", "tiny-qwen3-moe", "tiny-gpt-oss"] | None
-    ) = Field(None, description="build into `path` if missing (app.models.embedded.PRESETS)")
+    embedded_preset: PresetName | None = Field(
+        None, description="build into `path` if missing (app.models.embedded.PRESETS)"
+    )
     trainer: WorkerGroupConfig = Field(
         WorkerGroupConfig(), description="policies, and critics unless critic_trainer is set"
     )

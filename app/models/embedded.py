@@ -90,6 +90,11 @@ _ROUTED_MOE: dict[str, object] = {
     "first_k_dense_replace": 1, "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1,
     "moe_intermediate_size": 64, "n_group": 1, "topk_group": 1}
 
+PresetName = Literal[
+    "tiny", "small", "qwen3-0.6b", "tiny-qwen3", "tiny-llama", "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-qwen3_5",
+    "tiny-qwen3_5-moe", "tiny-nemotron-h", "tiny-deepseek-v3", "tiny-glm4-moe",
+]  # PRESETS' keys, named for the config's `embedded_preset` (tests/unit/models/test_embedded_model.py: the same)
+
 PRESETS: dict[str, Preset] = {
     "tiny": _tiny(intermediate_size=256),
     "small": Preset(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
@@ -116,7 +121,8 @@ PRESETS: dict[str, Preset] = {
     "tiny-nemotron-h": _tiny(intermediate_size=256, head_dim=32, architecture="nemotron_h", moe={
         "layers_block_type": ["mamba", "moe", "attention", "mlp"], "mamba_num_heads": 8, "mamba_head_dim": 32,
         "n_groups": 1, "ssm_state_size": 16, "chunk_size": 16, "n_routed_experts": 8, "num_experts_per_tok": 2,
-        "moe_intermediate_size": 64, "moe_shared_expert_intermediate_size": 64}),
+        "moe_intermediate_size": 64, "moe_shared_expert_intermediate_size": 64,
+        "tie_word_embeddings": False}),  # Nemotron-H never ties its LM head (transformers' and vLLM's models alike)
     # as DeepSeek-V3's and Kimi K2's config.json: sigmoid router scores with a correction bias (`noaux_tc`, what
     # transformers' DeepseekV3 always computes; vLLM builds the bias only for that topk_method and scores with softmax
     # without `scoring_func`), experts chosen within the best groups, and an LM head of its own (vLLM ties none)

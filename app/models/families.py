@@ -102,8 +102,10 @@ FAMILIES: dict[str, Family] = {
 }
 
 
-# The `model_type` of a vision-language family's language model (what AutoModelForCausalLM builds from its config)
-ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe"}
+# Other `model_type`s of a family: a vision-language family's language model (what AutoModelForCausalLM builds from
+# its config), and Kimi K2, DeepSeek-V3's architecture under a name transformers has no class for (its config.json
+# points at remote code; it is read with the family's class, as vLLM reads it: app.models.model_config)
+ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe", "kimi_k2": "deepseek_v3"}
 
 
 class UnsupportedFamily(ValueError):

@@ -6,6 +6,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from app.models.families import ALIASES
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 
 @dataclass(frozen=True)
@@ -52,3 +58,18 @@ def _kv_values_per_token(text: dict) -> int | None:
         return 2 * int(text["num_hidden_layers"]) * int(text.get("num_key_value_heads") or heads) * head_dim
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def transformers_config(path: str) -> PretrainedConfig:
+    """The model's config as transformers reads it; a `model_type` transformers has no class for but a family names
+    (Kimi K2's `kimi_k2`) is read with that family's class, without the checkpoint's remote code."""
+    from transformers import AutoConfig, PretrainedConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    model_type = model_shape(path).model_type
+    if model_type in CONFIG_MAPPING or model_type not in ALIASES:
+        return AutoConfig.from_pretrained(path)
+    fields, _ = PretrainedConfig.get_config_dict(path)
+    for name in ("model_type", "auto_map"):
+        fields.pop(name, None)
+    return AutoConfig.for_model(ALIASES[model_type], **fields)

@@ -7,16 +7,17 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoModelForCausalLM
 
 from app.models.families import family_of
+from app.models.model_config import transformers_config
 
 
 def write_zero_adapter(model_path: str, out_dir: Path) -> Path:
     """A rank-1 LoRA on the first attention projection the family adapts (q_proj on most) whose weights are all zero:
     outputs equal the base model's. Its name and shape come from the model as the trainer builds it (on the meta
     device: no weights are read), so it names modules as the trainer's adapters do."""
-    config = AutoConfig.from_pretrained(model_path)
+    config = transformers_config(model_path)
     target = family_of(config.model_type).attention_modules[0]
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)

@@ -18,9 +18,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.utils.checkpoint import checkpoint
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoModelForCausalLM
 
 from app.models.families import family_of
+from app.models.model_config import transformers_config
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -28,7 +29,7 @@ TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 def load_base_model(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu") -> torch.nn.Module:
     """The base model at `path` in `dtype`, frozen, in eval mode (no dropout), with its family's attention: SDPA
     where transformers has it (memory-efficient kernels on CPU and GPU: no [tokens, tokens] score matrix is kept)."""
-    config = AutoConfig.from_pretrained(path)  # read once: the family's attention, then the model
+    config = transformers_config(path)  # read once: the family's attention, then the model
     family = family_of(config.model_type)
     model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(
         path, config=config, dtype=dtype, attn_implementation=family.trainer_attention

@@ -196,8 +196,15 @@ def sharded_app(base_url: str, state_dir: Path) -> str:
     return base_url
 
 
-# family -> embedded preset; Qwen3-MoE's experts run through app.sampling.cpu_moe_lora in the CPU Sampler
-FAMILY_BASES = {"qwen3": "tiny-qwen3", "llama": "tiny-llama", "qwen3_moe": "tiny-qwen3-moe"}
+# family -> embedded preset; the MoEs' experts run through app.sampling.cpu_moe_lora in the CPU Sampler
+FAMILY_BASES = {
+    "qwen3": "tiny-qwen3",
+    "llama": "tiny-llama",
+    "qwen3_moe": "tiny-qwen3-moe",
+    "nemotron_h": "tiny-nemotron-h",
+    "deepseek_v3": "tiny-deepseek-v3",
+    "glm4_moe": "tiny-glm4-moe",
+}
 
 
 def _family_base(preset: str, root: Path) -> dict:
@@ -215,9 +222,9 @@ def families_on_postgres(
     base_url: str, postgres: PostgresServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
     """The last app of the session (test_families, test_postgres_app): the shared app replaced by one serving a tiny
-    Qwen3, Llama 3 and Qwen3-MoE, each built offline, whose `database_url` is a fresh database on the session's own
-    PostgreSQL server. Yields that database's URL. Nothing runs after it, so the standard app is not brought back: the
-    app is deleted while its database still runs."""
+    base of each family in FAMILY_BASES, each built offline, whose `database_url` is a fresh database on the session's
+    own PostgreSQL server. Yields that database's URL. Nothing runs after it, so the standard app is not brought back:
+    the app is deleted while its database still runs."""
     root = tmp_path_factory.mktemp("families")
     url = postgres.url(postgres.create_database())
     config = {

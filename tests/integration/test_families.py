@@ -1,8 +1,8 @@
 """The families beside Qwen2 that a CPU Sampler serves, through the whole app (runs after the quota tests, on the
-session's last app: a tiny Qwen3, Llama 3 and Qwen3-MoE, each built offline, over PostgreSQL; conftest's
-`families_on_postgres`). With MLP-only LoRA (expert LoRA on the MoE) the real SDK's loss falls,
-get_info names the family, and the Sampler's vLLM gives the trained adapter's own tokens the trainer's logprobs. The
-trainer side of every family, gpt-oss included, is tests/unit/training/test_family_engines.py."""
+session's last app: a tiny base of each family in conftest's FAMILY_BASES, each built offline, over PostgreSQL;
+conftest's `families_on_postgres`). With MLP-only LoRA (expert LoRA on the MoEs) the real SDK's loss falls, get_info
+names the family, and the Sampler's vLLM gives the trained adapter's own tokens the trainer's logprobs. The trainer
+side of every family, gpt-oss included, is tests/unit/training/test_family_engines.py."""
 
 from __future__ import annotations
 

@@ -6,10 +6,11 @@ import hashlib
 import json
 import time
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
-from app.models.embedded import MARKER_FILE, build_embedded_model
+from app.models.embedded import MARKER_FILE, PRESETS, PresetName, build_embedded_model
 
 
 @pytest.fixture(autouse=True)
@@ -109,3 +110,7 @@ def test_mismatched_marker_is_rebuilt_and_foreign_dir_refused(tmp_path: Path) ->
         build_embedded_model("tiny", foreign)
     with pytest.raises(ValueError):
         build_embedded_model("huge", tmp_path / "x")
+
+
+def test_the_config_names_every_preset() -> None:
+    assert set(get_args(PresetName)) == set(PRESETS)

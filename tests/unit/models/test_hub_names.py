@@ -20,7 +20,9 @@ NAMES = {
     "Qwen/Qwen3.5-9B": ("tiny-qwen3_5", "qwen3_5"),
     "deepseek-ai/DeepSeek-V3.1": ("tiny-deepseek-v3", "deepseek_v3"),
     "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B": ("tiny-nemotron-h", "nemotron_h"),
+    "moonshotai/Kimi-K2-Instruct": ("tiny-deepseek-v3", "deepseek_v3"),  # its config.json rewritten as Kimi K2's
 }
+KIMI_CONFIG = {"model_type": "kimi_k2", "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config"}}
 PROBE = """
 import json, sys
 from app.config import ServerConfig
@@ -49,6 +51,9 @@ def test_bases_named_by_their_hub_ids_load_from_the_local_cache(tmp_path: Path) 
         built = build_embedded_model(preset, tmp_path / "built" / preset)
         repo = tmp_path / "hub" / f"models--{name.replace('/', '--')}"
         shutil.copytree(built, repo / "snapshots" / revision)  # as a download leaves it
+        if name.startswith("moonshotai/"):  # Kimi K2 names its own model_type and remote code (never run here)
+            config_file = repo / "snapshots" / revision / "config.json"
+            config_file.write_text(json.dumps(json.loads(config_file.read_text()) | KIMI_CONFIG))
         (repo / "refs").mkdir()
         (repo / "refs" / "main").write_text(revision)
         expected[name] = {"path": name, "arch": arch}
