@@ -20,6 +20,9 @@ MAMBA2_MODULES = ("in_proj",)
 # expands the latent into keys and values: vLLM's MLA folds its base weight into the queries and outputs when it loads
 # the model and decodes with those, so a LoRA on it would be sampled without its delta
 MLA_MODULES = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "o_proj")
+# Qwen3.5's checkpoints are vision-language models: the Sampler serves their text only (no vision tower, no image
+# processor), with app.sampling.qwen3_5 and, in float32 on CPU, app.sampling.cpu_gdn
+QWEN3_5_VLLM_OPTIONS = {"language_model_only": True}
 
 # DeepSeek-V3 and GLM-4.5 mix dense MLP layers (the first few), routed experts and shared experts, all with projections
 # named gate/up/down_proj. On these model types PEFT 0.21 (with transformers 5) turns every target ending in those
@@ -63,7 +66,7 @@ def _moe(name: str, **shape: Any) -> Family:
     return Family(
         name,
         moe=True,
-        vllm_options={"enable_mixed_moe_lora_format": True},
+        vllm_options={"enable_mixed_moe_lora_format": True, **shape.pop("vllm_options", {})},
         lora_request={"is_3d_lora_weight": True},
         **shape,
     )
@@ -83,11 +86,16 @@ FAMILIES: dict[str, Family] = {
             expert_parameters=("mlp.experts.gate_up_proj", "mlp.experts.down_proj"),
             trainer_attention="eager",  # transformers 5.19 has no SDPA path for its attention sinks
         ),
-        Family("qwen3_5", attention_modules=ATTN_MODULES + GATED_DELTANET_MODULES),
+        Family(
+            "qwen3_5",
+            attention_modules=ATTN_MODULES + GATED_DELTANET_MODULES,
+            vllm_options=QWEN3_5_VLLM_OPTIONS,
+        ),
         _moe(
             "qwen3_5_moe",
             attention_modules=ATTN_MODULES + GATED_DELTANET_MODULES,
             expert_parameters=("mlp.experts.gate_up_proj", "mlp.experts.down_proj"),  # MLP_MODULES: the shared expert
+            vllm_options=QWEN3_5_VLLM_OPTIONS,
         ),
         _moe(
             "nemotron_h",
