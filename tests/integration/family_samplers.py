@@ -1,0 +1,94 @@
+"""Run as `python -m tests.integration.family_samplers OUT_DIR PRESET...` (tests/integration/test_family_samplers.py
+does, in a process of its own, so vLLM's general plugins never load into the test session): for each tiny preset, one
+family after another, the trainer's engine (app.training.engine) trains two adapters, MLP-only and attention + MLP,
+exports them as the Trainer does, and the Sampler's engine (app.sampling.engine.SamplerEngine, the Sampler replica's
+own vLLM set-up: the family's options, its zero adapter, its plugins) loads both and samples from the base and from
+each; the trainer's logprobs of each sampled sequence are computed beside them. Prints one JSON line a family."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from app.config import SamplerConfig
+from app.messages import AdamParams, AdapterSpec
+from app.models.embedded import build_embedded_model
+from app.models.families import family_of
+from app.models.model_config import model_shape
+from app.sampling.engine import SamplerEngine
+from app.sampling.params import SampleArgs
+from app.training.base_model import load_base_model
+from app.training.engine import TrainingEngine
+from app.training_data.batch import PackedBatch
+
+ADAPTERS = {"mlp": AdapterSpec(rank=8, seed=3, train_attn=False), "all": AdapterSpec(rank=8, seed=3)}
+PROMPT = tuple(range(5, 25))
+SAMPLER = SamplerConfig(kv_cache_mib=32, dtype="float32", max_loras=2, max_cpu_loras=3, max_num_seqs=4)
+
+
+def _training_batch(seed: int) -> PackedBatch:
+    rng = np.random.default_rng(seed)
+    lengths = [12, 9, 7, 10]
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    total = int(offsets[-1])
+    inputs = {"target_tokens": rng.integers(3, 2048, total), "weights": np.ones(total, np.float32)}
+    return PackedBatch(rng.integers(3, 2048, total), offsets, inputs)
+
+
+def _logprobs(engine: TrainingEngine, model_id: str, tokens: list[int]) -> np.ndarray:
+    """The trainer's logprobs of tokens[1:] given their prefixes."""
+    ids = np.asarray(tokens, np.int64)
+    batch = PackedBatch(
+        ids[:-1], np.array([0, len(ids) - 1]), {"target_tokens": ids[1:], "weights": np.ones(len(ids) - 1, np.float32)}
+    )
+    return np.asarray(
+        engine.forward_backward(model_id, "cross_entropy", {}, batch, forward_only=True).outputs["logprobs"]
+    )
+
+
+async def _check(preset: str, out: Path) -> dict:
+    started = time.monotonic()
+    path = build_embedded_model(preset, out / preset)
+    engine = TrainingEngine(load_base_model(str(path)))
+    losses: dict[str, list[float]] = {}
+    for name, spec in ADAPTERS.items():
+        engine.create_model(name, spec)
+        batch, losses[name] = _training_batch(seed=1), []
+        for _ in range(4):
+            losses[name].append(engine.forward_backward(name, "cross_entropy", {}, batch, forward_only=False).loss_sum)
+            engine.optim_step(name, AdamParams(learning_rate=1e-2))
+        engine.save_adapter(name, out / f"{preset}-{name}")
+    sampler = await SamplerEngine.start(
+        str(path), SAMPLER, max_lora_rank=8, max_model_len=256, work_dir=out / f"{preset}-sampler"
+    )
+    try:
+        adapters = {name: await sampler.load_adapter(str(out / f"{preset}-{name}")) for name in ADAPTERS}
+        args = SampleArgs(PROMPT, 1, 12, 1.0, -1, 1.0, 3, (), (), True, False, 0, 0, None)
+        differences = {}
+        for name, adapter in adapters.items():
+            (sequence,) = (await sampler.sample(args, adapter)).sequences
+            expected = _logprobs(engine, name, [*PROMPT, *sequence.tokens])[-len(sequence.tokens) :]
+            differences[name] = float(np.abs(np.asarray(sequence.logprobs) - expected).max())
+    finally:
+        sampler.shutdown()
+    family = family_of(model_shape(str(path)).model_type).name
+    return {
+        "family": family,
+        "losses": losses,
+        "max_abs_difference": differences,
+        "seconds": time.monotonic() - started,
+    }
+
+
+def main(out: Path, presets: list[str]) -> None:
+    for preset in presets:
+        print(json.dumps({"preset": preset, **asyncio.run(_check(preset, out))}), flush=True)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), sys.argv[2:])

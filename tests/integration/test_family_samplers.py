@@ -1,0 +1,46 @@
+"""The lineup's families (Qwen3.5 and its MoE, Nemotron-H, DeepSeek-V3, GLM-4.5) on the CPU Sampler's real vLLM engine,
+as the Sampler replica sets it up, against the trainer's real engine: the trainer's MLP-only and attention + MLP
+adapters learn, and vLLM gives each exported adapter's own sampled tokens the trainer's logprobs. In one process of its
+own, one family's engine at a time (tests/integration/family_samplers.py): all of them as bases of the families app
+took that app over 10 minutes to start on 2 cores, so the app keeps one of them (Qwen3.5-MoE, through the real SDK in
+test_families.py) and this covers every one."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+SAMPLER_ATOL = 2e-4  # as tests/integration/test_sampling.py: float32 vLLM and torch agree to ~1e-6 here
+PRESETS = {
+    "qwen3_5": "tiny-qwen3_5",
+    "qwen3_5_moe": "tiny-qwen3_5-moe",
+    "nemotron_h": "tiny-nemotron-h",
+    "deepseek_v3": "tiny-deepseek-v3",
+    "glm4_moe": "tiny-glm4-moe",
+}
+
+
+@pytest.fixture(scope="module")
+def checks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    out = tmp_path_factory.mktemp("family-samplers")
+    command = [sys.executable, "-m", "tests.integration.family_samplers", str(out), *PRESETS.values()]
+    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert run.returncode == 0, run.stderr[-4000:]
+    lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    return {line["family"]: line for line in lines}
+
+
+@pytest.mark.parametrize("family", PRESETS)
+def test_adapters_learn_and_the_cpu_sampler_agrees_with_the_trainer(checks: dict[str, dict], family: str) -> None:
+    check = checks[family]
+    print(f"{family}: {check['max_abs_difference']} in {check['seconds']:.0f} s")  # pytest -s
+    for adapter, losses in check["losses"].items():
+        assert losses[-1] < 0.7 * losses[0], (adapter, losses)
+    assert check["max_abs_difference"].keys() == {"mlp", "all"}
+    for adapter, difference in check["max_abs_difference"].items():
+        assert difference <= SAMPLER_ATOL, (adapter, difference)
