@@ -330,12 +330,14 @@ class ServerConfig(Strict):
             raise ValueError("base_models must list at least one model")
         if len(set(names)) != len(names):
             raise ValueError(f"base_models names must be unique, got {names}")
-        live, slots = self.quotas.max_live_models_per_user, self.engine.max_models_per_base
-        if live >= slots:
-            raise ValueError(
-                f"quotas.max_live_models_per_user {live} must be below engine.max_models_per_base {slots}: else one "
-                "user can fill every model slot of a trainer"
-            )
+        slots = self.engine.max_models_per_base
+        users = [("", self.quotas), *((f" of {user}", self.quotas.for_user(user)) for user in self.quotas.users)]
+        for where, quotas in users:
+            if (live := quotas.max_live_models_per_user) >= slots:
+                raise ValueError(
+                    f"quotas.max_live_models_per_user{where} {live} must be below engine.max_models_per_base {slots}: "
+                    "else one user can fill every model slot of a trainer"
+                )
         return self
 
     def resolved(self) -> ServerConfig:

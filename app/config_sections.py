@@ -195,6 +195,27 @@ class RetentionConfig(Strict):
         return self
 
 
+class UserQuotas(Strict):
+    """One user's own *_per_user quotas (`quotas.users`); a field left out keeps the server-wide value."""
+
+    max_live_models_per_user: int | None = Field(
+        None, ge=1, description="quotas.max_live_models_per_user, for this user"
+    )
+    max_checkpoint_bytes_per_user: int | None = Field(
+        None, ge=1, description="quotas.max_checkpoint_bytes_per_user, for this user"
+    )
+    max_pending_requests_per_user: int | None = Field(
+        None, ge=1, description="quotas.max_pending_requests_per_user, for this user"
+    )
+    max_pending_bytes_per_user: int | None = Field(
+        None, ge=1, description="quotas.max_pending_bytes_per_user, for this user"
+    )
+    max_long_polls_per_user: int | None = Field(None, ge=1, description="quotas.max_long_polls_per_user, for this user")
+    sample_tokens_per_minute_per_user: int | None = Field(
+        None, ge=1, description="quotas.sample_tokens_per_minute_per_user, for this user"
+    )
+
+
 class QuotasConfig(Strict):
     """What one user, key, client, session or base model may hold or send at once. Sizes are refused with a user
     error naming the field; rates and queues with 429 and Retry-After, which the SDK waits out."""
@@ -233,6 +254,16 @@ class QuotasConfig(Strict):
     max_pending_samples: int = Field(
         512, ge=1, description="samples queued per base model and ingress replica; beyond it asample gets 429"
     )
+    users: dict[str, UserQuotas] = Field(
+        {},
+        description="per-user overrides of the *_per_user quotas, by user (an issued key's --user, or the user-... "
+        "id an enrolled key shows in the console): e.g. {alice: {max_live_models_per_user: 48}}",
+    )
+
+    def for_user(self, user: str) -> QuotasConfig:
+        """These quotas with `user`'s overrides (`users`) applied."""
+        override = self.users.get(user)
+        return self if override is None else self.model_copy(update=override.model_dump(exclude_none=True))
 
 
 class EngineConfig(Strict):

@@ -1,4 +1,5 @@
-"""Per-user quotas and per-key rates (quotas.*_per_user, quotas.requests_per_minute_per_key). Sizes (live models,
+"""Per-user quotas and per-key rates (quotas.*_per_user, each user's own in quotas.users;
+quotas.requests_per_minute_per_key). Sizes (live models,
 checkpoint bytes) answer a user error naming the limit; rates and queues (pending training operations, sampled
 tokens a minute, requests a minute) answer 429 with Retry-After, which the SDK waits out and retries. Nothing already
 accepted is dropped: a refusal comes before a request's future exists."""
@@ -28,8 +29,8 @@ def check_request_rate(services: Services, key_id: int) -> None:
 
 
 def check_sample_tokens(services: Services, user: str, tokens: int) -> None:
-    per_minute = services.config.quotas.sample_tokens_per_minute_per_user
-    wait = services.sample_rate.take(user, tokens)
+    per_minute = services.config.quotas.for_user(user).sample_tokens_per_minute_per_user
+    wait = services.sample_rate.take(user, tokens, per_minute=per_minute)
     if wait:
         raise Overloaded(
             f"this sample asks for {tokens} tokens (num_samples x max_tokens) beyond your "
@@ -43,7 +44,7 @@ async def check_pending_requests(services: Services, user: str, model_id: str, s
     """Room for one more of `user`'s training operations, holding `nbytes` (a forward_backward's batch) until it runs.
     Past the limits, only an operation that comes before all of its model's pending ones is admitted: they wait
     for it (the SDK sends a forward_backward's chunks out of order), so refusing it would stall them."""
-    quotas = services.config.quotas
+    quotas = services.config.quotas.for_user(user)
     if nbytes > quotas.max_pending_bytes_per_user:
         raise LimitExceeded(
             f"this request's batch holds {nbytes} bytes, more than quotas.max_pending_bytes_per_user="
@@ -70,7 +71,7 @@ async def check_pending_requests(services: Services, user: str, model_id: str, s
 
 
 async def check_live_models(services: Services, user: str, model_id: str) -> None:
-    limit = services.config.quotas.max_live_models_per_user
+    limit = services.config.quotas.for_user(user).max_live_models_per_user
     if await services.quotas.live_models(user, besides=model_id) >= limit:
         raise LimitExceeded(
             f"you have {limit} live models (quotas.max_live_models_per_user): unload one (unload_model, or close "
@@ -80,7 +81,7 @@ async def check_live_models(services: Services, user: str, model_id: str) -> Non
 
 
 async def check_checkpoint_bytes(services: Services, user: str, field: str = "path") -> None:
-    limit = services.config.quotas.max_checkpoint_bytes_per_user
+    limit = services.config.quotas.for_user(user).max_checkpoint_bytes_per_user
     used = await services.quotas.checkpoint_bytes(user)
     if used >= limit:
         raise LimitExceeded(
@@ -94,7 +95,7 @@ async def check_checkpoint_bytes(services: Services, user: str, field: str = "pa
 def long_poll_slot(services: Services, user: str) -> Iterator[None]:
     """Hold one of `user`'s long-poll slots on this replica while a retrieve_future(s) waits; 429 when none is
     free (the SDK backs off and polls again)."""
-    limit, held = services.config.quotas.max_long_polls_per_user, services.long_polls
+    limit, held = services.config.quotas.for_user(user).max_long_polls_per_user, services.long_polls
     if held.get(user, 0) >= limit:
         raise Overloaded(
             f"you have {limit} retrieve_future calls waiting at once (quotas.max_long_polls_per_user); retry when "

@@ -14,12 +14,13 @@ import ray
 import tinker
 from ray import serve
 
+from app.db.keys import enrolled_owner
 from app.models.embedded import build_embedded_model
 from app.training.base_model import load_base_model
 from deployments.builder import build_app
 from tests.conftest import API_PORT, TINY_MODEL, free_port
 from tests.postgres import PostgresServer
-from tests.s3 import S3_ENV
+from tests.s3 import S3_ENV, s3_server
 
 BASE_MODEL = "tinker-serve/tiny"
 BF16_MODEL = "tinker-serve/tiny-bf16"
@@ -31,6 +32,13 @@ MAX_PENDING_SAMPLES = 16  # beyond it asample answers 429
 SESSION_TIMEOUT_S = 45.0  # a session silent this long expires (the SDK beats every 10 s)
 MAX_STABILITY_RECORDS = 600  # per session: small, so a test can reach it
 MIN_CHECKPOINT_TTL_S = 2  # the hosted minimum is an hour: short, so a test can watch checkpoints expire
+QUOTAS = {  # test_quotas' users' own (quotas.users): tight, so each limit is reached
+    "max_live_models_per_user": 2,
+    "max_checkpoint_bytes_per_user": 1,  # the first save is let in (nothing held yet); the next is refused
+    "max_pending_requests_per_user": 3,
+    "sample_tokens_per_minute_per_user": 40,
+}
+QUOTA_KEYS = ("tml-quota-sizes", "tml-quota-other", "tml-quota-rates", "tml-quota-sdk")
 
 
 BF16_TWIN = {  # the same model trained and sampled in bfloat16 (test_precision)
@@ -81,8 +89,9 @@ def server_config(state_dir: Path, sharded: bool = False) -> dict:
             "max_pending_samples": MAX_PENDING_SAMPLES,
             "max_stability_records_per_session": MAX_STABILITY_RECORDS,
             "max_live_models_per_user": 999,  # the suite's shared user keeps well over the default 32 loaded
+            "users": {enrolled_owner(key): QUOTAS for key in QUOTA_KEYS},  # the users an unissued key stands for
         },
-        # max_models_per_base: the shared user's models stay loaded across the failure tests' restarts (rebuilt)
+        # max_models_per_base: the suite keeps its models loaded, well over the default 64 on the shared app
         "engine": {"max_lora_rank": 16, "max_models_per_base": 1000},
     }
 
@@ -95,7 +104,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         "test_precision.py",
         "test_worker_failure.py",
         "test_object_storage.py",
-        "test_quotas.py",
         "test_families.py",
         "test_postgres_app.py",
     )
@@ -125,12 +133,14 @@ def wait_ready(url: str, budget_s: float = 300, route: str = "/ready", every_s: 
 # Set once the shared URL serves an app on another database than the standard one's: the shared client's session is
 # not in it. Kept in the environment: test modules import this file under another module name than pytest does.
 _ON_ANOTHER_DATABASE = "TINKER_SERVE_TEST_APP_ON_ANOTHER_DATABASE"
+_STANDARD_STATE_DIR = "TINKER_SERVE_TEST_STANDARD_STATE_DIR"  # the standard app's state_dir
 
 
 def replace_app(config: dict, url: str, while_starting: Callable[[], None] | None = None) -> None:
     """Delete the shared Serve app and start one with `config` in its place (clients keep the same URL);
     `while_starting` runs once the new app's ingress answers, before the app is ready."""
-    os.environ[_ON_ANOTHER_DATABASE] = "1" if "database_url" in config else ""
+    standard = "database_url" not in config and config["state_dir"] == os.environ[_STANDARD_STATE_DIR]
+    os.environ[_ON_ANOTHER_DATABASE] = "" if standard else "1"
     serve.delete("tinker", _blocking=False)  # the trainers' graceful shutdown waits up to 60 s for a submit
     deadline = time.monotonic() + 240  # left waiting, so this can take longer than serve's own wait
     while "tinker" in serve.status().applications:
@@ -165,6 +175,7 @@ METRICS_PORT = int(os.environ.setdefault("TINKER_SERVE_TEST_METRICS_PORT", str(f
 @pytest.fixture(scope="session")
 def base_url(state_dir: Path) -> str:
     build_embedded_model("tiny", TINY_MODEL)
+    os.environ[_STANDARD_STATE_DIR] = str(state_dir)
     ray_tmp = Path("/tmp") / f"tsray-{int(time.time())}"  # short: Ray's socket paths have a length limit
     # The dashboard (on 127.0.0.1) serves Ray's state API, which Ray Train's cleaner needs to release a killed
     # trainer's placement group, as on real clusters. S3_ENV: for test_object_storage.
@@ -188,12 +199,38 @@ def base_url(state_dir: Path) -> str:
 
 
 @pytest.fixture(scope="session")
-def sharded_app(base_url: str, state_dir: Path) -> str:
-    """The shared app replaced, once, by `server_config(sharded=True)`: test_precision's bf16 twin, and the failure
-    tests' recoveries on a sharded base. The modules that use it run after the others, before those that replace the
-    app again."""
-    replace_app(server_config(state_dir, sharded=True), base_url)
+def object_store() -> Iterator[str]:
+    """The storage URI of a bucket on an S3-compatible server on loopback (moto), for the rest of the session."""
+    with s3_server("tinker-serve") as uri:
+        yield uri
+
+
+def sharded_config(state_dir: Path, storage_uri: str) -> dict:
+    """The `sharded_app`'s config: `server_config(sharded=True)` with its checkpoints and snapshots in object
+    storage at `storage_uri`, as on a cluster."""
+    return {**server_config(state_dir, sharded=True), "storage_uri": storage_uri}
+
+
+@pytest.fixture(scope="session")
+def sharded_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("sharded-state")
+
+
+@pytest.fixture(scope="session")
+def sharded_app(base_url: str, sharded_state_dir: Path, object_store: str) -> str:
+    """The shared app replaced, once, by `sharded_config` on a state directory (and database) of its own:
+    test_precision's bf16 twin, the failure tests' recoveries on a sharded base from snapshots in object storage, and
+    test_object_storage. The modules that use it run after the others, before those that replace the app again. Its
+    own database: on the shared one, every model the suite made so far is rebuilt at each of the failure tests'
+    restarts."""
+    replace_app(sharded_config(sharded_state_dir, object_store), base_url)
     return base_url
+
+
+@pytest.fixture(scope="session")
+def sharded_client(sharded_app: str) -> tinker.ServiceClient:
+    """The suite's user on the `sharded_app` (its session is left to expire: the app is gone by the end)."""
+    return tinker.ServiceClient(base_url=sharded_app, api_key="tml-integration-tests")
 
 
 # family -> embedded preset; the MoEs' experts run through app.sampling.cpu_moe_lora in the CPU Sampler

@@ -25,19 +25,11 @@ from app.sampling.params import SampleArgs
 from app.training.base_model import load_base_model
 from app.training.engine import TrainingEngine
 from app.training_data.batch import PackedBatch
+from tests.unit.training.sharded_ranks import batch_of
 
 ADAPTERS = {"mlp": AdapterSpec(rank=8, seed=3, train_attn=False), "all": AdapterSpec(rank=8, seed=3)}
 PROMPT = tuple(range(5, 25))
 SAMPLER = SamplerConfig(kv_cache_mib=32, dtype="float32", max_loras=2, max_cpu_loras=3, max_num_seqs=4)
-
-
-def _training_batch(seed: int) -> PackedBatch:
-    rng = np.random.default_rng(seed)
-    lengths = [12, 9, 7, 10]
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    total = int(offsets[-1])
-    inputs = {"target_tokens": rng.integers(3, 2048, total), "weights": np.ones(total, np.float32)}
-    return PackedBatch(rng.integers(3, 2048, total), offsets, inputs)
 
 
 def _logprobs(engine: TrainingEngine, model_id: str, tokens: list[int]) -> np.ndarray:
@@ -58,7 +50,7 @@ async def _check(preset: str, out: Path) -> dict:
     losses: dict[str, list[float]] = {}
     for name, spec in ADAPTERS.items():
         engine.create_model(name, spec)
-        batch, losses[name] = _training_batch(seed=1), []
+        batch, losses[name] = batch_of([12, 9, 7, 10], seed=1), []
         for _ in range(4):
             losses[name].append(engine.forward_backward(name, "cross_entropy", {}, batch, forward_only=False).loss_sum)
             engine.optim_step(name, AdamParams(learning_rate=1e-2))

@@ -8,11 +8,13 @@ test_families.py) and this covers every one."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
+from app.sampling.cpu_env import replica_env
 from tests.conftest import ROOT
 
 SAMPLER_ATOL = 2e-4  # as tests/integration/test_sampling.py: float32 vLLM and torch agree to ~1e-6 here
@@ -29,7 +31,8 @@ PRESETS = {
 def checks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     out = tmp_path_factory.mktemp("family-samplers")
     command = [sys.executable, "-m", "tests.integration.family_samplers", str(out), *PRESETS.values()]
-    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    env = {**os.environ, **replica_env()}  # as a CPU Sampler replica's: no torch.compile, the engine in process
+    run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0, run.stderr[-4000:]
     lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
     return {line["family"]: line for line in lines}

@@ -1,6 +1,6 @@
-"""Checkpoints on an S3-compatible server (moto, on 127.0.0.1). Runs last: the shared app is replaced by one
-on the same database whose `storage_uri` is `s3://...`, so trainer workers upload, and samplers and loads
-download, through pyarrow's S3 filesystem. Nothing is written to the local checkpoint directory."""
+"""Checkpoints on an S3-compatible server (moto, on 127.0.0.1): the `sharded_app` keeps them in object storage
+(its `storage_uri` is `s3://...`), so trainer workers upload, and samplers and loads download, through pyarrow's S3
+filesystem. Nothing is written to the local checkpoint directory."""
 
 from __future__ import annotations
 
@@ -13,23 +13,20 @@ import tinker
 from tinker import types
 
 from app.storage.objects import ObjectStorage
-from tests.integration.conftest import replace_app, server_config
 from tests.integration.helpers import logprobs_of, new_client, sft_datums, train_steps
-from tests.s3 import s3_keys, s3_server
+from tests.s3 import s3_keys
 
 
 @pytest.fixture(scope="module")
-def s3_storage(base_url: str, state_dir: Path):
-    with s3_server("tinker-serve") as uri:
-        replace_app({**server_config(state_dir), "storage_uri": uri}, base_url)
-        yield ObjectStorage(uri)
+def s3_storage(sharded_app: str, object_store: str) -> ObjectStorage:
+    return ObjectStorage(object_store)
 
 
 def test_checkpoints_round_trip_through_s3(
-    s3_storage: ObjectStorage, service_client: tinker.ServiceClient, state_dir: Path
+    s3_storage: ObjectStorage, sharded_client: tinker.ServiceClient, sharded_state_dir: Path
 ) -> None:
-    local_before = sorted((state_dir / "checkpoints").rglob("*"))
-    tc = new_client(service_client, seed=61)
+    local_before = sorted((sharded_state_dir / "checkpoints").rglob("*"))
+    tc = new_client(sharded_client, seed=61)
     data = sft_datums(tc.get_tokenizer())
     train_steps(tc, data, 2)
     state = tc.save_state("on-s3").result().path
@@ -40,7 +37,7 @@ def test_checkpoints_round_trip_through_s3(
     assert any(k.endswith("/adapter_model.safetensors") for k in sampler_keys)
 
     # Load: the new model's workers download the checkpoint; outputs and the next step are identical.
-    restored = service_client.create_training_client_from_state_with_optimizer(state).result()
+    restored = sharded_client.create_training_client_from_state_with_optimizer(state).result()
     for got, want in zip(logprobs_of(restored.forward(data, "cross_entropy").result()), expected, strict=True):
         np.testing.assert_array_equal(got, want)
     train_steps(tc, data, 1)
@@ -55,13 +52,13 @@ def test_checkpoints_round_trip_through_s3(
     # Sample: the sampler downloads the adapter; the saved weights are the 2-step ones, not the trained-on model.
     prompt = types.ModelInput.from_ints(data[0].model_input.to_ints()[:6])
     greedy = types.SamplingParams(max_tokens=4, temperature=0.0)
-    from_s3 = service_client.create_sampling_client(model_path=sampler_path).sample(prompt, 1, greedy).result()
+    from_s3 = sharded_client.create_sampling_client(model_path=sampler_path).sample(prompt, 1, greedy).result()
     ephemeral = tc.save_weights_and_get_sampling_client().result().sample(prompt, 1, greedy).result()
     assert len(from_s3.sequences[0].tokens) == len(ephemeral.sequences[0].tokens) == 4
     assert s3_keys(s3_storage.uri, "ephemeral"), "ephemeral sampler weights belong in object storage too"
 
     # Export and download streamed from S3; delete removes the objects.
-    rest = service_client.create_rest_client()
+    rest = sharded_client.create_rest_client()
     export = tc.save_weights_external("s3-export").result().path
     urls = rest.get_external_weights_urls(export).result().urls
     with httpx.Client(timeout=30) as plain:
@@ -70,5 +67,5 @@ def test_checkpoints_round_trip_through_s3(
     rest.delete_checkpoint_from_tinker_path(state).result()
     assert s3_keys(s3_storage.uri, f"{tc.model_id}/weights/on-s3") == []
     with pytest.raises(tinker.NotFoundError):
-        service_client.create_training_client_from_state(state).result()
-    assert sorted((state_dir / "checkpoints").rglob("*")) == local_before
+        sharded_client.create_training_client_from_state(state).result()
+    assert sorted((sharded_state_dir / "checkpoints").rglob("*")) == local_before

@@ -18,8 +18,8 @@ pytestmark = pytest.mark.usefixtures("sharded_app")
 BF16_ATOL = 0.1
 
 
-def test_a_bf16_base_trains_and_its_sampler_agrees(service_client: tinker.ServiceClient) -> None:
-    tc = service_client.create_lora_training_client(base_model=BF16_MODEL, rank=8, seed=5).result()
+def test_a_bf16_base_trains_and_its_sampler_agrees(sharded_client: tinker.ServiceClient) -> None:
+    tc = sharded_client.create_lora_training_client(base_model=BF16_MODEL, rank=8, seed=5).result()
     data = sft_datums(tc.get_tokenizer())
     losses = []
     for _ in range(6):

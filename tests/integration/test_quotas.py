@@ -1,31 +1,14 @@
-"""Per-user quotas on the real app, replaced by one with tight limits (runs among the last modules): each limit
-refuses cleanly (sizes: a user error naming it; rates and queues: 429 with Retry-After) and nothing accepted is
-lost; other users are not held back."""
+"""Per-user quotas on the real app: the shared app gives the users of QUOTA_KEYS tight quotas of their own
+(`quotas.users`, conftest's server_config). Each limit refuses cleanly (sizes: a user error naming it; rates and
+queues: 429 with Retry-After) and nothing accepted is lost; other users, the suite's included, are not held back."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import httpx
-import pytest
 import tinker
 
-from tests.integration.conftest import BASE_MODEL, replace_app, server_config
+from tests.integration.conftest import BASE_MODEL
 from tests.integration.helpers import future_result, raw_client
-
-QUOTAS = {
-    "max_live_models_per_user": 2,
-    "max_checkpoint_bytes_per_user": 1,  # the first save is let in (nothing held yet); the next is refused
-    "max_pending_requests_per_user": 3,
-    "sample_tokens_per_minute_per_user": 40,
-}
-
-
-@pytest.fixture(scope="module")
-def quota_app(base_url: str, state_dir: Path) -> str:
-    config = server_config(state_dir)
-    replace_app({**config, "quotas": {**config["quotas"], **QUOTAS}}, base_url)
-    return base_url
 
 
 def _model(http: httpx.Client, session: str, seq: int) -> httpx.Response:
@@ -33,14 +16,14 @@ def _model(http: httpx.Client, session: str, seq: int) -> httpx.Response:
     return http.post("/api/v1/create_model", json=body)
 
 
-def test_live_models_and_checkpoint_bytes(quota_app: str) -> None:
-    with raw_client(quota_app, "tml-quota-sizes") as http:
+def test_live_models_and_checkpoint_bytes(base_url: str) -> None:
+    with raw_client(base_url, "tml-quota-sizes") as http:
         session = http.post("/api/v1/create_session", json={}).json()["session_id"]
         models = [future_result(http, _model(http, session, i).json()["request_id"])["model_id"] for i in range(2)]
         third = _model(http, session, 2)
         assert third.status_code == 400 and "quotas.max_live_models_per_user" in third.json()["error"]
         assert third.json()["field"] == "model_seq_id"
-        with raw_client(quota_app, "tml-quota-other") as other:  # another user is not held back
+        with raw_client(base_url, "tml-quota-other") as other:  # another user is not held back
             other_session = other.post("/api/v1/create_session", json={}).json()["session_id"]
             assert _model(other, other_session, 0).status_code == 200
         future_result(http, http.post("/api/v1/unload_model", json={"model_id": models[0]}).json()["request_id"])
@@ -59,8 +42,8 @@ def test_live_models_and_checkpoint_bytes(quota_app: str) -> None:
         assert "path" in save(3, "second")  # the model's order went on past the refusal
 
 
-def test_pending_operations_and_sampled_tokens(quota_app: str) -> None:
-    with raw_client(quota_app, "tml-quota-rates") as http:
+def test_pending_operations_and_sampled_tokens(base_url: str) -> None:
+    with raw_client(base_url, "tml-quota-rates") as http:
         session = http.post("/api/v1/create_session", json={}).json()["session_id"]
         model = future_result(http, _model(http, session, 0).json()["request_id"])["model_id"]
         adam = {"learning_rate": 1e-3}
@@ -92,9 +75,9 @@ def test_pending_operations_and_sampled_tokens(quota_app: str) -> None:
         assert int(limited.headers["retry-after"]) >= 1
 
 
-def test_the_sdk_waits_out_a_full_queue(quota_app: str) -> None:
+def test_the_sdk_waits_out_a_full_queue(base_url: str) -> None:
     """Through the SDK, the 429s of a full queue are waited out: every step of a pipelined run completes."""
-    service = tinker.ServiceClient(base_url=quota_app, api_key="tml-quota-sdk")
+    service = tinker.ServiceClient(base_url=base_url, api_key="tml-quota-sdk")
     try:
         training = service.create_lora_training_client(base_model=BASE_MODEL, rank=4).result()
         steps = [training.optim_step(tinker.AdamParams(learning_rate=1e-3)) for _ in range(8)]

@@ -30,7 +30,7 @@ from tinker import types
 from app.db import journal_codec
 from app.messages import AdamParams
 from app.operations.optim_step import OptimStep
-from tests.integration.conftest import BASE_MODEL, MAX_PENDING_SAMPLES, MAX_TOKENS, replace_app, server_config
+from tests.integration.conftest import BASE_MODEL, MAX_PENDING_SAMPLES, MAX_TOKENS, replace_app, sharded_config
 from tests.integration.helpers import (
     logprobs_of,
     new_client,
@@ -91,13 +91,13 @@ def _kill(replica: dict) -> None:
     ray.kill(ray.get_actor(replica["name"], namespace=replica["namespace"]), no_restart=True)
 
 
-def test_a_killed_worker_loses_no_model_and_no_request(service_client, worker_pids, reference_base):
+def test_a_killed_worker_loses_no_model_and_no_request(sharded_client, worker_pids, reference_base):
     """SIGKILL a training worker in the middle of a pipelined 10-step run: the run finishes without a client error
     and its weights equal those of the same run undisturbed (the model is rebuilt from its snapshot, taken every 3
     steps here, and the journal since; in-flight requests are resent). The undisturbed run is the same 10 steps in
     this process, one after another, to float32 rounding (steps run out of order differ by nats)."""
-    data = sft_datums(new_client(service_client, seed=40).get_tokenizer())
-    undisturbed = _pipelined_run(new_client(service_client, seed=41), data, 10)
+    data = sft_datums(new_client(sharded_client, seed=40).get_tokenizer())
+    undisturbed = _pipelined_run(new_client(sharded_client, seed=41), data, 10)
     in_order = reference_run(reference_base, seed=41, rank=8, batch=packed(data), steps=10, lr=ADAM.learning_rate)
     np.testing.assert_allclose(np.concatenate(undisturbed), in_order, atol=IN_ORDER_ATOL)
 
@@ -109,7 +109,7 @@ def test_a_killed_worker_loses_no_model_and_no_request(service_client, worker_pi
         started.append(time.monotonic())
         os.kill(pids[1], signal.SIGKILL)
 
-    recovered = _pipelined_run(new_client(service_client, seed=41), data, 10, after=4, then=kill)
+    recovered = _pipelined_run(new_client(sharded_client, seed=41), data, 10, after=4, then=kill)
     assert started and time.monotonic() - started[0] < RESTART_BUDGET_S
     print(f"worker killed -> the run's last step answered in {time.monotonic() - started[0]:.1f} s")  # pytest -s
     assert pids[1] not in worker_pids()
@@ -117,19 +117,19 @@ def test_a_killed_worker_loses_no_model_and_no_request(service_client, worker_pi
         np.testing.assert_array_equal(got, want)
 
 
-def test_a_killed_trainer_replica_loses_no_model_and_no_request(service_client):
+def test_a_killed_trainer_replica_loses_no_model_and_no_request(sharded_client):
     """Kill the Trainer replica (the actor that owns the worker group) mid-run: Serve starts another, which rebuilds
     the models from their snapshots and journals and reruns what was queued; the client sees no error and the
     weights equal an undisturbed run's."""
-    data = sft_datums(new_client(service_client, seed=46).get_tokenizer())
-    undisturbed = _pipelined_run(new_client(service_client, seed=47), data, 6)
+    data = sft_datums(new_client(sharded_client, seed=46).get_tokenizer())
+    undisturbed = _pipelined_run(new_client(sharded_client, seed=47), data, 6)
 
     def kill() -> None:
         started.append(time.monotonic())
         _kill(_replica(f"Trainer:{BASE_MODEL}"))
 
     started: list[float] = []
-    recovered = _pipelined_run(new_client(service_client, seed=47), data, 6, after=3, then=kill)
+    recovered = _pipelined_run(new_client(sharded_client, seed=47), data, 6, after=3, then=kill)
     print(f"trainer replica killed -> the run's last step answered in {time.monotonic() - started[0]:.1f} s")
     for got, want in zip(recovered, undisturbed, strict=True):
         np.testing.assert_array_equal(got, want)
@@ -162,19 +162,21 @@ def _kill_while_it_runs(mailbox: ray.actor.ActorHandle, request_id: str) -> None
     _until(lambda: ray.get(mailbox.status.remote())["restarts"] > restarts, "the workers never restarted")
 
 
-def test_an_operation_that_kills_the_workers_fails_and_the_rest_goes_on(base_url, service_client, state_dir: Path):
+def test_an_operation_that_kills_the_workers_fails_and_the_rest_goes_on(
+    base_url, sharded_client, sharded_state_dir: Path
+):
     """Both training workers are SIGKILLed each time one forward_backward runs (as Ray's memory monitor kills the
     workers of a step too large for them): after the second death it fails with a user error that names it and what
     to change, instead of being resent forever. Its model's next steps succeed, without gradients from it (equal to
     a twin that never sent it), and another model, training throughout, ends equal to an undisturbed twin.
 
     Runs after the Trainer replica kill: Ray Train restarts a worker group twice per replica (max_failures)."""
-    other, other_twin = new_client(service_client, seed=49), new_client(service_client, seed=49)
+    other, other_twin = new_client(sharded_client, seed=49), new_client(sharded_client, seed=49)
     data = sft_datums(other.get_tokenizer())
     train_steps(other_twin, data, 3)
     expected_other = logprobs_of(other_twin.forward(data, "cross_entropy").result())
     train_steps(other, data, 1)
-    big_twin = new_client(service_client, seed=50)
+    big_twin = new_client(sharded_client, seed=50)
     train_steps(big_twin, data, 1)
     expected_big = logprobs_of(big_twin.forward(data, "cross_entropy").result())
 
@@ -187,8 +189,8 @@ def test_an_operation_that_kills_the_workers_fails_and_the_rest_goes_on(base_url
     started = time.monotonic()
     doomed = big.forward_backward(random_datums(96, MAX_TOKENS, seed=0), "cross_entropy")
     in_flight = [other.forward_backward(data, "cross_entropy"), other.optim_step(ADAM)]  # queued behind it
-    _wait_for_futures(state_dir, [big.model_id], 1, "the forward_backward never reached the server")
-    with sqlite3.connect(state_dir / "tinker_serve.db") as db:
+    _wait_for_futures(sharded_state_dir, [big.model_id], 1, "the forward_backward never reached the server")
+    with sqlite3.connect(sharded_state_dir / "tinker_serve.db") as db:
         query = "SELECT request_id FROM futures WHERE subject_id = ? AND state = 'pending'"
         (request_id,) = db.execute(query, (big.model_id,)).fetchone()
     for _ in range(2):
@@ -205,7 +207,7 @@ def test_an_operation_that_kills_the_workers_fails_and_the_rest_goes_on(base_url
         "(now 1024; a pass then holds fewer datums); set trainer.dtype: bfloat16 (half the memory); or give each "
         "worker more memory" in failed.value.message  # the SDK's message wraps the server's
     )
-    with sqlite3.connect(state_dir / "tinker_serve.db") as db:
+    with sqlite3.connect(sharded_state_dir / "tinker_serve.db") as db:
         assert db.execute("SELECT worker_deaths FROM journal WHERE request_id = ?", (request_id,)).fetchone() == (2,)
 
     train_steps(big, data, 1)  # the model goes on, with no gradients from the operation given up
@@ -221,9 +223,9 @@ def _retrieve(http: httpx.Client, request_id: str) -> dict:
     return http.post("/api/v1/retrieve_future", json={"request_id": request_id}).json()
 
 
-def _count_futures(state_dir: Path, model_ids: list[str], state: str | None = "pending") -> int:
+def _count_futures(sharded_state_dir: Path, model_ids: list[str], state: str | None = "pending") -> int:
     """The futures of these models in `state` (None: in any state)."""
-    with sqlite3.connect(state_dir / "tinker_serve.db") as db:
+    with sqlite3.connect(sharded_state_dir / "tinker_serve.db") as db:
         marks = ",".join("?" * len(model_ids))
         in_state = "" if state is None else "state = ? AND "
         query = f"SELECT count(*) FROM futures WHERE {in_state}subject_id IN ({marks})"
@@ -231,7 +233,7 @@ def _count_futures(state_dir: Path, model_ids: list[str], state: str | None = "p
 
 
 def _wait_for_futures(
-    state_dir: Path,
+    sharded_state_dir: Path,
     model_ids: list[str],
     count: int,
     failure: str,
@@ -240,12 +242,14 @@ def _wait_for_futures(
 ) -> None:
     """Until `count` futures of these models are in `state`: within 30 s, and while `still()` holds."""
     deadline = time.monotonic() + 30
-    while _count_futures(state_dir, model_ids, state) < count:
+    while _count_futures(sharded_state_dir, model_ids, state) < count:
         assert time.monotonic() < deadline and still(), failure
         time.sleep(0.05)
 
 
-def _sample_in_flight(state_dir: Path, samplers: list[tinker.SamplingClient], count: int, tokens: int = 160) -> list:
+def _sample_in_flight(
+    sharded_state_dir: Path, samplers: list[tinker.SamplingClient], count: int, tokens: int = 160
+) -> list:
     """`count` samples of `tokens` tokens from `samplers` in turn, returned once every one is sent (its future
     pending)."""
     prompt = types.ModelInput.from_ints(samplers[0].get_tokenizer().encode("What is 12 + 7? The answer"))
@@ -256,18 +260,20 @@ def _sample_in_flight(state_dir: Path, samplers: list[tinker.SamplingClient], co
     def none_finished() -> bool:
         return not any(f.done() for f in samples)
 
-    _wait_for_futures(state_dir, sessions, count, "the samples were not all pending together", still=none_finished)
+    _wait_for_futures(
+        sharded_state_dir, sessions, count, "the samples were not all pending together", still=none_finished
+    )
     return samples
 
 
-def test_ingress_restart_loses_nothing(service_client, state_dir: Path):
+def test_ingress_restart_loses_nothing(sharded_client, sharded_state_dir: Path):
     """Only the HTTP front dies: work queued on the trainer and the sampler finishes and every future is still
     answered."""
-    tc = new_client(service_client, seed=45)
+    tc = new_client(sharded_client, seed=45)
     data = sft_datums(tc.get_tokenizer())
     before = tc.forward_backward(data, "cross_entropy").result().metrics["loss:sum"]
-    sampler = service_client.create_sampling_client(base_model=BASE_MODEL).result()
-    samples = _sample_in_flight(state_dir, [sampler], 4, tokens=800)
+    sampler = sharded_client.create_sampling_client(base_model=BASE_MODEL).result()
+    samples = _sample_in_flight(sharded_state_dir, [sampler], 4, tokens=800)
     # The ingress hands each sample to the Sampler just after creating its future; a hand-off still under way when
     # the ingress dies is lost (the future fails after timeouts.sample_timeout_seconds). This test is about work the
     # Sampler already has: give the hand-offs time to land on a loaded machine (the samples run for seconds).
@@ -282,15 +288,15 @@ def test_ingress_restart_loses_nothing(service_client, state_dir: Path):
     assert all(f.result(timeout=120).sequences[0].tokens for f in samples)
     assert time.monotonic() - started < 120
     assert _replica("Ingress")["name"] != replica["name"]
-    assert service_client.create_rest_client().get_training_run(tc.model_id).result().training_run_id == tc.model_id
+    assert sharded_client.create_rest_client().get_training_run(tc.model_id).result().training_run_id == tc.model_id
 
 
-def _future_left_by_a_dead_ingress(state_dir: Path, kind: str, model_id: str, seq_id: int) -> str:
+def _future_left_by_a_dead_ingress(sharded_state_dir: Path, kind: str, model_id: str, seq_id: int) -> str:
     """The state an Ingress replica leaves when it is killed just after creating an operation's future, before the
     journal and the trainer had the operation: a pending future, nothing else (the SDK then retries its request).
     Returns its request id."""
     request_id, now = os.urandom(16).hex(), time.time()
-    with sqlite3.connect(state_dir / "tinker_serve.db", timeout=30) as db:
+    with sqlite3.connect(sharded_state_dir / "tinker_serve.db", timeout=30) as db:
         db.execute(
             "INSERT INTO futures (request_id, kind, subject_id, seq_id, state, created_at) VALUES (?, ?, ?, ?, ?, ?)",
             (request_id, kind, model_id, seq_id, "pending", now),
@@ -302,62 +308,62 @@ def _future_left_by_a_dead_ingress(state_dir: Path, kind: str, model_id: str, se
     return request_id
 
 
-def test_a_retry_hands_over_what_a_dead_ingress_only_promised(service_client, state_dir: Path):
+def test_a_retry_hands_over_what_a_dead_ingress_only_promised(sharded_client, sharded_state_dir: Path):
     """An ingress killed between creating a future and handing its operation to the trainer: the SDK's retry finds
     the pending future and the new attempt hands the operation over, so the model neither stalls on a gap nor
     skips the step (a create_model cut the same way is created)."""
-    holder = service_client.holder
+    holder = sharded_client.holder
     next_model = f"{holder.get_session_id()}:train:{holder._training_client_counter}"
-    _future_left_by_a_dead_ingress(state_dir, "create_model", next_model, 0)
+    _future_left_by_a_dead_ingress(sharded_state_dir, "create_model", next_model, 0)
     # the SDK's create_model request meets that pending future
-    tc = service_client.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=49).result(timeout=60)
+    tc = sharded_client.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=49).result(timeout=60)
     data = sft_datums(tc.get_tokenizer())
     before = tc.forward_backward(data, "cross_entropy").result(timeout=60).metrics["loss:sum"]
-    _future_left_by_a_dead_ingress(state_dir, "optim_step", tc.model_id, tc._request_id_counter + 1)
+    _future_left_by_a_dead_ingress(sharded_state_dir, "optim_step", tc.model_id, tc._request_id_counter + 1)
     assert tc.optim_step(ADAM).result(timeout=60) is not None
     assert tc.forward(data, "cross_entropy").result(timeout=60).metrics["loss:sum"] < before
 
 
-def test_an_operation_answered_but_never_handed_over_still_runs(service_client, state_dir: Path):
+def test_an_operation_answered_but_never_handed_over_still_runs(sharded_client, sharded_state_dir: Path):
     """An ingress killed after answering an operation (its future and journal entry written) and before its hand-over
     to the trainer left: the client only polls, so nothing retries it. An ingress replica's hand-over check finds
     it pending, asks the trainer, and hands it over: it runs within timeouts.handover_check_seconds (10 s) or so."""
-    tc = new_client(service_client, seed=50)
+    tc = new_client(sharded_client, seed=50)
     tc.forward_backward(sft_datums(tc.get_tokenizer()), "cross_entropy").result(timeout=60)
     seq_id = tc._request_id_counter + 1
-    request_id = _future_left_by_a_dead_ingress(state_dir, "optim_step", tc.model_id, seq_id)
+    request_id = _future_left_by_a_dead_ingress(sharded_state_dir, "optim_step", tc.model_id, seq_id)
     step = journal_codec.encode(OptimStep(request_id, AdamParams(learning_rate=ADAM.learning_rate)))
-    with sqlite3.connect(state_dir / "tinker_serve.db", timeout=30) as db:
+    with sqlite3.connect(sharded_state_dir / "tinker_serve.db", timeout=30) as db:
         db.execute(
             "INSERT INTO journal (model_id, seq_id, request_id, op, created_at) VALUES (?, ?, ?, ?, ?)",
             (tc.model_id, seq_id, request_id, step, time.time()),
         )
     deadline = time.monotonic() + 60
-    while (state := _future_state(state_dir, request_id)) == "pending":
+    while (state := _future_state(sharded_state_dir, request_id)) == "pending":
         assert time.monotonic() < deadline, "the operation was never handed over"
         time.sleep(0.5)
     assert state == "completed"
 
 
-def _future_state(state_dir: Path, request_id: str) -> str:
-    with sqlite3.connect(state_dir / "tinker_serve.db", timeout=30) as db:
+def _future_state(sharded_state_dir: Path, request_id: str) -> str:
+    with sqlite3.connect(sharded_state_dir / "tinker_serve.db", timeout=30) as db:
         return str(db.execute("SELECT state FROM futures WHERE request_id = ?", (request_id,)).fetchone()[0])
 
 
-def test_sampler_replica_death_is_invisible_to_clients(service_client, state_dir: Path):
+def test_sampler_replica_death_is_invisible_to_clients(sharded_client, sharded_state_dir: Path):
     """16 samples (half from a LoRA adapter) in flight when the only Sampler replica dies: the ingress sends
     them again, the replacement replica answers every one (loading the adapter on demand), nothing stays
     pending, and a sample of the adapter afterwards carries its weights."""
-    tc = new_client(service_client, seed=48)
+    tc = new_client(sharded_client, seed=48)
     train_steps(tc, sft_datums(tc.get_tokenizer()), 2, lr=3e-3)
     path = tc.save_weights_for_sampler("before-sampler-kill").result().path
-    adapter = service_client.create_sampling_client(model_path=path).result()
-    base = service_client.create_sampling_client(base_model=BASE_MODEL).result()
+    adapter = sharded_client.create_sampling_client(model_path=path).result()
+    base = sharded_client.create_sampling_client(base_model=BASE_MODEL).result()
     prompt = types.ModelInput.from_ints(tc.get_tokenizer().encode("What is 12 + 7? The answer"))
     adapter.sample(prompt, 1, types.SamplingParams(max_tokens=4)).result()  # the doomed replica loads it
     victim = _replica(f"Sampler:{BASE_MODEL}")
 
-    in_flight = _sample_in_flight(state_dir, [adapter, base], MAX_PENDING_SAMPLES)
+    in_flight = _sample_in_flight(sharded_state_dir, [adapter, base], MAX_PENDING_SAMPLES)
     _kill(victim)
     killed = time.monotonic()
     assert not any(f.done() for f in in_flight), "samples finished before the kill: make them longer"
@@ -365,7 +371,7 @@ def test_sampler_replica_death_is_invisible_to_clients(service_client, state_dir
     results = [f.result(timeout=RESTART_BUDGET_S) for f in in_flight]  # no client error
     print(f"\n{len(results)} samples answered {time.monotonic() - killed:.1f} s after the sampler replica died")
     assert all(len(r.sequences) == 1 and r.sequences[0].tokens for r in results)
-    assert _count_futures(state_dir, [adapter._sampling_session_id, base._sampling_session_id]) == 0
+    assert _count_futures(sharded_state_dir, [adapter._sampling_session_id, base._sampling_session_id]) == 0
     assert _replica(f"Sampler:{BASE_MODEL}")["name"] != victim["name"]
 
     after = adapter.sample(prompt, 1, types.SamplingParams(max_tokens=12, temperature=1.0)).result().sequences[0]
@@ -373,11 +379,13 @@ def test_sampler_replica_death_is_invisible_to_clients(service_client, state_dir
     np.testing.assert_allclose(after.logprobs, expected, atol=SAMPLER_ATOL)  # the adapter, not the base model
 
 
-def test_an_app_restart_mid_run_resumes_the_model(service_client, base_url: str, state_dir: Path):
+def test_an_app_restart_mid_run_resumes_the_model(
+    sharded_client, base_url: str, sharded_state_dir: Path, object_store: str
+):
     """The Serve app stops and starts again on the same state while a step is in flight: the client goes on with
     the same model by id, the step in flight completes, and the weights equal an undisturbed run's; finished
     futures, runs and checkpoints survive. A model created while the new trainer starts is created and trains."""
-    twin, tc = new_client(service_client, seed=43), new_client(service_client, seed=43)
+    twin, tc = new_client(sharded_client, seed=43), new_client(sharded_client, seed=43)
     data = sft_datums(tc.get_tokenizer())
     for client in (twin, tc):
         train_steps(client, data, 4)  # past a snapshot (every 3 steps here): rebuilt from it and the journal
@@ -385,17 +393,21 @@ def test_an_app_restart_mid_run_resumes_the_model(service_client, base_url: str,
     expected = logprobs_of(twin.forward(data, "cross_entropy").result())
     saved = tc.save_state("before-restart").result().path
     with httpx.Client(base_url=base_url, timeout=60, headers={"X-API-Key": "tml-integration-tests"}) as http:
-        finished = http.post("/api/v1/unload_model", json={"model_id": new_client(service_client, seed=44).model_id})
+        finished = http.post("/api/v1/unload_model", json={"model_id": new_client(sharded_client, seed=44).model_id})
         finished_result = _retrieve(http, finished.json()["request_id"])
         # In flight across the restart. The SDK's own polls of these find no server while no app is deployed
         # (direct ingress: the port is closed until the new Ingress replica opens it), so they are not awaited: the
         # steps after them can only run, and the weights only match, if the server finished them exactly once.
-        accepted = _count_futures(state_dir, [tc.model_id], state=None)
+        accepted = _count_futures(sharded_state_dir, [tc.model_id], state=None)
         tc.forward_backward(data, "cross_entropy")
         tc.optim_step(ADAM)
         # both accepted (journaled) before the app goes: the SDK sends them from its own thread, later
         _wait_for_futures(
-            state_dir, [tc.model_id], accepted + 2, "the two steps in flight never reached the server", state=None
+            sharded_state_dir,
+            [tc.model_id],
+            accepted + 2,
+            "the two steps in flight never reached the server",
+            state=None,
         )
 
         started = time.monotonic()
@@ -403,9 +415,11 @@ def test_an_app_restart_mid_run_resumes_the_model(service_client, base_url: str,
 
         def create_while_the_trainer_starts() -> None:
             trainer = serve.status().applications["tinker"].deployments[f"Trainer:{BASE_MODEL}"].status
-            created.append((trainer, new_client(service_client, seed=45)))  # returns once the model is created
+            created.append((trainer, new_client(sharded_client, seed=45)))  # returns once the model is created
 
-        replace_app(server_config(state_dir, sharded=True), base_url, while_starting=create_while_the_trainer_starts)
+        replace_app(
+            sharded_config(sharded_state_dir, object_store), base_url, while_starting=create_while_the_trainer_starts
+        )
 
         assert _retrieve(http, finished.json()["request_id"]) == finished_result
         assert http.get(f"/api/v1/training_runs/{tc.model_id}").json()["last_snapshot_time"] is not None
@@ -416,9 +430,9 @@ def test_an_app_restart_mid_run_resumes_the_model(service_client, base_url: str,
     print(f"app restarted -> the next step answered {time.monotonic() - started:.1f} s after the restart began")
     for got, want in zip(logprobs_of(tc.forward(data, "cross_entropy").result()), expected, strict=True):
         np.testing.assert_array_equal(got, want)
-    rest = service_client.create_rest_client()
+    rest = sharded_client.create_rest_client()
     assert rest.get_training_run(tc.model_id).result().base_model == BASE_MODEL
     checkpoints = rest.list_checkpoints(tc.model_id).result().checkpoints
     assert "weights/before-restart" in {c.checkpoint_id for c in checkpoints}
-    restored = service_client.create_training_client_from_state_with_optimizer(saved).result()
+    restored = sharded_client.create_training_client_from_state_with_optimizer(saved).result()
     assert restored.forward(data, "cross_entropy").result().metrics["loss:sum"] > 0

@@ -140,6 +140,19 @@ def test_one_user_cannot_fill_a_trainer_across_sections() -> None:
     assert config.quotas.max_live_models_per_user == 8
 
 
+def test_a_users_own_quotas_override_the_server_wide_ones() -> None:
+    quotas = {"max_live_models_per_user": 4, "users": {"alice": {"max_live_models_per_user": 6}}}
+    config = ServerConfig(base_models=[TINY], auth=LOOPBACK, engine={"max_models_per_base": 8}, quotas=quotas)
+    alice, bob = config.quotas.for_user("alice"), config.quotas.for_user("bob")
+    assert (alice.max_live_models_per_user, bob.max_live_models_per_user) == (6, 4)
+    assert alice.max_pending_requests_per_user == bob.max_pending_requests_per_user == 1024  # the rest unchanged
+    crowded = {**quotas, "users": {"alice": {"max_live_models_per_user": 8}}}
+    with pytest.raises(ValidationError, match=r"max_live_models_per_user of alice 8 must be below"):
+        ServerConfig(base_models=[TINY], auth=LOOPBACK, engine={"max_models_per_base": 8}, quotas=crowded)
+    with pytest.raises(ValidationError, match=r"max_pending_samples"):  # only the per-user quotas are a user's own
+        ServerConfig(base_models=[TINY], auth=LOOPBACK, quotas={"users": {"alice": {"max_pending_samples": 1}}})
+
+
 def test_every_field_that_left_limits_is_named_with_its_new_place() -> None:
     assert set(MOVED_FROM_LIMITS.values()) == {"timeouts", "retention", "quotas", "engine"}
     names = [name for model in SECTIONS.values() for name in model.model_fields]

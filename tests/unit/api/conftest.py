@@ -140,13 +140,13 @@ def saved_checkpoint(api: InProcessApi, user: str, size_bytes: int = 10, public:
 @pytest.fixture
 def make_api(tmp_path: Path) -> Iterator[Callable[..., InProcessApi]]:
     """Makes the in-process API; keyword arguments override config fields of the server-wide sections by name
-    (limits, timeouts, retention, quotas, engine: each name is in one of them)."""
+    (limits, timeouts, retention, quotas, engine: each name is in one of them), `users` is quotas.users."""
     path = tmp_path / "api.sqlite"
     run_on_db(path, lambda db: asyncio.sleep(0))  # the tables
     clients: list[TestClient] = []
 
-    def make(**overrides: Any) -> InProcessApi:
-        sections: dict[str, dict[str, Any]] = {}
+    def make(users: dict[str, dict[str, int]] | None = None, **overrides: Any) -> InProcessApi:
+        sections: dict[str, dict[str, Any]] = {"quotas": {"users": users or {}}}  # users: quotas.users
         for name, value in overrides.items():
             sections.setdefault(MOVED_FROM_LIMITS.get(name, "limits"), {})[name] = value
         config = ServerConfig(

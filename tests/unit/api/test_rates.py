@@ -21,3 +21,10 @@ def test_a_request_beyond_the_bucket_passes_when_full_and_leaves_a_debt() -> Non
     limiter = RateLimiter(per_minute=100)
     assert limiter.take("a", 250, now=0.0) == 0.0
     assert limiter.take("a", 1, now=30.0) == pytest.approx(101 * 0.6)  # -150 + 50 refilled: 101 short at 100/min
+
+
+def test_a_key_of_its_own_rate_fills_and_refills_at_it() -> None:
+    limiter = RateLimiter(per_minute=60)
+    assert limiter.take("a", 10, now=0.0, per_minute=10) == 0.0
+    assert limiter.take("a", 1, now=0.0, per_minute=10) == pytest.approx(6.0)  # one unit every 6 s
+    assert limiter.take("b", 60, now=0.0) == 0.0  # the limiter's own rate for the others

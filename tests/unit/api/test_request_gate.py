@@ -20,11 +20,13 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from app.api.quotas import check_pending_requests
 from app.api.training import sequenced
 from app.config import EngineConfig, QuotasConfig, ServerConfig
 from app.db.checkpoints import CheckpointRecord
 from app.db.futures import PROTO_CONTENT_TYPE
 from app.db.metadata import TrainingRun
+from app.errors import LimitExceeded
 from app.messages import SequencedOp, Skip
 from app.protocol.results import encode_forward_backward_output
 from app.storage.paths import CheckpointPath
@@ -170,6 +172,21 @@ def test_pending_bytes_are_bounded_per_user(make_api: Callable[..., InProcessApi
     queued = api.post("/api/v1/forward_backward", _forward_backward(model_id, 6, 4))  # 16 KiB more: over
     assert queued.status_code == 429 and "quotas.max_pending_bytes_per_user" in queued.json()["error"]
     assert int(queued.headers["retry-after"]) >= 1
+
+
+def test_a_user_of_their_own_quotas_is_held_to_them(make_api: Callable[..., InProcessApi]) -> None:
+    bob = InProcessApi.user_id("bob")
+    api = make_api(max_pending_bytes_per_user=64 * 1024, users={bob: {"max_pending_bytes_per_user": 2**20}})
+    alices, _ = _pending_future(api)
+    bobs, _ = _pending_future(api, "bob")
+    batch = _forward_backward(alices, 5, 64)  # 256 KiB decoded
+    assert (
+        "quotas.max_pending_bytes_per_user=65536"
+        in refused(api.post("/api/v1/forward_backward", batch), "data")["error"]
+    )
+    api.run(check_pending_requests(api.services, bob, bobs, 5, nbytes=256 * 1024))  # within bob's own MiB
+    with pytest.raises(LimitExceeded, match="max_pending_bytes_per_user=1048576"):
+        api.run(check_pending_requests(api.services, bob, bobs, 5, nbytes=2 * 2**20))
 
 
 def test_one_user_cannot_fill_a_trainer() -> None:
