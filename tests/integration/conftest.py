@@ -53,7 +53,8 @@ BF16_TWIN = {  # the same model trained and sampled in bfloat16 (test_precision)
 def server_config(state_dir: Path, sharded: bool = False) -> dict:
     """The suite's app: the tiny model on two workers, each holding all of it without recompute (as serve_config.yaml
     runs it: on 2 cores a sharded base's many small collectives made the suite 2x slower). `sharded`: the
-    `sharded_app` fixture's, with the base sharded (fsdp) and recomputed, and the model's bfloat16 twin."""
+    `sharded_app` fixture's, with the base sharded (fsdp) and recomputed, and the model's bfloat16 twin, critics on
+    the base's own trainer."""
     return {
         "state_dir": str(state_dir),
         # admins read all audit events; SDK clients trade their keys for JWTs (app.api.tokens)
@@ -73,7 +74,8 @@ def server_config(state_dir: Path, sharded: bool = False) -> dict:
                     "micro_batch_tokens": 1024,
                     **({} if sharded else {"sharding": "replicate", "activation_checkpointing": False}),
                 },
-                "critic_trainer": {"num_workers": 1, "cpus_per_worker": 1, "dtype": "float32"},  # critics elsewhere
+                # critics on a worker group of their own; none on the sharded app, whose tests train no critic
+                **({} if sharded else {"critic_trainer": {"num_workers": 1, "cpus_per_worker": 1, "dtype": "float32"}}),
                 "sampler": {"kv_cache_mib": 64, "max_loras": MAX_LORAS, "max_cpu_loras": 6},
             },
             *([BF16_TWIN] if sharded else []),
@@ -233,12 +235,12 @@ def sharded_client(sharded_app: str) -> tinker.ServiceClient:
     return tinker.ServiceClient(base_url=sharded_app, api_key="tml-integration-tests")
 
 
-# family -> embedded preset; the MoEs' experts run through app.sampling.cpu_moe_lora in the CPU Sampler
+# family -> embedded preset: a dense family and a lineup MoE hybrid (its experts through app.sampling.cpu_moe_lora,
+# its Gated DeltaNet through app.sampling.cpu_gdn in the CPU Sampler); every family's Sampler engine against its
+# trainer's, in process: test_family_samplers.py (each base here took ~35 s of this app's start on 2 cores)
 FAMILY_BASES = {
     "qwen3": "tiny-qwen3",
-    "llama": "tiny-llama",
-    "qwen3_moe": "tiny-qwen3-moe",
-    "qwen3_5_moe": "tiny-qwen3_5-moe",  # the lineup's other families: test_family_samplers.py, on vLLM in process
+    "qwen3_5_moe": "tiny-qwen3_5-moe",
 }
 
 

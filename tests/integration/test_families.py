@@ -1,9 +1,8 @@
-"""The families beside Qwen2 that the families app serves through the whole app (runs after the quota tests, on the
-session's last app: a tiny base of each family in conftest's FAMILY_BASES, each built offline, over PostgreSQL;
-conftest's `families_on_postgres`). With MLP-only LoRA (expert LoRA on the MoEs) the real SDK's loss falls, get_info
-names the family, and the Sampler's vLLM gives the trained adapter's own tokens the trainer's logprobs. The trainer
-side of every family, gpt-oss included, is tests/unit/training/test_family_engines.py; the sampler side of the lineup's
-families, one engine at a time, tests/integration/test_family_samplers.py."""
+"""Families through the whole app (on the session's last app: conftest's `families_on_postgres`, a tiny base of each
+family in FAMILY_BASES, each built offline, over PostgreSQL): with MLP-only LoRA (expert LoRA on the MoE) the real
+SDK's loss falls, get_info names the family, and the Sampler's vLLM gives the trained adapter's own tokens the
+trainer's logprobs. The trainer side of every family, gpt-oss included, is tests/unit/training/test_family_engines.py;
+the sampler side of every other family, one engine at a time, tests/integration/test_family_samplers.py."""
 
 from __future__ import annotations
 

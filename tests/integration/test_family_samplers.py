@@ -1,9 +1,10 @@
-"""The lineup's families (Qwen3.5 and its MoE, Nemotron-H, DeepSeek-V3, GLM-4.5) on the CPU Sampler's real vLLM engine,
-as the Sampler replica sets it up, against the trainer's real engine: the trainer's MLP-only and attention + MLP
-adapters learn, and vLLM gives each exported adapter's own sampled tokens the trainer's logprobs. In one process of its
-own, one family's engine at a time (tests/integration/family_samplers.py): all of them as bases of the families app
-took that app over 10 minutes to start on 2 cores, so the app keeps one of them (Qwen3.5-MoE, through the real SDK in
-test_families.py) and this covers every one."""
+"""Every family beside Qwen2 and Qwen3 (Llama 3, Qwen3-MoE, and the lineup's Qwen3.5 and its MoE, Nemotron-H,
+DeepSeek-V3, GLM-4.5) on the CPU Sampler's real vLLM engine, as the Sampler replica sets it up (its engine options,
+plugins and environment), against the trainer's real engine: the trainer's MLP-only and attention + MLP adapters
+learn, and vLLM gives each exported adapter's own sampled tokens the trainer's logprobs. In one process of its own,
+one family's engine at a time (tests/integration/family_samplers.py): each base the families app serves costs its
+start ~35 s on 2 cores, so that app keeps Qwen3 and Qwen3.5-MoE (through the real SDK, test_families.py) and this
+covers every family. gpt-oss samples on GPUs only."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from tests.conftest import ROOT
 
 SAMPLER_ATOL = 2e-4  # as tests/integration/test_sampling.py: float32 vLLM and torch agree to ~1e-6 here
 PRESETS = {
+    "llama": "tiny-llama",
+    "qwen3_moe": "tiny-qwen3-moe",
     "qwen3_5": "tiny-qwen3_5",
     "qwen3_5_moe": "tiny-qwen3_5-moe",
     "nemotron_h": "tiny-nemotron-h",

@@ -1,7 +1,8 @@
 """Every supported model family (app.models.families) in the trainer, on its tiny random-weight preset built offline:
 MLP-only LoRA (expert LoRA on the mixtures of experts) learns, the exported adapter loads in PEFT and gives the same
-logprobs, a critic learns, a bfloat16 base learns and stays close to float32, and a base sharded across two ranks
-trains exactly as a replicated one. The sampler's side is tests/integration/test_families.py."""
+logprobs, a critic learns, a bfloat16 base learns and stays close to float32, a model rebuilt from its snapshot and
+replayed steps (a recovery) equals the undisturbed one bit for bit, and a base sharded across two ranks trains exactly
+as a replicated one. The sampler's side is tests/integration/test_family_samplers.py and test_families.py."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from app.messages import AdamParams, AdapterSpec
 from app.models.embedded import build_embedded_model
 from app.models.families import FAMILIES, UnsupportedFamily, family_of, sampler_refusal
 from app.training.base_model import load_base_model
+from app.training.checkpoint import write_captured
 from app.training.engine import TrainingEngine
 from app.training_data.batch import PackedBatch
 from deployments.builder import _model_limits
@@ -148,6 +150,27 @@ def test_a_bfloat16_base_learns_close_to_float32(family: str, models: dict[str, 
     assert np.median(np.abs(first[torch.bfloat16] - first[torch.float32])) <= BF16_MEDIAN_ATOL
     losses = _losses(engines[torch.bfloat16], "m", "cross_entropy", batch, steps=6)
     assert losses[-1] < 0.7 * losses[0], losses
+
+
+@pytest.mark.parametrize("family", PRESETS)
+def test_a_model_rebuilt_from_its_snapshot_equals_the_undisturbed_one(
+    family: str, models: dict[str, Path], tmp_path: Path
+) -> None:
+    """What a recovery does on fresh workers: the model's snapshot (with its optimizer state), then the steps after
+    it replayed; the weights and logprobs equal the undisturbed model's bit for bit (no arithmetic differs)."""
+    batch, spec = batch_of(LENGTHS, seed=5), AdapterSpec(rank=8, seed=6)  # attention and MLP (experts) adapted
+    undisturbed = TrainingEngine(load_base_model(str(models[family])))
+    undisturbed.create_model("m", spec)
+    _losses(undisturbed, "m", "cross_entropy", batch, steps=2)
+    write_captured(undisturbed.capture_state("m"), tmp_path / "snapshot")
+    _losses(undisturbed, "m", "cross_entropy", batch, steps=2)
+    rebuilt = TrainingEngine(load_base_model(str(models[family])))
+    rebuilt.create_model("m", spec)
+    rebuilt.load_state("m", tmp_path / "snapshot", with_optimizer=True)
+    _losses(rebuilt, "m", "cross_entropy", batch, steps=2)
+    for name, weight in undisturbed.adapter_state("m").items():
+        assert torch.equal(rebuilt.adapter_state("m")[name], weight), name
+    np.testing.assert_array_equal(_logprobs(rebuilt, "m", batch), _logprobs(undisturbed, "m", batch))
 
 
 def _train_every_family(rank: int, world: int, *, sharding: str, models: dict[str, str]) -> dict[str, Any]:
