@@ -237,7 +237,7 @@ def sharded_client(sharded_app: str) -> tinker.ServiceClient:
 
 # family -> embedded preset: a dense family and a lineup MoE hybrid (its experts through app.sampling.cpu_moe_lora,
 # its Gated DeltaNet through app.sampling.cpu_gdn in the CPU Sampler); every family's Sampler engine against its
-# trainer's, in process: test_family_samplers.py (each base here took ~35 s of this app's start on 2 cores)
+# trainer's, in process: test_family_samplers.py (four bases took this app 150 s to start on 2 cores, two ~50 s)
 FAMILY_BASES = {
     "qwen3": "tiny-qwen3",
     "qwen3_5_moe": "tiny-qwen3_5-moe",
