@@ -3,8 +3,8 @@ DeepSeek-V3, GLM-4.5) on the CPU Sampler's real vLLM engine, as the Sampler repl
 plugins and environment), against the trainer's real engine: the trainer's MLP-only and attention + MLP adapters
 learn, and vLLM gives each exported adapter's own sampled tokens the trainer's logprobs. In one process of its own,
 one family's engine at a time (tests/integration/family_samplers.py): the families app took 150 s to start on 2
-cores with four bases and ~50 s with two, so it keeps Qwen3 and Qwen3.5-MoE (through the real SDK, test_families.py) and this
-covers every family. gpt-oss samples on GPUs only."""
+cores with four bases and ~50 s with two, so it keeps Qwen3 and Qwen3.5-MoE (through the real SDK,
+test_families.py) and this covers every family. gpt-oss samples on GPUs only."""
 
 from __future__ import annotations
 
