@@ -7,6 +7,7 @@ writes each future's outcome to the store, so results survive an ingress restart
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import logging
 import time
@@ -308,7 +309,9 @@ class TrainerService:
             raise
         finally:
             self._unanswered.pop(number, None)
-            self._sent.pop(number, None)
+            dropped, _ = self._sent.pop(number, (None, 0))
+            if inspect.iscoroutine(dropped):  # resent by a recovery that then failed: never awaited
+                dropped.close()
         seconds = time.monotonic() - started
         writes: list[Awaitable[None]] = []
         for p, where in zip(planned, positions, strict=True):
@@ -371,7 +374,8 @@ class TrainerService:
             self._recovery = None
         seconds = time.monotonic() - started
         server_metrics().recoveries.observe(seconds, tags={"trainer": self.name})
-        server_metrics().replayed_ops.inc(replayed, tags={"trainer": self.name})
+        if replayed:  # Ray's counters take no 0
+            server_metrics().replayed_ops.inc(replayed, tags={"trainer": self.name})
         logger.warning(
             "trainer %s rebuilt %d models in %.1f s (%d operations replayed)",
             self.name,

@@ -6,10 +6,12 @@ that ran in a pass with another model's fails alone too."""
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import numpy as np
+import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import EngineConfig, TimeoutsConfig, WorkerGroupConfig
@@ -18,7 +20,7 @@ from app.db.futures import Completed, Failed, FutureStore
 from app.db.history import HistoryStore
 from app.db.journal import JournalStore
 from app.db.metadata import MetadataStore
-from app.errors import GroupRestarted
+from app.errors import GroupRestarted, ServerError
 from app.messages import (
     AdamParams,
     CreateModel,
@@ -103,7 +105,6 @@ class DyingGroup(InProcessGroup):
         self._down: tuple[str, ...] | None = None  # what the ranks were running when they died, until they are back
 
     def send(self, commands: Sequence[WorkerCommand]) -> Awaitable[Replies]:
-        run = super().send(commands)
         self.messages.append({c.request_id for c in commands if c.request_id})
 
         async def dying() -> Replies:
@@ -112,9 +113,8 @@ class DyingGroup(InProcessGroup):
                 self.deaths += 1
                 self._down = running
             if self._down is not None:
-                run.close()  # never awaited: the message did not run
                 raise GroupRestarted("restarted", running=self._down)
-            return await run
+            return await super(DyingGroup, self).send(commands)
 
         return dying()
 
@@ -228,5 +228,88 @@ def test_a_killer_that_shared_a_pass_fails_alone(tmp_path: Path) -> None:
             assert isinstance(await futures.get(ops[model_id].request_id), Completed), model_id
         deaths = {model_id: (await journal.entries(model_id))[1].worker_deaths for model_id in ops}
         assert deaths == {"a": 2, "b": 1, "c": 0}
+
+    run_on_db(tmp_path / "meta.db", body)
+
+
+class DiesOnce(DyingGroup):
+    """Workers that die the first time they take a message with a command of `killers`, and never again."""
+
+    async def wait_ready(self) -> None:
+        self.killers.clear()
+        await super().wait_ready()
+
+
+@pytest.mark.filterwarnings("error")  # a coroutine left unawaited fails the test
+def test_a_death_with_nothing_to_replay_loses_no_request(tmp_path: Path) -> None:
+    """The workers die under a model's first operation, so its rebuild replays nothing (its creation only): that
+    operation and the one sent after it are resent and complete, and no send is left unawaited."""
+    storage = ObjectStorage(str(tmp_path / "store"))
+
+    async def body(db: AsyncEngine) -> None:
+        futures, journal = FutureStore(db), JournalStore(db)
+        group = DiesOnce(storage)
+        service = TrainerService(
+            "t", TimeoutsConfig(), EngineConfig(), group, futures, MetadataStore(db), CheckpointStore(db), storage,
+            journal, HistoryStore(db, 100),
+        )  # fmt: skip
+        await service.start()
+        request_id = (await futures.create("create", "a", 0))[0]
+        await journal.append("a", 0, CreateModel(request_id, SPEC))
+        await service.create_model("a", CreateModel(request_id, SPEC))
+        ops: list[SequencedOp] = []
+        for seq_id in (1, 2):
+            request_id = (await futures.create("op", "a", seq_id))[0]
+            ops.append(ForwardBackward(request_id, ForwardBackwardArgs("cross_entropy", {}, False, _batch(seq_id))))
+            await journal.append("a", seq_id, ops[-1])
+        group.killers.add(ops[0].request_id)
+        submits = [service.submit("a", seq_id, op) for seq_id, op in enumerate(ops, 1)]  # pipelined, as the SDK does
+        await asyncio.wait_for(asyncio.gather(*submits), 60)
+
+        assert group.deaths == 1
+        assert [type(await futures.get(op.request_id)) for op in ops] == [Completed, Completed]
+        gc.collect()  # an unawaited coroutine warns when it is collected
+
+    run_on_db(tmp_path / "meta.db", body)
+
+
+class NeverBack(DyingGroup):
+    """Workers that die under a command of `killers` and never come back."""
+
+    async def wait_ready(self) -> None:
+        if self.deaths:
+            raise ServerError("worker group for t did not start within 600 s")
+
+
+@pytest.mark.filterwarnings("error")
+def test_workers_that_never_come_back_fail_the_requests_with_the_reason(tmp_path: Path) -> None:
+    """A death, and a recovery that fails: the model is lost, the operations sent to it fail with the reason, and the
+    sends resent to the dead group are dropped without a coroutine left unawaited."""
+    storage = ObjectStorage(str(tmp_path / "store"))
+
+    async def body(db: AsyncEngine) -> None:
+        futures, journal = FutureStore(db), JournalStore(db)
+        group = NeverBack(storage)
+        service = TrainerService(
+            "t", TimeoutsConfig(), EngineConfig(), group, futures, MetadataStore(db), CheckpointStore(db), storage,
+            journal, HistoryStore(db, 100),
+        )  # fmt: skip
+        await service.start()
+        request_id = (await futures.create("create", "a", 0))[0]
+        await journal.append("a", 0, CreateModel(request_id, SPEC))
+        await service.create_model("a", CreateModel(request_id, SPEC))
+        ops: list[SequencedOp] = []
+        for seq_id in (1, 2):
+            request_id = (await futures.create("op", "a", seq_id))[0]
+            ops.append(ForwardBackward(request_id, ForwardBackwardArgs("cross_entropy", {}, False, _batch(seq_id))))
+            await journal.append("a", seq_id, ops[-1])
+        group.killers.add(ops[0].request_id)
+        submits = [service.submit("a", seq_id, op) for seq_id, op in enumerate(ops, 1)]
+        await asyncio.wait_for(asyncio.gather(*submits, return_exceptions=True), 60)
+
+        for op in ops:
+            failed = await futures.get(op.request_id)
+            assert isinstance(failed, Failed) and "did not start within 600 s" in failed.error["error"], failed
+        gc.collect()
 
     run_on_db(tmp_path / "meta.db", body)
