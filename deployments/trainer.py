@@ -128,8 +128,8 @@ class Trainer:
     async def worker_pids(self) -> list[int]:
         return await self._service.worker_pids()
 
-    def check_health(self) -> None:
-        self._service.check_health()
+    async def check_health(self) -> None:
+        await self._service.check_health()
 
     async def __del__(self) -> None:
         """Serve calls this on replica shutdown. Ending the run releases its placement group; if the replica

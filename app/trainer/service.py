@@ -127,6 +127,7 @@ class TrainerService:
         self._resumed: set[asyncio.Task] = set()  # journaled operations rerun after a trainer restart
         self._single_flight = SingleFlight()  # creates and submits by request id: a repeated call waits
         self._stopping = False  # from stop() on, nothing is sent and no future is failed: the next trainer reruns them
+        self._down_for_good = False  # the group's run ended (check_health): its last death is charged
 
     async def start(self) -> None:
         """Start the workers, then (in the background) rebuild the models this trainer held before it restarted,
@@ -172,8 +173,18 @@ class TrainerService:
         self._resumed.add(task)
         task.add_done_callback(self._resumed.discard)
 
-    def check_health(self) -> None:
-        self._group.check_health()
+    async def check_health(self) -> None:
+        """Raise when the worker group is down for good (Ray Train gave up restarting it; Serve then replaces this
+        replica). That last death is charged first, once, to the operations the ranks were running: the trainer that
+        starts next gives up on those at their limit instead of rerunning them into the same death."""
+        try:
+            self._group.check_health()
+        except Exception:
+            if not self._down_for_good:
+                self._down_for_good = True
+                running = await self._group.running()
+                self._cancelled |= await self._deaths.charge(self._unanswered.values(), running, self._running)
+            raise
 
     async def stop(self) -> None:
         """End the workers' loops, so Ray Train ends the run and releases its placement group. Runs not answered

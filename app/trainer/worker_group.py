@@ -67,6 +67,11 @@ class WorkerGroup(ABC):
     async def cancel(self, request_id: str) -> bool:
         """Turn the commands of `request_id` into no-ops if no rank has taken their message yet; whether it did."""
 
+    async def running(self) -> tuple[str, ...]:
+        """The request ids of the commands the ranks took and never answered (what they were running when they
+        died), oldest first."""
+        return ()
+
     @abstractmethod
     def check_health(self) -> None: ...
 
@@ -176,6 +181,9 @@ class RayTrainWorkerGroup(WorkerGroup):
         except BaseException as exc:  # surfaced through check_health
             logger.exception("worker group for %s failed", self._name)
             self._fit_error = exc
+
+    async def running(self) -> tuple[str, ...]:
+        return await self._mailbox.running.remote()
 
     def check_health(self) -> None:
         if self._fit_error is not None:

@@ -19,7 +19,7 @@ from app.db.checkpoints import CheckpointStore
 from app.db.futures import Completed, Failed, FutureStore
 from app.db.history import HistoryStore
 from app.db.journal import JournalStore
-from app.db.metadata import MetadataStore
+from app.db.metadata import MetadataStore, TrainingRun
 from app.errors import GroupRestarted, ServerError
 from app.messages import (
     AdamParams,
@@ -37,6 +37,7 @@ from app.operations.optim_step import OptimStep
 from app.storage.objects import ObjectStorage
 from app.trainer.service import TrainerService
 from app.trainer.worker_deaths import blamed, largest_pass_tokens, too_large
+from app.trainer.worker_group import WorkerGroup
 from app.training.base_model import load_base_model
 from app.training.engine import TrainingEngine
 from app.training_data.batch import PackedBatch
@@ -311,5 +312,80 @@ def test_workers_that_never_come_back_fail_the_requests_with_the_reason(tmp_path
             failed = await futures.get(op.request_id)
             assert isinstance(failed, Failed) and "did not start within 600 s" in failed.error["error"], failed
         gc.collect()
+
+    run_on_db(tmp_path / "meta.db", body)
+
+
+class DownForGood(DyingGroup):
+    """Workers that die under a command of `killers`: the first time they come back, the second time Ray Train gives
+    up on them (the run ends, the message is never answered, check_health raises)."""
+
+    def __init__(self, storage: ObjectStorage) -> None:
+        super().__init__(storage)
+        self.ended: tuple[str, ...] | None = None  # what the ranks ran when the run ended
+        self.run_ended = asyncio.Event()
+
+    def send(self, commands: Sequence[WorkerCommand]) -> Awaitable[Replies]:
+        running = tuple(c.request_id for c in commands if c.request_id)
+        if self.deaths and self.killers & set(running):
+            self.ended = running
+            self.run_ended.set()
+            return asyncio.get_running_loop().create_future()  # never answered
+        return super().send(commands)
+
+    async def running(self) -> tuple[str, ...]:
+        return self.ended or ()
+
+    def check_health(self) -> None:
+        if self.ended is not None:
+            raise ServerError("worker group for t is down: Training failed due to worker errors")
+
+
+def test_a_death_that_ends_the_group_counts_for_the_trainer_that_replaces_it(tmp_path: Path) -> None:
+    """The workers die under an operation, come back, and die under it again, and Ray Train gives up: the trainer's
+    health check charges that death before the replica goes, so the operation fails there at its limit (2) with what
+    to change, and the trainer that replaces it does not run it again; the model's next operation runs."""
+    storage = ObjectStorage(str(tmp_path / "store"))
+
+    def service_on(db: AsyncEngine, group: WorkerGroup) -> TrainerService:
+        return TrainerService(
+            "t", TimeoutsConfig(), EngineConfig(), group, FutureStore(db), MetadataStore(db), CheckpointStore(db),
+            storage, JournalStore(db), HistoryStore(db, 100),
+        )  # fmt: skip
+
+    async def body(db: AsyncEngine) -> None:
+        futures, journal = FutureStore(db), JournalStore(db)
+        meta = MetadataStore(db)
+        session = await meta.create_session(None, [], {})
+        await meta.add_training_run(TrainingRun("a", session, "tiny", SPEC.rank, "policy", "t", {}, {}, 0.0, False))
+        group = DownForGood(storage)
+        service = service_on(db, group)
+        await service.start()
+        request_id = (await futures.create("create", "a", 0))[0]
+        await journal.append("a", 0, CreateModel(request_id, SPEC))
+        await service.create_model("a", CreateModel(request_id, SPEC))
+        killer = (await futures.create("op", "a", 1))[0]
+        op = ForwardBackward(killer, ForwardBackwardArgs("cross_entropy", {}, False, _batch(1)))
+        await journal.append("a", 1, op)
+        group.killers.add(killer)
+        running = asyncio.create_task(service.submit("a", 1, op))
+        await asyncio.wait_for(group.run_ended.wait(), 60)
+        with pytest.raises(ServerError, match="down"):
+            await service.check_health()
+        with pytest.raises(ServerError, match="down"):
+            await service.check_health()  # charged once
+        running.cancel()
+
+        assert [e.worker_deaths for e in await journal.entries("a")] == [0, 2]
+        failed = await futures.get(killer)
+        assert isinstance(failed, Failed) and failed.error["category"] == "user"
+        assert "died twice" in failed.error["error"]
+        replacement = service_on(db, InProcessGroup(storage))
+        await replacement.start()
+        step = (await futures.create("op", "a", 2))[0]
+        await journal.append("a", 2, OptimStep(step, AdamParams(learning_rate=1e-2)))
+        await asyncio.wait_for(replacement.submit("a", 2, OptimStep(step, AdamParams(learning_rate=1e-2))), 60)
+        assert isinstance(await futures.get(step), Completed)
+        assert isinstance(await futures.get(killer), Failed)  # not run again
 
     run_on_db(tmp_path / "meta.db", body)
