@@ -241,6 +241,41 @@ class DiesOnce(DyingGroup):
         await super().wait_ready()
 
 
+class NeverBack(DyingGroup):
+    """Workers that die under a command of `killers` and never come back."""
+
+    async def wait_ready(self) -> None:
+        if self.deaths:
+            raise ServerError("worker group for t did not start within 600 s")
+
+
+def _service(db: AsyncEngine, group: WorkerGroup, storage: ObjectStorage) -> TrainerService:
+    return TrainerService(
+        "t", TimeoutsConfig(), EngineConfig(), group, FutureStore(db), MetadataStore(db), CheckpointStore(db), storage,
+        JournalStore(db), HistoryStore(db, 100),
+    )  # fmt: skip
+
+
+async def _two_ops_under_a_death(db: AsyncEngine, group: DyingGroup, storage: ObjectStorage) -> list[SequencedOp]:
+    """Model "a", new on a trainer over `group`, and two forward_backwards sent to it pipelined (as the SDK does), the
+    first of them among the group's killers; returns them once both submits have returned."""
+    futures, journal = FutureStore(db), JournalStore(db)
+    service = _service(db, group, storage)
+    await service.start()
+    request_id = (await futures.create("create", "a", 0))[0]
+    await journal.append("a", 0, CreateModel(request_id, SPEC))
+    await service.create_model("a", CreateModel(request_id, SPEC))
+    ops: list[SequencedOp] = []
+    for seq_id in (1, 2):
+        request_id = (await futures.create("op", "a", seq_id))[0]
+        ops.append(ForwardBackward(request_id, ForwardBackwardArgs("cross_entropy", {}, False, _batch(seq_id))))
+        await journal.append("a", seq_id, ops[-1])
+    group.killers.add(ops[0].request_id)
+    submits = [service.submit("a", seq_id, op) for seq_id, op in enumerate(ops, 1)]
+    await asyncio.wait_for(asyncio.gather(*submits, return_exceptions=True), 60)
+    return ops
+
+
 @pytest.mark.filterwarnings("error")  # a coroutine left unawaited fails the test
 def test_a_death_with_nothing_to_replay_loses_no_request(tmp_path: Path) -> None:
     """The workers die under a model's first operation, so its rebuild replays nothing (its creation only): that
@@ -248,38 +283,13 @@ def test_a_death_with_nothing_to_replay_loses_no_request(tmp_path: Path) -> None
     storage = ObjectStorage(str(tmp_path / "store"))
 
     async def body(db: AsyncEngine) -> None:
-        futures, journal = FutureStore(db), JournalStore(db)
         group = DiesOnce(storage)
-        service = TrainerService(
-            "t", TimeoutsConfig(), EngineConfig(), group, futures, MetadataStore(db), CheckpointStore(db), storage,
-            journal, HistoryStore(db, 100),
-        )  # fmt: skip
-        await service.start()
-        request_id = (await futures.create("create", "a", 0))[0]
-        await journal.append("a", 0, CreateModel(request_id, SPEC))
-        await service.create_model("a", CreateModel(request_id, SPEC))
-        ops: list[SequencedOp] = []
-        for seq_id in (1, 2):
-            request_id = (await futures.create("op", "a", seq_id))[0]
-            ops.append(ForwardBackward(request_id, ForwardBackwardArgs("cross_entropy", {}, False, _batch(seq_id))))
-            await journal.append("a", seq_id, ops[-1])
-        group.killers.add(ops[0].request_id)
-        submits = [service.submit("a", seq_id, op) for seq_id, op in enumerate(ops, 1)]  # pipelined, as the SDK does
-        await asyncio.wait_for(asyncio.gather(*submits), 60)
-
+        ops = await _two_ops_under_a_death(db, group, storage)
         assert group.deaths == 1
-        assert [type(await futures.get(op.request_id)) for op in ops] == [Completed, Completed]
+        assert [type(await FutureStore(db).get(op.request_id)) for op in ops] == [Completed, Completed]
         gc.collect()  # an unawaited coroutine warns when it is collected
 
     run_on_db(tmp_path / "meta.db", body)
-
-
-class NeverBack(DyingGroup):
-    """Workers that die under a command of `killers` and never come back."""
-
-    async def wait_ready(self) -> None:
-        if self.deaths:
-            raise ServerError("worker group for t did not start within 600 s")
 
 
 @pytest.mark.filterwarnings("error")
@@ -289,27 +299,8 @@ def test_workers_that_never_come_back_fail_the_requests_with_the_reason(tmp_path
     storage = ObjectStorage(str(tmp_path / "store"))
 
     async def body(db: AsyncEngine) -> None:
-        futures, journal = FutureStore(db), JournalStore(db)
-        group = NeverBack(storage)
-        service = TrainerService(
-            "t", TimeoutsConfig(), EngineConfig(), group, futures, MetadataStore(db), CheckpointStore(db), storage,
-            journal, HistoryStore(db, 100),
-        )  # fmt: skip
-        await service.start()
-        request_id = (await futures.create("create", "a", 0))[0]
-        await journal.append("a", 0, CreateModel(request_id, SPEC))
-        await service.create_model("a", CreateModel(request_id, SPEC))
-        ops: list[SequencedOp] = []
-        for seq_id in (1, 2):
-            request_id = (await futures.create("op", "a", seq_id))[0]
-            ops.append(ForwardBackward(request_id, ForwardBackwardArgs("cross_entropy", {}, False, _batch(seq_id))))
-            await journal.append("a", seq_id, ops[-1])
-        group.killers.add(ops[0].request_id)
-        submits = [service.submit("a", seq_id, op) for seq_id, op in enumerate(ops, 1)]
-        await asyncio.wait_for(asyncio.gather(*submits, return_exceptions=True), 60)
-
-        for op in ops:
-            failed = await futures.get(op.request_id)
+        for op in await _two_ops_under_a_death(db, NeverBack(storage), storage):
+            failed = await FutureStore(db).get(op.request_id)
             assert isinstance(failed, Failed) and "did not start within 600 s" in failed.error["error"], failed
         gc.collect()
 
@@ -347,19 +338,13 @@ def test_a_death_that_ends_the_group_counts_for_the_trainer_that_replaces_it(tmp
     to change, and the trainer that replaces it does not run it again; the model's next operation runs."""
     storage = ObjectStorage(str(tmp_path / "store"))
 
-    def service_on(db: AsyncEngine, group: WorkerGroup) -> TrainerService:
-        return TrainerService(
-            "t", TimeoutsConfig(), EngineConfig(), group, FutureStore(db), MetadataStore(db), CheckpointStore(db),
-            storage, JournalStore(db), HistoryStore(db, 100),
-        )  # fmt: skip
-
     async def body(db: AsyncEngine) -> None:
         futures, journal = FutureStore(db), JournalStore(db)
         meta = MetadataStore(db)
         session = await meta.create_session(None, [], {})
         await meta.add_training_run(TrainingRun("a", session, "tiny", SPEC.rank, "policy", "t", {}, {}, 0.0, False))
         group = DownForGood(storage)
-        service = service_on(db, group)
+        service = _service(db, group, storage)
         await service.start()
         request_id = (await futures.create("create", "a", 0))[0]
         await journal.append("a", 0, CreateModel(request_id, SPEC))
@@ -380,7 +365,7 @@ def test_a_death_that_ends_the_group_counts_for_the_trainer_that_replaces_it(tmp
         failed = await futures.get(killer)
         assert isinstance(failed, Failed) and failed.error["category"] == "user"
         assert "died twice" in failed.error["error"]
-        replacement = service_on(db, InProcessGroup(storage))
+        replacement = _service(db, InProcessGroup(storage), storage)
         await replacement.start()
         step = (await futures.create("op", "a", 2))[0]
         await journal.append("a", 2, OptimStep(step, AdamParams(learning_rate=1e-2)))
