@@ -25,6 +25,7 @@ from app.config import (
     ServerConfig,
     TimeoutsConfig,
 )
+from app.config_sections import UserQuotas
 from app.sampling.cpu_env import replica_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -151,6 +152,11 @@ def test_a_users_own_quotas_override_the_server_wide_ones() -> None:
         ServerConfig(base_models=[TINY], auth=LOOPBACK, engine={"max_models_per_base": 8}, quotas=crowded)
     with pytest.raises(ValidationError, match=r"max_pending_samples"):  # only the per-user quotas are a user's own
         ServerConfig(base_models=[TINY], auth=LOOPBACK, quotas={"users": {"alice": {"max_pending_samples": 1}}})
+
+
+def test_a_user_may_have_each_per_user_quota_of_their_own() -> None:
+    """UserQuotas lists QuotasConfig's *_per_user fields by hand: a new one must be added there too."""
+    assert set(UserQuotas.model_fields) == {name for name in QuotasConfig.model_fields if name.endswith("_per_user")}
 
 
 def test_every_field_that_left_limits_is_named_with_its_new_place() -> None:

@@ -9,6 +9,7 @@ import asyncio
 import gc
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -125,24 +126,29 @@ class DyingGroup(InProcessGroup):
             self.engine = TrainingEngine(load_base_model(str(TINY_MODEL)))
 
 
+def _service(
+    db: AsyncEngine,
+    group: WorkerGroup,
+    storage: ObjectStorage,
+    futures: FutureStore,
+    journal: JournalStore,
+    **options: Any,
+) -> TrainerService:
+    """Trainer "t" over `group`, on the database's stores; `options`: TrainerService's keyword arguments."""
+    return TrainerService(
+        "t", TimeoutsConfig(), EngineConfig(), group, futures, MetadataStore(db), CheckpointStore(db), storage, journal,
+        HistoryStore(db, 100), **options,
+    )  # fmt: skip
+
+
 def test_an_operation_that_kills_the_workers_fails_and_everything_else_goes_on(tmp_path: Path) -> None:
     storage = ObjectStorage(str(tmp_path / "store"))
 
     async def body(db: AsyncEngine) -> None:
         futures, journal = FutureStore(db), JournalStore(db)
         group = DyingGroup(storage)
-        service = TrainerService(
-            "t",
-            TimeoutsConfig(),
-            EngineConfig(),
-            group,
-            futures,
-            MetadataStore(db),
-            CheckpointStore(db),
-            storage,
-            journal,
-            HistoryStore(db, 100),
-            activation_bytes=lambda tokens, backward: tokens * 2**20,
+        service = _service(
+            db, group, storage, futures, journal, activation_bytes=lambda tokens, backward: tokens * 2**20
         )
         await service.start()
 
@@ -204,10 +210,7 @@ def test_a_killer_that_shared_a_pass_fails_alone(tmp_path: Path) -> None:
         futures, journal = FutureStore(db), JournalStore(db)
         group = DyingGroup(storage)
         shape = WorkerGroupConfig(max_dispatched_runs=1)  # C's step holds the only slot while A's and B's arrive
-        service = TrainerService(
-            "t", TimeoutsConfig(), EngineConfig(), group, futures, MetadataStore(db), CheckpointStore(db), storage,
-            journal, HistoryStore(db, 100), shape=shape,
-        )  # fmt: skip
+        service = _service(db, group, storage, futures, journal, shape=shape)
         await service.start()
         for model_id in ("a", "b", "c"):
             request_id = (await futures.create("create", model_id, 0))[0]
@@ -249,18 +252,11 @@ class NeverBack(DyingGroup):
             raise ServerError("worker group for t did not start within 600 s")
 
 
-def _service(db: AsyncEngine, group: WorkerGroup, storage: ObjectStorage) -> TrainerService:
-    return TrainerService(
-        "t", TimeoutsConfig(), EngineConfig(), group, FutureStore(db), MetadataStore(db), CheckpointStore(db), storage,
-        JournalStore(db), HistoryStore(db, 100),
-    )  # fmt: skip
-
-
 async def _two_ops_under_a_death(db: AsyncEngine, group: DyingGroup, storage: ObjectStorage) -> list[SequencedOp]:
     """Model "a", new on a trainer over `group`, and two forward_backwards sent to it pipelined (as the SDK does), the
     first of them among the group's killers; returns them once both submits have returned."""
     futures, journal = FutureStore(db), JournalStore(db)
-    service = _service(db, group, storage)
+    service = _service(db, group, storage, futures, journal)
     await service.start()
     request_id = (await futures.create("create", "a", 0))[0]
     await journal.append("a", 0, CreateModel(request_id, SPEC))
@@ -344,7 +340,7 @@ def test_a_death_that_ends_the_group_counts_for_the_trainer_that_replaces_it(tmp
         session = await meta.create_session(None, [], {})
         await meta.add_training_run(TrainingRun("a", session, "tiny", SPEC.rank, "policy", "t", {}, {}, 0.0, False))
         group = DownForGood(storage)
-        service = _service(db, group, storage)
+        service = _service(db, group, storage, futures, journal)
         await service.start()
         request_id = (await futures.create("create", "a", 0))[0]
         await journal.append("a", 0, CreateModel(request_id, SPEC))
@@ -365,7 +361,7 @@ def test_a_death_that_ends_the_group_counts_for_the_trainer_that_replaces_it(tmp
         failed = await futures.get(killer)
         assert isinstance(failed, Failed) and failed.error["category"] == "user"
         assert "died twice" in failed.error["error"]
-        replacement = _service(db, InProcessGroup(storage), storage)
+        replacement = _service(db, InProcessGroup(storage), storage, futures, journal)
         await replacement.start()
         step = (await futures.create("op", "a", 2))[0]
         await journal.append("a", 2, OptimStep(step, AdamParams(learning_rate=1e-2)))
