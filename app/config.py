@@ -144,6 +144,20 @@ class WorkerGroupConfig(Strict):
         description="a rank runs its datums in forward/backward passes of at most this many (padded) tokens, "
         "accumulating gradients: a request's activation memory is one pass's, however many datums it has",
     )
+    sequence_parallel: int | None = Field(
+        None,
+        ge=1,
+        description="ranks that run one long datum together, each a consecutive slice of its tokens (Ulysses: "
+        "attention and linear attention exchange heads across them): a rank then holds 1/N of the datum's "
+        "activations; None: every rank of the group; 1: a datum always runs whole on one rank. Must divide "
+        "num_workers; the model's attention heads must divide by it (else datums run whole, with a warning)",
+    )
+    sequence_parallel_min_tokens: int = Field(
+        4096,
+        ge=1,
+        description="a datum of more tokens than this is split across its sequence-parallel group; shorter datums "
+        "go whole to one rank each (data parallel)",
+    )
     autocast: bool = Field(
         False,
         description="with a bfloat16 base: forward passes under bf16 autocast, the LoRA matmuls included (adapter "
@@ -188,6 +202,10 @@ class WorkerGroupConfig(Strict):
         _check_custom_resources(self.resources)
         if self.shard_group_size is not None and self.num_workers % self.shard_group_size:
             raise ValueError(f"shard_group_size {self.shard_group_size} must divide num_workers {self.num_workers}")
+        if self.sequence_parallel is not None and self.num_workers % self.sequence_parallel:
+            raise ValueError(
+                f"sequence_parallel {self.sequence_parallel} must divide num_workers {self.num_workers}"
+            )
         return self
 
 

@@ -50,6 +50,9 @@ class Family:
     # gate and up halves of Qwen3-MoE's fused experts into one rank-2r LoRA)
     sampler_rank_factor: int = 1
     trainer_attention: str = "sdpa"  # transformers' attn_implementation for the trainer's forward passes
+    # app.training.sequence_parallel splits its long datums across ranks (its sequence mixers are sdpa attention and
+    # Gated DeltaNet)
+    sequence_parallel: bool = True
     vllm_options: dict[str, Any] = field(default_factory=dict)
     lora_request: dict[str, Any] = field(default_factory=dict)
 
@@ -85,6 +88,7 @@ FAMILIES: dict[str, Family] = {
             mlp_modules=(),
             expert_parameters=("mlp.experts.gate_up_proj", "mlp.experts.down_proj"),
             trainer_attention="eager",  # transformers 5.19 has no SDPA path for its attention sinks
+            sequence_parallel=False,  # (and its sliding-window layers)
         ),
         Family(
             "qwen3_5",
@@ -102,6 +106,7 @@ FAMILIES: dict[str, Family] = {
             attention_modules=ATTN_MODULES + MAMBA2_MODULES,
             mlp_modules=("up_proj", "down_proj"),  # squared-ReLU MLPs and shared experts: no gate
             expert_parameters=("mixer.experts.up_proj", "mixer.experts.down_proj"),
+            sequence_parallel=False,  # its Mamba2 mixers' scan is not split across ranks
         ),
         # the MLP names reach the routed experts only (above)
         _moe("deepseek_v3", attention_modules=MLA_MODULES, sampler_rank_factor=2),
