@@ -17,7 +17,9 @@ from app.ranks.execute import execute_message
 from app.ranks.snapshots import SnapshotWriter
 from app.storage.objects import ObjectStorage
 from app.trainer.mailbox import Answer, Message, Stop
+from app.trainer.memory_estimate import read_model_config
 from app.training.base_model import TORCH_DTYPES, load_base_model, recompute_activations, shard_base
+from app.training.datum_layout import sequence_parallel_size
 from app.training.engine import TrainingEngine
 
 logger = logging.getLogger("tinker_serve.worker")
@@ -41,6 +43,11 @@ def command_loop(config: dict) -> None:
         recompute_activations(base)
     if sharded:
         shard_base(base, torch.device(device).type, shape.shard_group_size)
+    sequence_parallel, unsplit = sequence_parallel_size(
+        read_model_config(config["base_path"]) or {}, shape.sequence_parallel, world_size
+    )
+    if unsplit and rank == 0:
+        logger.warning("long datums run whole on one rank each (no sequence parallelism): %s", unsplit)
     engine = TrainingEngine(
         base,
         rank=rank,
@@ -49,6 +56,8 @@ def command_loop(config: dict) -> None:
         micro_batch_tokens=shape.micro_batch_tokens,
         sharded=sharded,
         autocast=shape.autocast and dtype == "bfloat16",
+        sequence_parallel=sequence_parallel,
+        sequence_parallel_min_tokens=shape.sequence_parallel_min_tokens,
     )
     storage = ObjectStorage(config["storage_uri"])
     snapshots = SnapshotWriter(storage)
@@ -56,7 +65,7 @@ def command_loop(config: dict) -> None:
     identity = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
     ray.get(mailbox.register.remote(rank, identity))
     logger.info(
-        "rank %d/%d ready on %s (%s): base model %s loaded in %s%s%s in %.1f s",
+        "rank %d/%d ready on %s (%s): base model %s loaded in %s%s%s%s in %.1f s",
         rank,
         world_size,
         device,
@@ -65,6 +74,9 @@ def command_loop(config: dict) -> None:
         dtype,
         ", sharded (fsdp)" if sharded else "",
         ", recomputing activations" if shape.activation_checkpointing else "",
+        f", datums over {shape.sequence_parallel_min_tokens} tokens split across {sequence_parallel} ranks"
+        if sequence_parallel > 1
+        else "",
         time.monotonic() - started,
     )
     answer: Answer | None = None  # the last message's (msg_id, replies), sent with the call that takes the next one

@@ -62,7 +62,7 @@ class DatumLayout:
 
     def largest_pass_tokens(self, lengths: np.ndarray, micro_batch_tokens: int) -> int:
         """The tokens of the largest pass any rank runs (padding included)."""
-        return max((max(self.passes(lengths, r, micro_batch_tokens), default=0) for r in range(self.world_size)))
+        return max(max(self.passes(lengths, r, micro_batch_tokens), default=0) for r in range(self.world_size))
 
 
 def sequence_parallel_size(config_json: dict[str, Any], requested: int | None, world_size: int) -> tuple[int, str]:
@@ -73,7 +73,10 @@ def sequence_parallel_size(config_json: dict[str, Any], requested: int | None, w
     if size <= 1:
         return 1, ""
     text = config_json.get("text_config") or config_json
-    family = family_of(str(text.get("model_type") or config_json.get("model_type")))
+    model_type = text.get("model_type") or config_json.get("model_type")
+    if model_type is None:
+        return 1, "the base model's config.json could not be read"
+    family = family_of(str(model_type))
     if not family.sequence_parallel:
         return 1, f"a {family.name} base's sequence mixers are not split across ranks"
     if text.get("use_sliding_window") or "sliding_attention" in (text.get("layer_types") or ()):

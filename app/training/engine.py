@@ -1,14 +1,15 @@
 """One rank's training engine: a base model, its LoRA adapters, their optimizers, and the math.
 
 Pure torch: it runs the same inside a Ray Train worker or a unit test. With world_size > 1 each rank
-takes every world_size-th datum and gradients are summed across ranks at optim_step (Tinker losses
-are sums, so SUM is exact).
+takes every world_size-th datum, and a datum too long for one rank runs on a sequence-parallel group of ranks
+together (app.training.datum_layout, app.training.sequence_parallel); gradients are summed across ranks at
+optim_step (Tinker losses are sums, so SUM is exact).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
@@ -19,18 +20,21 @@ import torch
 from app.errors import NotFound, TinkerServeError, UserError
 from app.messages import AdapterSpec, ForwardBackwardArgs, OptimParams, PassLayout, ShardOutput
 from app.training import checkpoint
+from app.training.datum_layout import DatumLayout
 from app.training.grads import all_reduce_sum_grads, failed_on_any_rank, give_back_grads, take_grads
 from app.training.logprobs import target_logprobs
 from app.training.lora import AdapterPool
-from app.training.loss_step import LossStep, Stats, joined, loss_error
+from app.training.loss_step import LossResult, LossStep, Stats, joined, loss_error
 from app.training.micro_batches import fits_one_pass, micro_batches
 from app.training.mixed_pass import MixedPass
 from app.training.optim import apply_step, make_optimizer
-from app.training.rows import padded, shard_indices, unpadded
+from app.training.rows import padded, unpadded
+from app.training.sequence_parallel import SequenceGroup, gather_tokens
 from app.training_data.batch import PackedBatch
 from app.training_data.custom_losses import CustomLossProgram
 
 DEFAULT_MICRO_BATCH_TOKENS = 16384
+Finish = Callable[[torch.Tensor], LossResult] | None  # a pass's loss from its predictions (LossStep.prepare)
 
 
 @dataclass
@@ -55,12 +59,21 @@ class TrainingEngine:
         micro_batch_tokens: int = DEFAULT_MICRO_BATCH_TOKENS,
         sharded: bool = False,
         autocast: bool = False,
+        sequence_parallel: int = 1,
+        sequence_parallel_min_tokens: int = 4096,
     ) -> None:
         """`base`: loaded by app.training.base_model (on `device`, or sharded with `shard_base`: then `sharded`, and
         every rank runs as many passes as the busiest one). `autocast`: forward passes run under bf16 autocast,
-        the adapters' matmuls included (their weights, gradients and optimizer state stay float32)."""
+        the adapters' matmuls included (their weights, gradients and optimizer state stay float32). A datum of more
+        than `sequence_parallel_min_tokens` runs on a group of `sequence_parallel` ranks (its heads must divide by
+        it: app.training.datum_layout.sequence_parallel_size); every rank must construct the engine alike."""
         self.rank = rank
         self.world_size = world_size
+        self.layout = DatumLayout(world_size, sequence_parallel, sequence_parallel_min_tokens)
+        self._sequence_group: SequenceGroup | None = None
+        if sequence_parallel > 1:
+            groups = [SequenceGroup(self.layout.group_ranks(g), rank) for g in range(self.layout.groups)]
+            self._sequence_group = groups[self.layout.group_of(rank)]
         self.device = torch.device(device)
         self.micro_batch_tokens = micro_batch_tokens
         self.sharded = sharded
@@ -133,14 +146,16 @@ class TrainingEngine:
         rank drops the gradients it added (the model stays as if it was never sent)."""
         model = self._activate(model_id)
         loss = LossStep(loss_fn, config, custom, self.device, batch)
-        indices = shard_indices(batch.num_datums, self.rank, self.world_size)
-        shard = batch.select(indices)
+        whole = self.layout.whole_datums(batch.lengths, self.rank)
+        split = self.layout.split_datums(batch.lengths, self.rank)
+        answered = np.concatenate([whole, split]) if self.layout.reports(self.rank) else whole
         earlier = None if forward_only else take_grads(model.params)  # this op's gradients apart until it succeeds
         parts: list[tuple[dict[str, np.ndarray], float, dict[str, tuple[float, float]]]] = []
         error: Exception | None = None  # the loss's (the passes all ran)
         raised: Exception | None = None  # a pass's (replicated base: the other ranks are not left waiting)
         try:
-            error = self._run_passes(model, batch, shard, loss, forward_only, parts)
+            error = self._run_passes(model, batch, batch.select(whole), loss, forward_only, parts)
+            error = self._run_split_passes(model, batch, split, loss, forward_only, parts) or error
         except Exception as exc:
             if self.sharded:  # mid-pass: the other ranks wait in a gather this rank will not join (see execute)
                 raise
@@ -152,7 +167,10 @@ class TrainingEngine:
             raise raised
         if error is not None:
             raise loss_error(loss_fn, error)
-        return ShardOutput(indices, shard.offsets, *joined(parts), loss_cost_tokens=loss.flops // self.token_flops)
+        if not self.layout.reports(self.rank):
+            parts = parts[: len(parts) - len(split)]  # the group's first rank answers for its split datums
+        offsets = batch.select(answered).offsets
+        return ShardOutput(answered, offsets, *joined(parts), loss_cost_tokens=loss.flops // self.token_flops)
 
     def forward_backward_many(
         self, requests: Sequence[tuple[str, ForwardBackwardArgs]]
@@ -171,6 +189,8 @@ class TrainingEngine:
         every rank's share within one micro-batch. Read from the whole requests, so every rank decides alike."""
         ids = [model_id for model_id, _ in requests]
         if len(ids) < 2 or len(set(ids)) != len(ids) or not self.pool.can_mix():
+            return False
+        if any(self.layout.split(args.batch.lengths).any() for _, args in requests):
             return False
         return fits_one_pass([args.batch.lengths for _, args in requests], self.world_size, self.micro_batch_tokens)
 
@@ -229,11 +249,38 @@ class TrainingEngine:
         return error
 
     def _passes(self, batch: PackedBatch, own: int) -> int:
-        """How many passes this rank runs: its micro-batches; with a sharded base, the most any rank has."""
+        """How many passes of whole datums this rank runs: its micro-batches; with a sharded base, the most any rank
+        has."""
         if not self.sharded:
             return own
-        lengths, world = batch.lengths, self.world_size
-        return max(len(micro_batches(lengths[r::world], self.micro_batch_tokens)) for r in range(world))
+        lengths, layout = batch.lengths, self.layout
+        return max(
+            len(micro_batches(lengths[layout.whole_datums(lengths, r)], self.micro_batch_tokens))
+            for r in range(self.world_size)
+        )
+
+    def _run_split_passes(
+        self,
+        model: LoadedModel,
+        batch: PackedBatch,
+        split: np.ndarray,
+        loss: LossStep,
+        forward_only: bool,
+        parts: list[tuple[dict[str, np.ndarray], float, dict[str, tuple[float, float]]]],
+    ) -> Exception | None:
+        """One pass for each split datum of this rank's group, run by the group together (appended to `parts`); with
+        a sharded base, idle passes up to the most any group has. The loss's first error, raised by no pass."""
+        error: Exception | None = None
+        for index in split.tolist():
+            outputs, loss_sum, stats, failure = self._split_pass(model, batch.select([index]), loss, forward_only)
+            parts.append((outputs, loss_sum, stats))
+            error = error or failure
+        if self.sharded:
+            lengths, layout = batch.lengths, self.layout
+            most = max(len(layout.split_datums(lengths, r)) for r in range(self.world_size))
+            for _ in range(most - len(split)):
+                self.idle_pass(model, forward_only or not loss.applies(batch))
+        return error
 
     def _pass(
         self, model: LoadedModel, part: PackedBatch, loss: LossStep, forward_only: bool
@@ -247,17 +294,52 @@ class TrainingEngine:
                 name, prediction = "logprobs", self._target_logprobs(part, input_ids, mask)
             else:
                 name, prediction = "values", self._values(model.value_head, part, input_ids, mask)
-            outputs, total, error = {name: prediction}, prediction.new_zeros(()), None
-            stats: Stats = {}
-            if finish is not None:  # a critic's forward may ask for values only
-                try:
-                    total, extra, stats = finish(prediction)
-                    outputs.update(extra)
-                except Exception as exc:  # noqa: BLE001 - raised once every pass has run
-                    error, total = exc, prediction.sum() * 0
-                # a failed loss backpropagates its zero only where other ranks wait for this rank's gathers
-                if not forward_only and (error is None or self.sharded):
-                    total.backward()
+            return self._finish_pass(name, prediction, finish, forward_only, in_step=self.sharded)
+
+    def _split_pass(
+        self, model: LoadedModel, datum: PackedBatch, loss: LossStep, forward_only: bool
+    ) -> tuple[dict[str, np.ndarray], float, dict[str, tuple[float, float]], Exception | None]:
+        """One datum's forward (and backward) on this rank's sequence-parallel group, each rank its own slice of
+        the tokens at their positions in the datum; the predictions gathered whole on every rank, which each
+        computes the loss from (as `_pass` answers)."""
+        group = self._sequence_group
+        assert group is not None
+        length = datum.num_tokens
+        start, stop = group.span(length)
+        per = group.slice_length(length)
+        input_ids = torch.zeros((1, per), dtype=torch.long)  # the last slice is padded at its end: causal, unread
+        input_ids[0, : stop - start] = torch.from_numpy(datum.tokens[start:stop])
+        positions = torch.arange(group.index * per, (group.index + 1) * per)[None]
+        with torch.set_grad_enabled(not forward_only), group.running():
+            input_ids, positions = input_ids.to(self.device), positions.to(self.device)
+            finish = loss.prepare(datum)
+            if model.value_head is None:
+                targets = torch.from_numpy(datum.loss_inputs["target_tokens"][start:stop]).to(self.device).long()
+                logits = self.forward(input_ids, None, position_ids=positions).logits[0, : stop - start]
+                name, own = "logprobs", target_logprobs(logits, targets)
+            else:
+                with self.capturing_hidden() as hidden:
+                    self.forward(input_ids, None, position_ids=positions, logits_to_keep=1)
+                name, own = "values", model.value_head(hidden[0][0, : stop - start].float()).squeeze(-1)
+            prediction = gather_tokens(own, group, length)
+            return self._finish_pass(name, prediction, finish, forward_only, in_step=True)
+
+    def _finish_pass(
+        self, name: str, prediction: torch.Tensor, finish: Finish, forward_only: bool, in_step: bool
+    ) -> tuple[dict[str, np.ndarray], float, dict[str, tuple[float, float]], Exception | None]:
+        """A pass's loss from its predictions (`finish`: LossStep.prepare's) and its backward: its outputs, loss,
+        metrics, and the loss's error if it failed. `in_step`: other ranks wait in this pass's backward
+        (a sharded base's gathers, a sequence-parallel group's exchanges), so a failed loss backpropagates its zero."""
+        outputs, total, error = {name: prediction}, prediction.new_zeros(()), None
+        stats: Stats = {}
+        if finish is not None:  # a critic's forward may ask for values only
+            try:
+                total, extra, stats = finish(prediction)
+                outputs.update(extra)
+            except Exception as exc:  # noqa: BLE001 - raised once every pass has run
+                error, total = exc, prediction.sum() * 0
+            if not forward_only and (error is None or in_step):
+                total.backward()
         arrays = {k: v.detach().to(torch.float32).cpu().numpy() for k, v in outputs.items()}
         return arrays, float(total.detach()), stats, error
 
@@ -274,7 +356,7 @@ class TrainingEngine:
             if not forward_only:
                 (out.float().sum() * 0).backward()
 
-    def forward(self, input_ids: torch.Tensor, mask: torch.Tensor, **kwargs: Any) -> Any:
+    def forward(self, input_ids: torch.Tensor, mask: torch.Tensor | None, **kwargs: Any) -> Any:
         """The adapted model's forward (no KV cache: nothing is generated)."""
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self._autocast):
             return self.pool.model(input_ids=input_ids, attention_mask=mask, use_cache=False, **kwargs)

@@ -79,7 +79,6 @@ def install() -> None:
     """Wrap transformers' sdpa attention and the Gated DeltaNet functions (once a process; idempotent)."""
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     if not getattr(ALL_ATTENTION_FUNCTIONS["sdpa"], "_sequence_parallel", False):

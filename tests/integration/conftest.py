@@ -72,7 +72,13 @@ def server_config(state_dir: Path, sharded: bool = False) -> dict:
                     "snapshot_every_steps": 3,
                     "dtype": "float32",
                     "micro_batch_tokens": 1024,
-                    **({} if sharded else {"sharding": "replicate", "activation_checkpointing": False}),
+                    # sharded: datums of more than 12 tokens are split across the two ranks (sequence parallelism),
+                    # so the failure tests' recoveries replay split datums (test_helpers' sentences are 10-16 tokens)
+                    **(
+                        {"sequence_parallel_min_tokens": 12}
+                        if sharded
+                        else {"sharding": "replicate", "activation_checkpointing": False}
+                    ),
                 },
                 # critics on a worker group of their own; none on the sharded app, whose tests train no critic
                 **({} if sharded else {"critic_trainer": {"num_workers": 1, "cpus_per_worker": 1, "dtype": "float32"}}),
