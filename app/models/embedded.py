@@ -97,8 +97,9 @@ PresetName = Literal[
 
 PRESETS: dict[str, Preset] = {
     "tiny": _tiny(intermediate_size=256),
+    # (a long context: the sequence-parallel benchmark trains it at 65,536 tokens through the server)
     "small": Preset(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
-                    intermediate_size=1536),
+                    intermediate_size=1536, max_position_embeddings=131072),
     # Qwen3-0.6B's shape with this tokenizer's vocabulary (0.44B parameters, 0.9 GB): a realistic size for benchmarks
     "qwen3-0.6b": Preset(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
                          intermediate_size=3072, max_position_embeddings=40960, head_dim=128, architecture="qwen3",
