@@ -19,6 +19,9 @@ import numpy as np
 from app.models.families import family_of
 from app.training.micro_batches import micro_batches
 
+# a slice reaches back this far into the previous rank's: the Gated DeltaNet convolution's 3 positions, and one more
+MIN_SLICE_TOKENS = 4
+
 
 @dataclass(frozen=True)
 class DatumLayout:
@@ -31,8 +34,10 @@ class DatumLayout:
         return self.world_size // self.sequence_parallel
 
     def split(self, lengths: np.ndarray) -> np.ndarray:
-        """Which datums are split across a sequence-parallel group (bool per datum)."""
-        return (lengths > self.min_tokens) & (self.sequence_parallel > 1)
+        """Which datums are split across a sequence-parallel group (bool per datum): those over min_tokens whose
+        slices have at least MIN_SLICE_TOKENS positions."""
+        longer = np.maximum(self.min_tokens, (MIN_SLICE_TOKENS - 1) * self.sequence_parallel)
+        return (lengths > longer) & (self.sequence_parallel > 1)
 
     def whole_datums(self, lengths: np.ndarray, rank: int) -> np.ndarray:
         """The indices of the datums `rank` runs whole, in request order."""

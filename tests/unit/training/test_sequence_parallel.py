@@ -155,6 +155,11 @@ def test_the_layout_splits_only_long_datums_and_every_datum_has_one_answering_ra
     assert layout.split_datums(lengths, 0).tolist() == layout.split_datums(lengths, 1).tolist() == [1, 5]
     assert layout.passes(lengths, 3, micro_batch_tokens=64) == [250]  # no whole datum left for rank 3; half of 500
     assert DatumLayout(world_size=2, sequence_parallel=1, min_tokens=100).split(lengths).sum() == 0
+    # every slice keeps at least 4 positions (the previous rank's last 3 feed a Gated DeltaNet's convolution)
+    assert DatumLayout(world_size=4, sequence_parallel=4, min_tokens=1).split(np.array([12, 13])).tolist() == [
+        False,
+        True,
+    ]
 
 
 def test_a_family_or_head_count_that_cannot_split_keeps_datums_whole() -> None:
