@@ -158,6 +158,16 @@ class WorkerGroupConfig(Strict):
         description="a datum of more tokens than this is split across its sequence-parallel group; shorter datums "
         "go whole to one rank each (data parallel)",
     )
+    memory_per_worker_mib: int | None = Field(
+        None,
+        ge=1,
+        description="the memory one rank has, in MiB (a CPU rank: its share of its node's RAM; a GPU rank: its GPU's "
+        "memory): a forward(_backward) whose largest pass on a rank needs more activations than this, by the "
+        "estimate of app.trainer.memory_estimate (docs/sizing.md), is refused before any pass with what to change. "
+        "Weights, optimizer state and slack come on top, so what passes may still not fit (an operation that kills "
+        "the workers fails after timeouts.max_worker_deaths_per_operation deaths). None: unknown, nothing is refused "
+        "for memory. Not reserved in Ray",
+    )
     autocast: bool = Field(
         False,
         description="with a bfloat16 base: forward passes under bf16 autocast, the LoRA matmuls included (adapter "
