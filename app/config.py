@@ -158,6 +158,16 @@ class WorkerGroupConfig(Strict):
         description="a datum of more tokens than this is split across its sequence-parallel group; shorter datums "
         "go whole to one rank each (data parallel)",
     )
+    memory_per_worker_mib: int | None = Field(
+        None,
+        ge=1,
+        description="the memory one rank has, in MiB (a CPU rank: its share of its node's RAM; a GPU rank: its GPU's "
+        "memory): a forward(_backward) whose largest pass on a rank needs more activations than this, by the "
+        "estimate of app.trainer.memory_estimate (docs/sizing.md), is refused before any pass with what to change. "
+        "Weights, optimizer state and slack come on top, so what passes may still not fit (an operation that kills "
+        "the workers fails after timeouts.max_worker_deaths_per_operation deaths). None: unknown, nothing is refused "
+        "for memory. Not reserved in Ray",
+    )
     autocast: bool = Field(
         False,
         description="with a bfloat16 base: forward passes under bf16 autocast, the LoRA matmuls included (adapter "
@@ -203,9 +213,7 @@ class WorkerGroupConfig(Strict):
         if self.shard_group_size is not None and self.num_workers % self.shard_group_size:
             raise ValueError(f"shard_group_size {self.shard_group_size} must divide num_workers {self.num_workers}")
         if self.sequence_parallel is not None and self.num_workers % self.sequence_parallel:
-            raise ValueError(
-                f"sequence_parallel {self.sequence_parallel} must divide num_workers {self.num_workers}"
-            )
+            raise ValueError(f"sequence_parallel {self.sequence_parallel} must divide num_workers {self.num_workers}")
         return self
 
 
@@ -221,11 +229,14 @@ class BaseModelConfig(Strict):
         WorkerGroupConfig(), description="policies, and critics unless critic_trainer is set"
     )
     critic_trainer: WorkerGroupConfig | None = Field(None, description="critics on a worker group of their own")
-    max_context_length: int = Field(
-        32768,
+    max_context_length: int | None = Field(
+        None,
         ge=2,
-        description="training and sampling; at most the model's max_position_embeddings, and on CPU what "
-        "sampler.kv_cache_mib holds",
+        description="tokens of a datum (training) and of a prompt with its samples (sampling, vLLM's max_model_len). "
+        "None: the model's context, its config.json's max_position_embeddings (a multimodal model's text_config's), or "
+        "what a yarn, dynamic or linear RoPE scaling there gives (factor x original_max_position_embeddings); a number "
+        "caps it. On CPU also at most what sampler.kv_cache_mib holds; on GPU the sampler's KV cache "
+        "(gpu_memory_utilization) must hold one whole context or vLLM refuses to start: set a cap then",
     )
     sampler: SamplerConfig = Field(SamplerConfig(), description="the vLLM Sampler deployment of this base model")
 

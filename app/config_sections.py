@@ -20,8 +20,10 @@ class LimitsConfig(Strict):
     """Per-request size and shape limits; each is enforced with a user error naming the field."""
 
     max_datums_per_request: int = Field(1024, ge=1, description="datums of one forward(_backward) request")
-    max_tokens_per_datum: int = Field(
-        32768, ge=2, description="tokens of one datum; also at most the base model's max_context_length"
+    max_tokens_per_datum: int | None = Field(
+        None,
+        ge=2,
+        description="tokens of one datum; None: each base model's max_context_length (its context), a number caps it",
     )
     max_request_bytes: int = Field(
         64 * 2**20, ge=1024, description="a forward(_backward) body in bytes, as sent and after decompression"

@@ -59,9 +59,10 @@ def _model_limits(config: ServerConfig) -> dict[str, dict[str, int | str]]:
 
 
 def _context_length(base: BaseModelConfig, shape: ModelShape) -> int:
-    """max_context_length, within the model's positions and, on CPU samplers, what one KV cache holds (vLLM refuses
-    to start a context it cannot hold once)."""
-    context = min(base.max_context_length, shape.max_position_embeddings)
+    """max_context_length: the model's context (its positions, or what its RoPE scaling gives), capped by the
+    configured one if set and, on CPU samplers, by what one KV cache holds (vLLM refuses to start a context it cannot
+    hold once)."""
+    context = min(base.max_context_length or shape.context_length, shape.context_length)
     if base.sampler.num_gpus > 0:
         return context
     held = shape.kv_cache_tokens(base.sampler.kv_cache_mib * 2**20, DTYPE_BYTES.get(base.sampler_dtype(), 4))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import time
-from functools import partial
 from typing import Any
 
 from app.config import ServerConfig, redacted
@@ -21,7 +20,8 @@ from app.db.statement_metrics import count_statements
 from app.messages import CreateModel, SequencedOp
 from app.models.precision import DTYPE_BYTES, resolve_dtype
 from app.storage.objects import ObjectStorage
-from app.trainer.memory_estimate import estimate_activation_bytes, read_model_config
+from app.trainer.memory_estimate import read_model_config
+from app.trainer.pass_sizing import PassSizing
 from app.trainer.service import TrainerService
 from app.trainer.worker_group import RayTrainWorkerGroup
 from deployments.logs import route_app_logs
@@ -72,18 +72,10 @@ class Trainer:
             command_timeout_s=cfg.timeouts.command_timeout_seconds,
             startup_timeout_s=cfg.timeouts.worker_start_timeout_seconds,
         )
-        model_config = read_model_config(base.path)
         dtype_bytes = DTYPE_BYTES[resolve_dtype(shape.dtype, shape.use_gpu)]  # as the workers resolve it
-        activation_bytes = (
-            None
-            if model_config is None
-            else partial(
-                estimate_activation_bytes,
-                model_config,
-                dtype_bytes=dtype_bytes,
-                checkpointing=shape.activation_checkpointing,
-            )
-        )
+        sizing = PassSizing.of(shape, group.world_size, read_model_config(base.path), dtype_bytes)
+        if sizing.unsplit:
+            logger.warning("trainer %s: datums run whole on one rank each: %s", trainer, sizing.unsplit)
         self._futures = FutureStore(db)
         self._service = TrainerService(
             trainer,
@@ -97,7 +89,7 @@ class Trainer:
             JournalStore(db),
             HistoryStore(db, cfg.retention.max_history_points_per_run),
             shape,
-            activation_bytes,
+            sizing,
         )
         await self._service.start()
         logger.info("trainer %s ready in %.1f s", trainer, time.monotonic() - started)

@@ -30,7 +30,7 @@ async def server_status(services: ServicesDep) -> dict:
         models.append(
             {
                 "name": base.name,
-                "max_context_length": base.max_context_length,
+                "max_context_length": services.model_limits[base.name].max_context_length,
                 "trainers": [
                     {
                         "name": name,

@@ -38,8 +38,8 @@ async def healthz() -> dict:
 @router.get("/get_server_capabilities")
 async def capabilities(services: ServicesDep) -> dict:
     models = [
-        {"model_name": m.name, "max_context_length": m.max_context_length, "trainable": True, "sampleable": True}
-        for m in services.config.base_models
+        {"model_name": name, "max_context_length": limits.max_context_length, "trainable": True, "sampleable": True}
+        for name, limits in services.model_limits.items()
     ]
     return {"supported_models": models}
 

@@ -14,12 +14,23 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
 
+# RoPE scalings that stretch the positions a model was trained on by their `factor`. Llama 3's and LongRoPE's are not
+# among them: their configs' max_position_embeddings is the scaled context already.
+_STRETCHING_ROPE = ("yarn", "dynamic", "linear")
+
+
 @dataclass(frozen=True)
 class ModelShape:
     vocab_size: int
     max_position_embeddings: int
     kv_values_per_token: int | None = None  # keys and values a token keeps in a KV cache (None: not given)
     model_type: str = ""  # its family (app.models.families)
+    scaled_positions: int | None = None  # what its RoPE scaling gives, when more than max_position_embeddings
+
+    @property
+    def context_length(self) -> int:
+        """The tokens the model takes: max_position_embeddings, or what its RoPE scaling gives."""
+        return self.scaled_positions or self.max_position_embeddings
 
     def kv_cache_tokens(self, cache_bytes: int, dtype_bytes: int) -> int | None:
         """How many tokens a KV cache of `cache_bytes` holds for this model in a dtype of `dtype_bytes`."""
@@ -27,9 +38,9 @@ class ModelShape:
 
 
 def model_shape(path: str) -> ModelShape:
-    """The vocabulary size and context length of the model at `path`: a local directory, or a Hugging Face id
-    resolved through the local cache (offline when HF_HUB_OFFLINE is set). Multimodal configs keep them under
-    `text_config`."""
+    """The vocabulary size, context length (with its RoPE scaling), KV cache width and family of the model at `path`:
+    a local directory, or a Hugging Face id resolved through the local cache (offline when HF_HUB_OFFLINE is set).
+    Multimodal configs keep them under `text_config`."""
     local = Path(path)
     if local.is_dir():
         config_file = local / "config.json"
@@ -45,9 +56,24 @@ def model_shape(path: str) -> ModelShape:
             int(text["max_position_embeddings"]),
             _kv_values_per_token(text),
             str(config.get("model_type", "")),
+            _scaled_positions(text),
         )
     except KeyError as exc:
         raise ValueError(f"{config_file} has no {exc.args[0]} (nor under text_config): is it a causal LM?") from None
+
+
+def _scaled_positions(text: dict) -> int | None:
+    """The context a yarn, dynamic or linear RoPE scaling gives (`rope_scaling`, or transformers 5's `rope_parameters`,
+    one dict or one per layer type): `factor` x the positions it was trained on (original_max_position_embeddings,
+    else max_position_embeddings), when that is more than max_position_embeddings."""
+    rope = text.get("rope_scaling") or text.get("rope_parameters") or {}
+    positions = int(text["max_position_embeddings"])
+    scaled = positions
+    for params in [v for v in rope.values() if isinstance(v, dict)] or [rope]:
+        if (params.get("rope_type") or params.get("type")) in _STRETCHING_ROPE and params.get("factor"):
+            trained = params.get("original_max_position_embeddings") or text.get("original_max_position_embeddings")
+            scaled = max(scaled, int(float(params["factor"]) * int(trained or positions)))
+    return scaled if scaled > positions else None
 
 
 def _kv_values_per_token(text: dict) -> int | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import time
 import uuid
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 from app.config import SamplerConfig
 from app.errors import ServerError
 from app.models.families import Family, family_of
-from app.models.model_config import model_shape
+from app.models.model_config import ModelShape, model_shape
 from app.sampling.params import SampleArgs
 from app.sampling.response import SampledSequence, SampleResult, TopK
 
@@ -32,12 +33,21 @@ if TYPE_CHECKING:
     from app.sampling.openai import OpenAIServer
 
 logger = logging.getLogger("tinker_serve.sampler")
+LONG_CONTEXT_ENV = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
 _VLLM_LORA_RANKS: tuple[MaxLoRARanks, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 def vllm_lora_rank(max_rank: int) -> MaxLoRARanks:
     """The smallest rank vLLM accepts as `max_lora_rank` that holds `max_rank`."""
     return next((r for r in _VLLM_LORA_RANKS if r >= max_rank), _VLLM_LORA_RANKS[-1])
+
+
+def allow_scaled_context(shape: ModelShape, max_model_len: int) -> None:
+    """Let vLLM start at a `max_model_len` beyond the model's max_position_embeddings: what its RoPE scaling gives
+    (app.models.model_config). vLLM derives a YaRN model's context from max_position_embeddings alone and refuses a
+    longer one unless LONG_CONTEXT_ENV is set in its process."""
+    if max_model_len > shape.max_position_embeddings:
+        os.environ[LONG_CONTEXT_ENV] = "1"
 
 
 class SamplerEngine:
@@ -58,7 +68,9 @@ class SamplerEngine:
         from app.sampling.adapters import write_zero_adapter  # torch and transformers: the replica's, not the builder's
 
         started = time.monotonic()
-        family = family_of(model_shape(model_path).model_type)
+        shape = model_shape(model_path)
+        family = family_of(shape.model_type)
+        allow_scaled_context(shape, max_model_len)
         on_gpu = config.num_gpus > 0
         dtype = config.dtype  # auto resolved already (app.config.BaseModelConfig.sampler_dtype)
         args = AsyncEngineArgs(

@@ -37,7 +37,9 @@ from app.operations import CheckpointCommitter, Reply, changes_model, fair_share
 from app.request_log import log_request, outcome_of
 from app.storage.objects import ObjectStorage
 from app.trainer.history import HistoryRecorder
+from app.trainer.memory_refusal import memory_refusal
 from app.trainer.mixing import MixPolicy, mixed_message
+from app.trainer.pass_sizing import PassSizing
 from app.trainer.rank_replies import first_error, first_failed_command
 from app.trainer.recovery import (
     PlannedSnapshot,
@@ -52,7 +54,7 @@ from app.trainer.recovery import (
 )
 from app.trainer.scheduling import AlreadySubmitted, SeqScheduler
 from app.trainer.single_flight import SingleFlight
-from app.trainer.worker_deaths import ActivationBytes, WorkerDeaths
+from app.trainer.worker_deaths import WorkerDeaths
 from app.trainer.worker_group import WorkerGroup
 
 logger = logging.getLogger("tinker_serve.trainer")
@@ -88,11 +90,13 @@ class TrainerService:
         journal: JournalStore,
         history: HistoryStore,
         shape: WorkerGroupConfig | None = None,
-        activation_bytes: ActivationBytes | None = None,
+        sizing: PassSizing | None = None,
     ) -> None:
         """`shape`: the worker group's config: the fair share's dispatch depth and op cost, the snapshot policy.
-        `activation_bytes`: about the memory an operation needs (app.trainer.worker_deaths); None: unknown."""
+        `sizing`: what an operation asks of a rank's memory on this group and base (app.trainer.pass_sizing, of the
+        same shape); by default the shape's without the base's config.json: datums run whole, nothing is estimated."""
         shape = shape or WorkerGroupConfig()
+        self._sizing = sizing or PassSizing.of(shape, group.world_size, None)
         self.name = name
         self._metadata = metadata
         self._journal = journal
@@ -101,7 +105,7 @@ class TrainerService:
         self._snapshots = SnapshotPolicy(shape.snapshot_every_steps, shape.snapshot_every_seconds)
         self._committer = CheckpointCommitter(checkpoints, storage)
         self._max_models = engine.max_models_per_base
-        self._deaths = WorkerDeaths(journal, futures, timeouts, shape, group.world_size, activation_bytes)
+        self._deaths = WorkerDeaths(journal, futures, timeouts, self._sizing)
         self._group = group
         self._futures = futures
         self._fixed_op_cost = shape.fixed_op_cost_tokens
@@ -246,6 +250,18 @@ class TrainerService:
         await self._single_flight.run(op.request_id, lambda: self._queue(model_id, seq_id, op, user))
 
     async def _queue(self, model_id: str, seq_id: int, op: SequencedOp, user: str) -> None:
+        refused = memory_refusal(op, self._sizing)
+        if refused is not None:  # it fails now, and its seq_id runs as a Skip: the model's order goes on
+            await self._futures.fail(op.request_id, refused.to_body())
+            log_request(
+                "refused",
+                op=operation(op).name(op),
+                model_id=model_id,
+                seq_id=seq_id,
+                tinker_request_id=op.request_id,
+                outcome="user_error",
+            )
+            op = Skip(op.request_id)
         try:
             written = await self._scheduler.submit(model_id, seq_id, (seq_id, op), user)
             await written

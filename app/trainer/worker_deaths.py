@@ -9,11 +9,9 @@ timeouts.max_worker_deaths_per_operation times fails with a user error saying wh
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
-import numpy as np
-
-from app.config import TimeoutsConfig, WorkerGroupConfig
+from app.config import TimeoutsConfig
 from app.db.futures import FutureStore
 from app.db.journal import JournalStore
 from app.errors import TooLargeForWorkers
@@ -21,14 +19,9 @@ from app.messages import ForwardBackwardCommand, PingCommand, SequencedOp, Worke
 from app.operations import operation
 from app.operations.forward_backward import ForwardBackward
 from app.request_log import log_request
-from app.training.micro_batches import micro_batches
-from app.training_data.batch import PackedBatch
+from app.trainer.pass_sizing import PassSizing, size_text
 
 logger = logging.getLogger("tinker_serve.trainer")
-
-# About the bytes of activations a forward(_backward) of this many tokens (padding included) needs on a rank;
-# `backward`: with its backward (app.trainer.memory_estimate, for the trainer's base model and dtype)
-ActivationBytes = Callable[..., int]
 
 
 class WorkerDeaths:
@@ -40,16 +33,12 @@ class WorkerDeaths:
         journal: JournalStore,
         futures: FutureStore,
         timeouts: TimeoutsConfig,
-        shape: WorkerGroupConfig,
-        world_size: int,
-        activation_bytes: ActivationBytes | None,
+        sizing: PassSizing,
     ) -> None:
         self.limit = timeouts.max_worker_deaths_per_operation
         self._journal = journal
         self._futures = futures
-        self._shape = shape
-        self._world_size = world_size
-        self._activation_bytes = activation_bytes
+        self._sizing = sizing
 
     async def charge(
         self,
@@ -74,7 +63,7 @@ class WorkerDeaths:
     async def give_up(self, model_id: str, op: SequencedOp, deaths: int) -> None:
         """Fail an operation that was running each time the workers died, `deaths` times, saying what to change; its
         journal entry fails with its future, so no rebuild replays it and no new trainer reruns it."""
-        error = too_large(op, deaths, self._shape, self._world_size, self._activation_bytes)
+        error = too_large(op, deaths, self._sizing)
         await self._futures.fail(op.request_id, error.to_body())
         log_request(
             "given_up",
@@ -96,25 +85,9 @@ def blamed(commands: Sequence[WorkerCommand], running: Collection[str]) -> list[
     return [c.request_id for c in forwards or ran]
 
 
-def largest_pass_tokens(lengths: np.ndarray, world_size: int, micro_batch_tokens: int) -> int:
-    """The tokens of the largest forward/backward pass a rank runs: rank r takes datums r, r + world_size, ...
-    (app.training.rows.shard_indices) in micro-batches padded to their longest (app.training.micro_batches)."""
-    passes: list[np.ndarray] = []
-    for rank in range(world_size):
-        own = lengths[rank::world_size]
-        passes += [own[run] for run in micro_batches(own, micro_batch_tokens)]
-    return max((len(p) * int(p.max()) for p in passes), default=0)
-
-
-def too_large(
-    op: SequencedOp,
-    deaths: int,
-    shape: WorkerGroupConfig,
-    world_size: int,
-    activation_bytes: ActivationBytes | None,
-) -> TooLargeForWorkers:
+def too_large(op: SequencedOp, deaths: int, sizing: PassSizing) -> TooLargeForWorkers:
     """The error of `op`, given up after the workers died `deaths` times while it ran: what happened, about what it
-    needs, and what to change in the request or in the worker group (`shape`, of `world_size` ranks)."""
+    needs, and what to change in the request or in the worker group (`sizing`'s)."""
     name = operation(op).name(op)
     died = f"was running when the training workers died {_times(deaths)} (killed for memory, most likely)"
     if not isinstance(op, ForwardBackward):
@@ -123,39 +96,20 @@ def too_large(
             "names the worker it kills)"
         )
     batch = op.args.batch
-    largest = largest_pass_tokens(batch.lengths, world_size, shape.micro_batch_tokens)
+    largest = sizing.largest_pass_tokens(batch.lengths)
     backward = not op.args.forward_only
     gradients = " and the model has no gradients from it" if backward else ""
     sentences = [
         f"{name} of {batch.num_tokens} tokens (its largest pass on a rank: {largest} tokens, padding included) "
         f"{died}; it was not run again{gradients}."
     ]
-    if activation_bytes is not None:
-        sentences.append(f"That pass needs about {_size(activation_bytes(largest, backward=backward))} of activations.")
-    sentences.append(f"To fit: {'; '.join(_remedies(batch, largest, shape, world_size, backward))}")
+    if sizing.activation_bytes is not None:
+        needs = sizing.activation_bytes(largest, backward=backward)
+        sentences.append(f"That pass needs about {size_text(needs)} of activations.")
+    remedies = sizing.remedies(batch.lengths, largest, backward, weights=True)
+    sentences.append(f"To fit: {'; '.join([*remedies, 'or give each worker more memory'])}")
     return TooLargeForWorkers(" ".join(sentences), field="data")
-
-
-def _remedies(batch: PackedBatch, largest: int, shape: WorkerGroupConfig, world_size: int, backward: bool) -> list[str]:
-    longest = int(batch.lengths.max())
-    remedies = (
-        ["send shorter datums"]
-        if largest <= longest
-        else [f"lower trainer.micro_batch_tokens (now {shape.micro_batch_tokens}; a pass then holds fewer datums)"]
-    )
-    if backward and not shape.activation_checkpointing:
-        remedies.append("set trainer.activation_checkpointing: true")
-    if shape.sharding != "fsdp" and world_size > 1:
-        remedies.append("set trainer.sharding: fsdp (each rank then holds 1/num_workers of the base's weights)")
-    if shape.dtype == "float32":
-        remedies.append("set trainer.dtype: bfloat16 (half the memory)")
-    remedies.append("or give each worker more memory")
-    return remedies
 
 
 def _times(count: int) -> str:
     return {1: "once", 2: "twice"}.get(count, f"{count} times")
-
-
-def _size(num_bytes: int) -> str:
-    return f"{num_bytes / 2**30:.1f} GiB" if num_bytes >= 2**30 else f"{max(1, round(num_bytes / 2**20))} MiB"

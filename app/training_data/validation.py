@@ -48,7 +48,7 @@ def validate_forward_backward(
             f"{batch.num_datums} datums exceed limits.max_datums_per_request={limits.max_datums_per_request}",
             field="data",
         )
-    max_tokens = min(limits.max_tokens_per_datum, model.max_context_length)
+    max_tokens = min(limits.max_tokens_per_datum or model.max_context_length, model.max_context_length)
     too_long = np.flatnonzero(batch.lengths > max_tokens)
     if too_long.size:
         i = int(too_long[0])

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from app.api.backends import ReplicaCounts
 from app.api.capacity import server_status
 from app.config import ServerConfig
+from app.training_data.validation import ModelLimits
 
 
 class _Calls:
@@ -48,6 +49,7 @@ def status(replicas: ReplicaCounts | None) -> dict:
         trainers=_Calls({"m": True, "m:critic": False}, {"m": 3}),
         samplers=_Calls({"m": True}, {"m": 2}),
         replicas=replicas,
+        model_limits={"m": ModelLimits(vocab_size=100, max_context_length=40960)},  # as the builder read the model
     )
     return asyncio.run(server_status(services))  # type: ignore[arg-type]
 
@@ -55,6 +57,7 @@ def status(replicas: ReplicaCounts | None) -> dict:
 def test_server_status_reports_shape_replicas_and_queues() -> None:
     counts = {("trainer", "m"): {"RUNNING": 1}, ("sampler", "m"): {"RUNNING": 2, "STARTING": 1}}
     (model,) = status(_Replicas(counts))["base_models"]
+    assert model["max_context_length"] == 40960
     policy, critic = model["trainers"]
     assert (policy["name"], policy["num_workers"], policy["ready"], policy["in_flight"]) == ("m", 2, True, 3)
     assert policy["replicas"] == {"RUNNING": 1}

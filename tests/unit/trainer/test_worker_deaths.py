@@ -37,12 +37,13 @@ from app.operations.forward_backward import ForwardBackward
 from app.operations.optim_step import OptimStep
 from app.storage.objects import ObjectStorage
 from app.trainer.service import TrainerService
-from app.trainer.worker_deaths import blamed, largest_pass_tokens, too_large
+from app.trainer.worker_deaths import blamed, too_large
 from app.trainer.worker_group import WorkerGroup
 from app.training.base_model import load_base_model
 from app.training.engine import TrainingEngine
 from app.training_data.batch import PackedBatch
 from tests.conftest import TINY_MODEL, run_on_db
+from tests.unit.trainer.test_pass_sizing import sizing
 from tests.unit.trainer.test_rebuild import SPEC, InProcessGroup, _batch
 
 
@@ -55,12 +56,15 @@ def test_a_death_is_charged_to_the_forwards_that_were_running_else_to_every_oper
     assert blamed([fb, step], {"other"}) == []  # not running: not charged
 
 
-def test_the_largest_pass_is_a_micro_batch_of_a_rank_padded_to_its_longest() -> None:
+def test_the_largest_pass_is_a_micro_batch_of_a_rank_padded_to_its_longest_or_a_share_of_a_split_datum() -> None:
     lengths = np.array([10, 3, 7, 2, 1])  # rank 0: 10, 7, 1 -> 3 x 10; rank 1: 3, 2 -> 2 x 3
-    assert largest_pass_tokens(lengths, 2, 16384) == 30
-    assert largest_pass_tokens(lengths, 8, 16384) == 10
-    assert largest_pass_tokens(lengths, 1, 16384) == 50
-    assert largest_pass_tokens(lengths, 2, 19) == 14  # rank 0 runs [10], [7, 1] (2 x 7 = 14), rank 1 [3, 2]
+    assert sizing(2).largest_pass_tokens(lengths) == 30
+    assert sizing(8).largest_pass_tokens(lengths) == 10
+    assert sizing(1).largest_pass_tokens(lengths) == 50
+    assert sizing(2, micro_batch_tokens=19).largest_pass_tokens(lengths) == 14  # rank 0: [10], [7, 1]; rank 1: [3, 2]
+    long = np.array([9000, 100])  # 9000 > sequence_parallel_min_tokens: split in 4, 2250 tokens a rank
+    assert sizing(4, sequence_parallel=4).largest_pass_tokens(long) == 2250
+    assert sizing(4).largest_pass_tokens(long) == 9000
 
 
 def _fwdbwd(request_id: str, lengths: list[int], forward_only: bool = False) -> ForwardBackward:
@@ -73,8 +77,8 @@ def test_the_error_says_what_happened_what_it_needs_and_what_to_change() -> None
     def estimate(tokens: int, backward: bool) -> int:
         return tokens * (3 * 2**20 if backward else 2**20)
 
-    replicated = WorkerGroupConfig(num_workers=2, sharding="replicate", activation_checkpointing=False, dtype="float32")
-    error = too_large(_fwdbwd("r", [1000, 500, 800, 100]), 2, replicated, 2, estimate)  # rank 0: 1000, 800
+    replicated = sizing(2, estimate, sharding="replicate", activation_checkpointing=False, dtype="float32")
+    error = too_large(_fwdbwd("r", [1000, 500, 800, 100]), 2, replicated)  # rank 0: 1000, 800
     assert error.category == "user" and error.status_code == 400 and error.field == "data"
     assert error.message == (
         "forward_backward of 2400 tokens (its largest pass on a rank: 2000 tokens, padding included) was running when "
@@ -84,14 +88,13 @@ def test_the_error_says_what_happened_what_it_needs_and_what_to_change() -> None
         "trainer.sharding: fsdp (each rank then holds 1/num_workers of the base's weights); set trainer.dtype: "
         "bfloat16 (half the memory); or give each worker more memory"
     )
-    defaults = WorkerGroupConfig()  # fsdp and activation checkpointing already
-    forward = too_large(_fwdbwd("r", [100]), 3, defaults, 2, None).message  # no estimate: the size is left out
+    forward = too_large(_fwdbwd("r", [100]), 3, sizing(2)).message  # no estimate: the size is left out
     assert forward.startswith("forward_backward of 100 tokens (its largest pass on a rank: 100 tokens")
     assert "died 3 times" in forward and "needs about" not in forward
     assert forward.endswith("To fit: send shorter datums; or give each worker more memory")
-    forward = too_large(_fwdbwd("r", [100], forward_only=True), 2, defaults, 2, estimate).message
+    forward = too_large(_fwdbwd("r", [100], forward_only=True), 2, sizing(2, estimate)).message
     assert forward.startswith("forward of 100 tokens") and "about 100 MiB of activations" in forward
-    step = too_large(OptimStep("r", AdamParams()), 1, defaults, 2, estimate).message
+    step = too_large(OptimStep("r", AdamParams()), 1, sizing(2, estimate)).message
     assert step.startswith("optim_step was running when the training workers died once (killed for memory")
 
 
@@ -148,7 +151,7 @@ def test_an_operation_that_kills_the_workers_fails_and_everything_else_goes_on(t
         futures, journal = FutureStore(db), JournalStore(db)
         group = DyingGroup(storage)
         service = _service(
-            db, group, storage, futures, journal, activation_bytes=lambda tokens, backward: tokens * 2**20
+            db, group, storage, futures, journal, sizing=sizing(1, lambda tokens, backward: tokens * 2**20)
         )
         await service.start()
 

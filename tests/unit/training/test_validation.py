@@ -57,6 +57,13 @@ def test_context_length_caps_the_limit() -> None:
     assert "limit is 8" in info.value.message
 
 
+def test_without_a_limit_a_datum_may_fill_the_context() -> None:
+    unlimited = LimitsConfig(max_datums_per_request=4)  # max_tokens_per_datum: None, the base's context
+    assert validate_forward_backward(request(packed([64])), unlimited, MODEL) == ValidLoss("cross_entropy", {})
+    with pytest.raises(LimitExceeded, match="limit is 64"):
+        validate_forward_backward(request(packed([65])), unlimited, MODEL)
+
+
 def test_empty_datum() -> None:
     assert rejected(packed([2, 0, 1])).field == "data[1].model_input"
 
