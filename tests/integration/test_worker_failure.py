@@ -201,11 +201,12 @@ def test_an_operation_that_kills_the_workers_fails_and_the_rest_goes_on(
     print(f"\nkilled twice -> failed {time.monotonic() - started:.1f} s after it was sent: {failed.value.message}")
     assert failed.value.category == "user"
     assert (
-        "forward_backward of 24576 tokens (its largest pass on a rank: 1024 tokens, padding included) was running when "
+        "forward_backward of 24576 tokens (its largest pass on a rank: 128 tokens, padding included) was running when "
         "the training workers died twice (killed for memory, most likely); it was not run again and the model has no "
-        "gradients from it. That pass needs about 66 MiB of activations. To fit: lower trainer.micro_batch_tokens "
-        "(now 1024; a pass then holds fewer datums); set trainer.dtype: bfloat16 (half the memory); or give each "
-        "worker more memory" in failed.value.message  # the SDK's message wraps the server's
+        "gradients from it. That pass needs about 8 MiB of activations. To fit: send shorter datums; raise "
+        "trainer.num_workers (now 2): a datum of more than 12 tokens is split across all of them, ceil(256 / "
+        "num_workers) tokens a rank (now 128); set trainer.dtype: bfloat16 (half the memory); or give each worker "
+        "more memory" in failed.value.message  # the SDK's message wraps the server's (its datums are split: 2 x 128)
     )
     with sqlite3.connect(sharded_state_dir / "tinker_serve.db") as db:
         assert db.execute("SELECT worker_deaths FROM journal WHERE request_id = ?", (request_id,)).fetchone() == (2,)
