@@ -43,11 +43,10 @@ def command_loop(config: dict) -> None:
         recompute_activations(base)
     if sharded:
         shard_base(base, torch.device(device).type, shape.shard_group_size)
-    sequence_parallel, unsplit = sequence_parallel_size(
+    # as the Trainer sizes its operations (app.trainer.pass_sizing), which logs why when it is 1
+    sequence_parallel, _ = sequence_parallel_size(
         read_model_config(config["base_path"]) or {}, shape.sequence_parallel, world_size
     )
-    if unsplit and rank == 0:
-        logger.warning("long datums run whole on one rank each (no sequence parallelism): %s", unsplit)
     engine = TrainingEngine(
         base,
         rank=rank,
