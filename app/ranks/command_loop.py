@@ -17,8 +17,9 @@ from app.ranks.execute import execute_message
 from app.ranks.snapshots import SnapshotWriter
 from app.storage.objects import ObjectStorage
 from app.trainer.mailbox import Answer, Message, Stop
-from app.training.base_model import TORCH_DTYPES, load_base_model, recompute_activations, shard_base
+from app.training.base_model import TORCH_DTYPES, load_base_model, recompute_activations
 from app.training.engine import TrainingEngine
+from app.training.sharded_load import load_sharded_base
 
 logger = logging.getLogger("tinker_serve.worker")
 
@@ -36,11 +37,12 @@ def command_loop(config: dict) -> None:
     device = str(get_device()) if shape.use_gpu else "cpu"
     dtype = resolve_dtype(shape.dtype, shape.use_gpu)
     sharded = shape.sharding == "fsdp" and world_size > 1
-    base = load_base_model(config["base_path"], TORCH_DTYPES[dtype], device="cpu" if sharded else device)
+    if sharded:  # each rank reads only its own shard of the weights
+        base = load_sharded_base(config["base_path"], TORCH_DTYPES[dtype], device, shape.shard_group_size)
+    else:
+        base = load_base_model(config["base_path"], TORCH_DTYPES[dtype], device=device)
     if shape.activation_checkpointing:
         recompute_activations(base)
-    if sharded:
-        shard_base(base, torch.device(device).type, shape.shard_group_size)
     engine = TrainingEngine(
         base,
         rank=rank,
@@ -63,7 +65,7 @@ def command_loop(config: dict) -> None:
         identity,
         config["base_path"],
         dtype,
-        ", sharded (fsdp)" if sharded else "",
+        ", loaded sharded (fsdp)" if sharded else "",
         ", recomputing activations" if shape.activation_checkpointing else "",
         time.monotonic() - started,
     )
