@@ -18,9 +18,10 @@ from app.ranks.snapshots import SnapshotWriter
 from app.storage.objects import ObjectStorage
 from app.trainer.mailbox import Answer, Message, Stop
 from app.trainer.memory_estimate import read_model_config
-from app.training.base_model import TORCH_DTYPES, load_base_model, recompute_activations, shard_base
+from app.training.base_model import TORCH_DTYPES, load_base_model, recompute_activations
 from app.training.datum_layout import sequence_parallel_size
 from app.training.engine import TrainingEngine
+from app.training.sharded_load import load_sharded_base
 
 logger = logging.getLogger("tinker_serve.worker")
 
@@ -38,11 +39,12 @@ def command_loop(config: dict) -> None:
     device = str(get_device()) if shape.use_gpu else "cpu"
     dtype = resolve_dtype(shape.dtype, shape.use_gpu)
     sharded = shape.sharding == "fsdp" and world_size > 1
-    base = load_base_model(config["base_path"], TORCH_DTYPES[dtype], device="cpu" if sharded else device)
+    if sharded:  # each rank reads only its own shard of the weights
+        base = load_sharded_base(config["base_path"], TORCH_DTYPES[dtype], device, shape.shard_group_size)
+    else:
+        base = load_base_model(config["base_path"], TORCH_DTYPES[dtype], device=device)
     if shape.activation_checkpointing:
         recompute_activations(base)
-    if sharded:
-        shard_base(base, torch.device(device).type, shape.shard_group_size)
     # as the Trainer sizes its operations (app.trainer.pass_sizing), which logs why when it is 1
     sequence_parallel, _ = sequence_parallel_size(
         read_model_config(config["base_path"]) or {}, shape.sequence_parallel, world_size
@@ -71,7 +73,7 @@ def command_loop(config: dict) -> None:
         identity,
         config["base_path"],
         dtype,
-        ", sharded (fsdp)" if sharded else "",
+        ", loaded sharded (fsdp)" if sharded else "",
         ", recomputing activations" if shape.activation_checkpointing else "",
         f", datums over {shape.sequence_parallel_min_tokens} tokens split across {sequence_parallel} ranks"
         if sequence_parallel > 1

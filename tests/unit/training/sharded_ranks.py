@@ -16,8 +16,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from app.messages import AdamParams, AdapterSpec
-from app.training.base_model import load_base_model, recompute_activations, shard_base
+from app.training.base_model import load_base_model, recompute_activations
 from app.training.engine import TrainingEngine
+from app.training.sharded_load import load_sharded_base
 from app.training_data.batch import PackedBatch
 
 RankFn = Callable[..., Any]
@@ -61,10 +62,11 @@ def engine_on(
     path: Path, rank: int, world: int, *, sharding: str, micro_batch_tokens: int, shard_group_size: int | None = None
 ) -> TrainingEngine:
     """A rank's engine set up as app.ranks.command_loop does (activation checkpointing on)."""
-    base = load_base_model(str(path))
-    recompute_activations(base)
     if sharding == "fsdp":
-        shard_base(base, "cpu", shard_group_size)
+        base = load_sharded_base(str(path), torch.float32, shard_group_size=shard_group_size)
+    else:
+        base = load_base_model(str(path))
+    recompute_activations(base)
     return TrainingEngine(
         base, rank=rank, world_size=world, micro_batch_tokens=micro_batch_tokens, sharded=sharding == "fsdp"
     )
