@@ -40,9 +40,13 @@ def _old(rng: np.random.Generator, total: int) -> np.ndarray:
     return -rng.uniform(5.0, 9.0, total).astype(np.float32)
 
 
-def _requests(full: bool) -> list[tuple[str, str, dict[str, float], PackedBatch, Any]]:
-    """(model, loss, config, batch, custom program): one split datum (301 tokens, an odd split) and short ones."""
-    lengths = [301, 20, 9]
+LENGTHS = [301, 20, 9]  # one split datum (an odd length: the last slice is padded) and short ones
+# on 4 ranks in 2 groups of 2: the first group runs 301 and 150, the second 257 and an idle pass (a sharded base)
+FOUR_RANK_LENGTHS = [301, 20, 9, 257, 150, 33]
+
+
+def _requests(full: bool, lengths: list[int] = LENGTHS) -> list[tuple[str, str, dict[str, float], PackedBatch, Any]]:
+    """(model, loss, config, batch, custom program) of every request a comparison runs."""
     requests: list[tuple[str, str, dict[str, float], PackedBatch, Any]] = [
         ("p", "cross_entropy", {}, batch_of(lengths, seed=1), None)
     ]
@@ -87,10 +91,10 @@ def _engine(path: str, rank: int, world: int, sequence_parallel: int, sharded: b
     return engine
 
 
-def _run(engine: TrainingEngine, full: bool) -> list[dict[str, Any]]:
+def _run(engine: TrainingEngine, full: bool, lengths: list[int]) -> list[dict[str, Any]]:
     """Each request's shard answer and the gradients it left (summed over the ranks), then a step."""
     results = []
-    for model_id, loss, config, batch, program in _requests(full):
+    for model_id, loss, config, batch, program in _requests(full, lengths):
         out = engine.forward_backward(model_id, loss, config, batch, False, program)
         params = engine.loaded(model_id).params
         grads = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params]
@@ -101,12 +105,22 @@ def _run(engine: TrainingEngine, full: bool) -> list[dict[str, Any]]:
     return results
 
 
-def compare(rank: int, world: int, *, paths: list[str], full: bool, sharded: bool) -> list[dict[str, Any]]:
-    """For each base: the requests run with every datum whole, then with the long one split across the ranks."""
+def compare(
+    rank: int,
+    world: int,
+    *,
+    paths: list[str],
+    full: bool,
+    sharded: bool,
+    sequence_parallel: int | None = None,
+    lengths: list[int] = LENGTHS,
+) -> list[dict[str, Any]]:
+    """For each base: the requests run with every datum whole, then with the long ones split across groups of
+    `sequence_parallel` ranks (None: all of them)."""
     results = []
     for path in paths:
-        whole = _run(_engine(path, rank, world, 1, sharded), full)
-        split = _run(_engine(path, rank, world, world, sharded), full)
+        whole = _run(_engine(path, rank, world, 1, sharded), full, lengths)
+        split = _run(_engine(path, rank, world, sequence_parallel or world, sharded), full, lengths)
         results.append({"whole": whole, "split": split})
     return results
 
@@ -116,12 +130,13 @@ def _merged(per_rank: list[dict[str, Any]], which: str, i: int, batch: PackedBat
     return merge_shards(batch.offsets, shards), shards
 
 
-def _assert_same(per_rank: list[dict[str, Any]], full: bool, base: str = "tiny") -> None:
-    for i, (_, name, _, batch, _) in enumerate(_requests(full)):
+def _assert_same(per_rank: list[dict[str, Any]], full: bool, base: str = "tiny", lengths: list[int] = LENGTHS) -> None:
+    for i, (_, name, _, batch, _) in enumerate(_requests(full, lengths)):
         loss = f"{base}: {name}"
         whole, _ = _merged(per_rank, "whole", i, batch)
         split, split_shards = _merged(per_rank, "split", i, batch)
-        assert sorted(np.concatenate([s.datum_indices for s in split_shards]).tolist()) == [0, 1, 2], loss
+        answered = np.concatenate([s.datum_indices for s in split_shards])
+        assert sorted(answered.tolist()) == list(range(len(lengths))), loss
         np.testing.assert_allclose(split.metrics["loss:sum"], whole.metrics["loss:sum"], rtol=LOSS_RTOL, err_msg=loss)
         for name in whole.outputs:
             np.testing.assert_allclose(split.outputs[name], whole.outputs[name], atol=OUTPUT_ATOL, err_msg=loss)
@@ -141,6 +156,22 @@ def test_a_split_datum_trains_as_a_whole_one_on_a_moe_and_a_gated_deltanet_hybri
     paths = [str(build_embedded_model(preset, tmp_path / preset)) for preset in presets]
     for preset, per_rank in zip(presets, zip(*run_ranks(compare, paths=paths, full=False, sharded=False)), strict=True):
         _assert_same(list(per_rank), full=False, base=preset)
+
+
+def test_long_datums_dealt_to_two_groups_of_two_ranks_train_as_whole_ones() -> None:
+    """The 2-D layout (data x sequence) on a base sharded across all four ranks: the group with fewer split datums
+    runs an idle pass to join the weight gathers."""
+    runs = run_ranks(
+        compare,
+        world=4,
+        paths=[str(TINY_MODEL)],
+        full=False,
+        sharded=True,
+        sequence_parallel=2,
+        lengths=FOUR_RANK_LENGTHS,
+    )
+    (per_rank,) = zip(*runs, strict=True)
+    _assert_same(list(per_rank), full=False, lengths=FOUR_RANK_LENGTHS)
 
 
 def test_the_layout_splits_only_long_datums_and_every_datum_has_one_answering_rank() -> None:
