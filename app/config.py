@@ -116,6 +116,11 @@ class WorkerGroupConfig(Strict):
     resources: dict[str, float] = Field(
         default_factory=dict, description="custom Ray resources per worker (node placement)"
     )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="environment variables of each rank (Ray Train's worker_runtime_env); CPU ranks preload tcmalloc "
+        'where it is installed (app.allocator): set LD_PRELOAD to "" to go without',
+    )
     dtype: DtypeSetting = Field(
         "auto",
         description="the base model's weights: auto is bfloat16 on GPUs and on CPUs with bfloat16 matrix instructions "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import pwd
+import random
 import secrets
 import shutil
 import socket
@@ -71,8 +72,19 @@ def pg_bin_dir() -> Path:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now."""
-    with socket.socket() as s:
+    """A TCP port on 127.0.0.1 that nothing listens on now, chosen below the kernel's ephemeral range and above
+    Ray's worker ports (10002-19999): a port the kernel hands out (bind to 0, an outgoing connection) can be taken
+    by another process between this choice and the server's bind, as one suite run saw Serve's."""
+    low = 20000
+    high = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for port in random.sample(range(low, high), min(200, max(0, high - low))):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # no such range here: any free port
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 

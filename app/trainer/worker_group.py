@@ -21,6 +21,7 @@ from typing import Any
 
 import ray
 
+from app.allocator import preload_tcmalloc
 from app.config import WorkerGroupConfig
 from app.errors import ServerError
 from app.messages import PingCommand, Replies, WorkerCommand
@@ -34,6 +35,11 @@ logger = logging.getLogger("tinker_serve.trainer")
 # actor with runtime_env env_vars holding every variable of ENV_VARS_TO_PROPAGATE set in the process calling fit(),
 # this one (_internal/constants.py get_env_vars_to_propagate, api/data_parallel_trainer.py).
 WORKER_GROUP_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
+
+
+def rank_env(shape: WorkerGroupConfig) -> dict[str, str]:
+    """The environment of each rank: tcmalloc preloaded on CPU ranks (where installed), then the configured `env`."""
+    return {**({} if shape.use_gpu else preload_tcmalloc()), **shape.env}
 
 
 class WorkerGroup(ABC):
@@ -115,8 +121,10 @@ class RayTrainWorkerGroup(WorkerGroup):
         return self._shape.num_workers
 
     async def start(self) -> None:
-        from ray.train import FailureConfig, RunConfig, ScalingConfig
-        from ray.train.torch import TorchConfig, TorchTrainer
+        # Ray Train v2 (Ray's default; ray.train re-exports these), named so that its RunConfig types
+        from ray.train.torch import TorchConfig
+        from ray.train.v2.api.config import FailureConfig, RunConfig, ScalingConfig
+        from ray.train.v2.torch.torch_trainer import TorchTrainer
 
         from app.ranks.command_loop import command_loop  # torch and transformers: the workers' imports, not ours
 
@@ -147,6 +155,7 @@ class RayTrainWorkerGroup(WorkerGroup):
                 name=f"trainer-{uuid.uuid4().hex[:8]}",
                 storage_path=self._storage_dir,
                 failure_config=FailureConfig(max_failures=self._max_failures),
+                worker_runtime_env={"env_vars": rank_env(self._shape)},
             ),
         )
         os.environ[WORKER_GROUP_START_TIMEOUT_ENV] = str(self._startup_timeout_s)  # fit() hands it to Ray Train

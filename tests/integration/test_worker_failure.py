@@ -27,6 +27,7 @@ import tinker
 from ray import serve
 from tinker import types
 
+from app.allocator import TCMALLOC
 from app.db import journal_codec
 from app.messages import AdamParams
 from app.operations.optim_step import OptimStep
@@ -87,6 +88,11 @@ def worker_pids() -> Iterator[Callable[[], list[int]]]:
     thread.join(timeout=10)
 
 
+def _maps_tcmalloc(pid: int) -> bool:
+    """Whether the process has tcmalloc loaded."""
+    return TCMALLOC.name in Path(f"/proc/{pid}/maps").read_text()
+
+
 def _kill(replica: dict) -> None:
     ray.kill(ray.get_actor(replica["name"], namespace=replica["namespace"]), no_restart=True)
 
@@ -103,6 +109,7 @@ def test_a_killed_worker_loses_no_model_and_no_request(sharded_client, worker_pi
 
     pids = worker_pids()
     assert len(pids) == 2 and all(isinstance(p, int) for p in pids)
+    assert [_maps_tcmalloc(p) for p in pids] == [TCMALLOC.exists()] * 2  # CPU ranks preload it where installed
     started: list[float] = []
 
     def kill() -> None:
@@ -113,6 +120,7 @@ def test_a_killed_worker_loses_no_model_and_no_request(sharded_client, worker_pi
     assert started and time.monotonic() - started[0] < RESTART_BUDGET_S
     print(f"worker killed -> the run's last step answered in {time.monotonic() - started[0]:.1f} s")  # pytest -s
     assert pids[1] not in worker_pids()
+    assert [_maps_tcmalloc(p) for p in worker_pids()] == [TCMALLOC.exists()] * 2  # the new rank too
     for got, want in zip(recovered, undisturbed, strict=True):
         np.testing.assert_array_equal(got, want)
 

@@ -267,6 +267,22 @@ def test_a_cpu_sampler_preloads_tcmalloc_where_it_is_installed(tmp_path: Path) -
     )
 
 
+def test_cpu_ranks_preload_tcmalloc_unless_configured_otherwise() -> None:
+    """The trainer's ranks get tcmalloc where it is installed (glibc keeps a long pass's freed activations resident),
+    GPU ranks do not, and `trainer.env` overrides either way."""
+    from app.allocator import preload_tcmalloc
+    from app.trainer.worker_group import rank_env
+
+    cpu = ServerConfig(base_models=[TINY], auth=LOOPBACK).base_model("tiny").trainer
+    assert rank_env(cpu) == preload_tcmalloc()
+    gpu = cpu.model_copy(update={"use_gpu": True, "env": {"NCCL_DEBUG": "WARN"}})
+    assert rank_env(gpu) == {"NCCL_DEBUG": "WARN"}
+    without = ServerConfig(
+        base_models=[{**TINY, "trainer": {"env": {"LD_PRELOAD": "", "OMP_NUM_THREADS": "1"}}}], auth=LOOPBACK
+    )
+    assert rank_env(without.base_model("tiny").trainer) == {"LD_PRELOAD": "", "OMP_NUM_THREADS": "1"}
+
+
 def test_api_keys_mode_needs_keys_where_they_are_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = ServerConfig(base_models=[TINY])  # api_keys is the default mode: validation reads no keys
     with pytest.raises(ValueError, match=f"auth.mode is api_keys but no keys are configured: set {API_KEYS_ENV}"):
