@@ -4,7 +4,7 @@ gloo process group (as Ray Train's workers do) and drive app.training.engine.Tra
 app.ranks.command_loop sets it up.
 
     python bench/memory_scale.py [--model models/qwen3-0.6b] [--shapes 8x64,2x1024,1x8192,1x32768]
-        [--modes replicate,fsdp] [--dtypes float32,bfloat16] [--ranks 2] [--steps 2] [--out DIR]
+        [--modes replicate,fsdp] [--dtypes float32,bfloat16] [--ranks 2] [--steps 2] [--out DIR] [--allocator tcmalloc|glibc]
 
 One step is forward_backward("cross_entropy") + optim_step (AdamW), LoRA rank 32 on every projection. Per
 configuration it prints each rank's resident memory once the base is loaded (and sharded), before any step ("base
@@ -160,7 +160,17 @@ def main() -> None:
     parser.add_argument("--micro-batch-tokens", type=int, default=16384)
     parser.add_argument("--timeout", type=float, default=7200.0, help="seconds one configuration may take")
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--allocator",
+        choices=["tcmalloc", "glibc"],
+        default="tcmalloc",
+        help="the ranks' malloc: tcmalloc where installed, as the server's CPU ranks (app.allocator), or glibc's",
+    )
     args = parser.parse_args()
+    if args.allocator == "tcmalloc":
+        from app.allocator import preload_tcmalloc
+
+        os.environ.update(preload_tcmalloc())  # the spawned ranks start with it
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     rows = []
     for mode in args.modes.split(","):

@@ -5,7 +5,7 @@ projection). No Ray, no server: the same engine `bench/serve_scale.py --sequence
 run`, without the Sampler's memory beside it.
 
     python bench/sequence_parallel.py [--model models/qwen3-0.6b] [--tokens 4096,8192] [--settings 1,2]
-        [--dtype bfloat16] [--ranks 2]
+        [--dtype bfloat16] [--ranks 2] [--allocator tcmalloc|glibc]
 
 Per length and setting (1: the datum runs whole on rank 0, the others join its weight gathers with one-token
 passes; N: split across N ranks) it prints the step's seconds and each rank's resident memory before it and the
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -28,6 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere: import app/, tests/
 
+from app.allocator import preload_tcmalloc
 from app.messages import AdapterSpec
 from app.training.base_model import recompute_activations
 from app.training.engine import TrainingEngine
@@ -73,7 +75,15 @@ def main() -> None:
     parser.add_argument("--settings", default="1,2")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument(
+        "--allocator",
+        choices=["tcmalloc", "glibc"],
+        default="tcmalloc",
+        help="the ranks' malloc: tcmalloc where installed, as the server's CPU ranks (app.allocator), or glibc's",
+    )
     args = parser.parse_args()
+    if args.allocator == "tcmalloc":
+        os.environ.update(preload_tcmalloc())  # the spawned ranks start with it
     results: dict[str, Any] = {}
     for tokens in [int(t) for t in args.tokens.split(",")]:
         settings = [int(s) for s in args.settings.split(",")]
