@@ -4,7 +4,8 @@ gloo process group (as Ray Train's workers do) and drive app.training.engine.Tra
 app.ranks.command_loop sets it up.
 
     python bench/memory_scale.py [--model models/qwen3-0.6b] [--shapes 8x64,2x1024,1x8192,1x32768]
-        [--modes replicate,fsdp] [--dtypes float32,bfloat16] [--ranks 2] [--steps 2] [--out DIR] [--allocator tcmalloc|glibc]
+        [--modes replicate,fsdp] [--dtypes float32,bfloat16] [--ranks 2] [--steps 2] [--out DIR]
+        [--allocator tcmalloc|glibc]
 
 One step is forward_backward("cross_entropy") + optim_step (AdamW), LoRA rank 32 on every projection. Per
 configuration it prints each rank's resident memory once the base is loaded (and sharded), before any step ("base
