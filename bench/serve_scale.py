@@ -57,6 +57,8 @@ def config(run: Path, context: int, preset: str, sequence_parallel: int) -> dict
     base["sampler"].update(kv_cache_mib=context * token_bytes // 2**20 + 64, max_replicas=1)
     args["state_dir"] = str(run / "state")
     args.setdefault("limits", {})["max_tokens_per_datum"] = context
+    # a 0.6B step of 16,384 tokens on one rank of a 2-core VM takes over the default 900 s
+    args.setdefault("timeouts", {})["command_timeout_seconds"] = 4 * 3600
     return text
 
 
