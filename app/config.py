@@ -75,7 +75,12 @@ class SamplerConfig(Strict):
     max_loras: int = Field(4, ge=1, description="adapters in one batch")
     max_cpu_loras: int = Field(8, ge=2, description="adapters kept loaded per replica (LRU beyond it)")
     max_num_seqs: int = Field(64, ge=1, description="sequences vLLM runs in one batch")
-    kv_cache_mib: int = Field(256, ge=16, description="CPU KV cache in MiB (GPU: gpu_memory_utilization)")
+    kv_cache_mib: int = Field(
+        256,
+        ge=16,
+        description="CPU KV cache in MiB (GPU: gpu_memory_utilization); on CPU it caps the context at the tokens of its "
+        "whole 128-token blocks less one (vLLM's own accounting: the 0.6B shape's 2,048 MiB holds 18,560)",
+    )
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="the share of GPU memory vLLM takes")
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs one vLLM engine spans")
     dtype: str = Field(

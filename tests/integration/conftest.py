@@ -241,18 +241,21 @@ def sharded_client(sharded_app: str) -> tinker.ServiceClient:
     return tinker.ServiceClient(base_url=sharded_app, api_key="tml-integration-tests")
 
 
-# family -> embedded preset: a dense family and a lineup MoE hybrid (its experts through app.sampling.cpu_moe_lora,
-# its Gated DeltaNet through app.sampling.cpu_gdn in the CPU Sampler); every family's Sampler engine against its
-# trainer's, in process: test_family_samplers.py (four bases took this app 150 s to start on 2 cores, two ~50 s)
+# family -> the served name of its base (the embedded preset after any org): a dense family and a lineup MoE hybrid
+# (its experts through app.sampling.cpu_moe_lora, its Gated DeltaNet through app.sampling.cpu_gdn in the CPU Sampler),
+# the hybrid served without an org as the Hub's `gpt2` is, so the SDK's get_tokenizer resolves such a name too. Every
+# family's Sampler engine against its trainer's, in process: test_family_samplers.py (four bases took this app 150 s
+# to start on 2 cores, two ~50 s)
 FAMILY_BASES = {
-    "qwen3": "tiny-qwen3",
+    "qwen3": "tinker-serve/tiny-qwen3",
     "qwen3_5_moe": "tiny-qwen3_5-moe",
 }
 
 
-def _family_base(preset: str, root: Path) -> dict:
+def _family_base(name: str, root: Path) -> dict:
+    preset = name.rpartition("/")[2]
     return {
-        "name": f"tinker-serve/{preset}",
+        "name": name,
         "path": str(root / preset),
         "embedded_preset": preset,
         "trainer": {"num_workers": 1, "cpus_per_worker": 0.5, "dtype": "float32"},
@@ -274,7 +277,7 @@ def families_on_postgres(
         "state_dir": str(root / "state"),
         "database_url": url,
         "auth": {"mode": "any_tml_key_on_loopback"},
-        "base_models": [_family_base(preset, root) for preset in FAMILY_BASES.values()],
+        "base_models": [_family_base(name, root) for name in FAMILY_BASES.values()],
         "engine": {"max_lora_rank": 8},  # vLLM sizes its LoRA buffers by it (x 2 for Qwen3-MoE's experts)
     }
     replace_app(config, base_url)
