@@ -41,11 +41,12 @@ QUOTAS = {  # test_quotas' users' own (quotas.users): tight, so each limit is re
 QUOTA_KEYS = ("tml-quota-sizes", "tml-quota-other", "tml-quota-rates", "tml-quota-sdk")
 
 
+SHARDED = {"sharding": "fsdp", "activation_checkpointing": True}  # what auto gives a real model, on the tiny one
 BF16_TWIN = {  # the same model trained and sampled in bfloat16 (test_precision)
     "name": BF16_MODEL,
     "path": str(TINY_MODEL),
     "embedded_preset": "tiny",
-    "trainer": {"num_workers": 2, "cpus_per_worker": 0.5, "dtype": "bfloat16", "autocast": True},
+    "trainer": {"num_workers": 2, "cpus_per_worker": 0.5, "dtype": "bfloat16", "autocast": True, **SHARDED},
     "sampler": {"kv_cache_mib": 32, "num_cpus": 0.5},
 }
 
@@ -75,7 +76,7 @@ def server_config(state_dir: Path, sharded: bool = False) -> dict:
                     # sharded: datums of more than 12 tokens are split across the two ranks (sequence parallelism),
                     # so the failure tests' recoveries replay split datums (test_helpers' sentences are 10-16 tokens)
                     **(
-                        {"sequence_parallel_min_tokens": 12}
+                        {"sequence_parallel_min_tokens": 12, **SHARDED}
                         if sharded
                         else {"sharding": "replicate", "activation_checkpointing": False}
                     ),
