@@ -116,12 +116,13 @@ def _register_name(name: str, path: Path) -> None:
 def build_app(args: dict[str, Any]) -> Application:
     """Validate the whole config first (every error at once), then bind each base model's Trainers (one, or a
     second for critics) and its Sampler. The API keys are loaded once here too, so that api_keys mode without any
-    fails before a replica starts; only the ingress replicas read them again (validation reads no file). Refuses
-    when Serve runs without the project's request-path settings (deployments/serve_env.py)."""
+    fails before a replica starts; only the ingress replicas read them again (validation reads no file). Where Serve
+    runs without the project's request-path settings (deployments/serve_env.py: a bare `serve run`), the app serves
+    through Serve's proxy and says so in one warning."""
     route_app_logs()
     wrong = serve_env.missing()
     if wrong:
-        raise ValueError(wrong)
+        logger.warning(wrong)
     config = ServerConfig.model_validate(args).resolved()
     pinned_port = serve_env.direct_port()
     if config.ingress_replicas > 1 and pinned_port is not None:

@@ -106,9 +106,9 @@ def server_config(state_dir: Path, sharded: bool = False) -> dict:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The multi-node module, with a cluster of its own, runs before the shared Ray starts; modules that replace
-    the shared Serve app run last, in this order."""
-    first = ("test_multinode.py",)
+    """The modules with a Ray of their own (a bare `serve run`, a multi-node cluster) run before the shared Ray
+    starts, in this order; modules that replace the shared Serve app run last, in this order."""
+    first = ("test_bare_serve_run.py", "test_multinode.py")
     last = (
         "test_precision.py",
         "test_worker_failure.py",
@@ -118,7 +118,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     )
     items.sort(
         key=lambda item: (
-            -1 if item.path.name in first else last.index(item.path.name) + 1 if item.path.name in last else 0
+            first.index(item.path.name) - len(first)
+            if item.path.name in first
+            else last.index(item.path.name) + 1
+            if item.path.name in last
+            else 0
         )
     )
 
