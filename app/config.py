@@ -75,7 +75,12 @@ class SamplerConfig(Strict):
     max_loras: int = Field(4, ge=1, description="adapters in one batch")
     max_cpu_loras: int = Field(8, ge=2, description="adapters kept loaded per replica (LRU beyond it)")
     max_num_seqs: int = Field(64, ge=1, description="sequences vLLM runs in one batch")
-    kv_cache_mib: int = Field(256, ge=16, description="CPU KV cache in MiB (GPU: gpu_memory_utilization)")
+    kv_cache_mib: int = Field(
+        256,
+        ge=16,
+        description="CPU KV cache in MiB (GPU: gpu_memory_utilization); on CPU it caps the context at the tokens of "
+        "its whole 128-token blocks less one (vLLM's own accounting: the 0.6B shape's 2,048 MiB holds 18,560)",
+    )
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="the share of GPU memory vLLM takes")
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs one vLLM engine spans")
     dtype: str = Field(
@@ -127,10 +132,11 @@ class WorkerGroupConfig(Strict):
         "(AMX, AVX512-BF16), else float32 (app.models.precision); adapters, value heads and optimizer state stay "
         "float32",
     )
-    sharding: Literal["replicate", "fsdp"] = Field(
-        "fsdp",
+    sharding: Literal["replicate", "fsdp", "auto"] = Field(
+        "auto",
         description="fsdp: each rank holds 1/num_workers of the base (FSDP2), gathering one layer's weights at a "
-        "time; replicate: every rank holds all of it (no gathers: a little faster when it fits)",
+        "time; replicate: every rank holds all of it (no gathers: a little faster when it fits); auto: replicate when "
+        "the base's weight files total at most 512 MiB, else fsdp (app.trainer.model_defaults; logged at start)",
     )
     shard_group_size: int | None = Field(
         None,
@@ -138,10 +144,11 @@ class WorkerGroupConfig(Strict):
         description="fsdp within groups of this many ranks, replicated across groups (hybrid sharding, e.g. the GPUs "
         "of one node); None: one group of all ranks",
     )
-    activation_checkpointing: bool = Field(
-        True,
+    activation_checkpointing: bool | Literal["auto"] = Field(
+        "auto",
         description="keep only each decoder layer's input for the backward and recompute the rest (about 1/3 more "
-        "compute for a fraction of the activation memory: what long contexts need)",
+        "compute for a fraction of the activation memory: what long contexts need); auto: off when a pass of "
+        "micro_batch_tokens needs at most 2 GiB of activations without it (docs/sizing.md's estimate), else on",
     )
     micro_batch_tokens: int = Field(
         16384,
@@ -220,6 +227,14 @@ class WorkerGroupConfig(Strict):
         if self.sequence_parallel is not None and self.num_workers % self.sequence_parallel:
             raise ValueError(f"sequence_parallel {self.sequence_parallel} must divide num_workers {self.num_workers}")
         return self
+
+    def shards_base(self) -> bool:
+        """Whether the base is sharded across the ranks (auto, unresolved, as a real model: yes)."""
+        return self.sharding != "replicate" and self.num_workers > 1
+
+    def recomputes_activations(self) -> bool:
+        """Whether activations are recomputed in the backward (auto, unresolved, as a real model: yes)."""
+        return self.activation_checkpointing is not False
 
 
 class BaseModelConfig(Strict):

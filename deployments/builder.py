@@ -16,6 +16,7 @@ from app.models.embedded import build_embedded_model
 from app.models.families import family_of, sampler_refusal
 from app.models.model_config import ModelShape, model_shape
 from app.models.precision import DTYPE_BYTES
+from app.trainer import model_defaults
 from deployments import serve_env
 from deployments.ingress import Ingress
 from deployments.logs import route_app_logs
@@ -56,6 +57,21 @@ def _model_limits(config: ServerConfig) -> dict[str, dict[str, int | str]]:
             "tokenizer_id": base.name if local else base.path,  # a Hub id is public
         }
     return limits
+
+
+def _with_model_defaults(config: ServerConfig) -> ServerConfig:
+    """The config with each worker group's auto settings chosen for its base (app.trainer.model_defaults), logged."""
+    bases = []
+    for base in config.base_models:
+        groups = {}
+        for field in ("trainer", "critic_trainer"):
+            group = getattr(base, field)
+            if group is not None:
+                groups[field], reasons = model_defaults.for_model(group, base.path)
+                if reasons:
+                    logger.info("base model %s, %s: %s", base.name, field, "; ".join(reasons))
+        bases.append(base.model_copy(update=groups))
+    return config.model_copy(update={"base_models": bases})
 
 
 def _context_length(base: BaseModelConfig, shape: ModelShape) -> int:
@@ -100,12 +116,13 @@ def _register_name(name: str, path: Path) -> None:
 def build_app(args: dict[str, Any]) -> Application:
     """Validate the whole config first (every error at once), then bind each base model's Trainers (one, or a
     second for critics) and its Sampler. The API keys are loaded once here too, so that api_keys mode without any
-    fails before a replica starts; only the ingress replicas read them again (validation reads no file). Refuses
-    when Serve runs without the project's request-path settings (deployments/serve_env.py)."""
+    fails before a replica starts; only the ingress replicas read them again (validation reads no file). Where Serve
+    runs without the project's request-path settings (deployments/serve_env.py: a bare `serve run`), the app serves
+    through Serve's proxy and says so in one warning."""
     route_app_logs()
     wrong = serve_env.missing()
     if wrong:
-        raise ValueError(wrong)
+        logger.warning(wrong)
     config = ServerConfig.model_validate(args).resolved()
     pinned_port = serve_env.direct_port()
     if config.ingress_replicas > 1 and pinned_port is not None:
@@ -115,8 +132,9 @@ def build_app(args: dict[str, Any]) -> Application:
             "start Ray with HAProxy ingress (`python -m deployments.serve_env --cluster`)"
         )
     config.auth.load_keys()
-    raw = config.model_dump()
     limits = _model_limits(config)
+    config = _with_model_defaults(config)
+    raw = config.model_dump()
     trainers = {
         trainer: serve.deployment()(Trainer)
         .options(**Trainer.deployment_options(config, trainer))

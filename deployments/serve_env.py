@@ -2,9 +2,9 @@
 
 Serve reads them from the environment when its controller, proxies and replicas start, so they belong in the
 environment of whatever starts Ray: `make serve` exports `single_node(8000)` (from `python -m deployments.serve_env`),
-the tests and benchmarks call `apply()` before `ray.init`, and the cluster image sets `CLUSTER`. `build_app` refuses
-to build where they are missing (`missing()`), so a `serve run` without them fails with what to set instead of
-answering at twice the latency.
+the tests and benchmarks call `apply()` before `ray.init`, and the cluster image sets `CLUSTER`. Where they are
+missing (a bare `serve run serve_config.yaml`), the app serves through Serve's Python proxy on `http_options`' port
+and `build_app` logs one warning (`missing()`) that names the faster start.
 
 - Both: replicas run our handlers on their own event loop, and handles route on the caller's loop (part of Serve's
   own `RAY_SERVE_THROUGHPUT_OPTIMIZED`, less gRPC between handles and replicas, which caps a request at 4 MiB: a
@@ -80,8 +80,9 @@ def missing(environ: Mapping[str, str] = os.environ) -> str | None:
     if not wrong:
         return None
     return (
-        "Ray Serve was started without tinker-serve's request-path settings (" + ", ".join(wrong) + "): requests "
-        "would go through Serve's Python proxy at about twice the latency. On one machine run `make serve`, or "
+        "Ray Serve was started without tinker-serve's request-path settings (" + ", ".join(wrong) + "): serving "
+        "through Serve's Python proxy (serve_config.yaml's http_options: host and port), at about twice the latency "
+        "of small requests. For the direct path on one machine run `make serve`, or "
         'eval "$(python -m deployments.serve_env --port 8000)" before `serve run serve_config.yaml` (Ray must '
         "not be running yet); on a cluster set deployments.serve_env.CLUSTER on every Ray container "
         "(deploy/anyscale/Containerfile)."

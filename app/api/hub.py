@@ -59,8 +59,8 @@ def _model_directory(path: str) -> Path | None:
         return None
 
 
-async def _repo(services: Services, org: str, name: str, revision_asked: str | None = None) -> HubRepo:
-    repo_id = f"{org}/{name}"
+async def _repo(services: Services, repo_id: str, revision_asked: str | None = None) -> HubRepo:
+    """A served base's repo by its name: `org/name`, or a bare `name` as the Hub's `gpt2`."""
     base = services.config.base_model(repo_id)
     directory = await asyncio.to_thread(_model_directory, base.path) if base else None
     if directory is None:
@@ -74,11 +74,11 @@ async def _repo(services: Services, org: str, name: str, revision_asked: str | N
     return repo
 
 
-@router.api_route("/{org}/{name}/resolve/{revision_asked}/{filename:path}", methods=["GET", "HEAD"])
+@router.api_route("/{repo_id:path}/resolve/{revision_asked}/{filename:path}", methods=["GET", "HEAD"])
 async def resolve(
-    org: str, name: str, revision_asked: str, filename: str, request: Request, services: ServicesDep
+    repo_id: str, revision_asked: str, filename: str, request: Request, services: ServicesDep
 ) -> Response:
-    repo = await _repo(services, org, name, revision_asked)
+    repo = await _repo(services, repo_id, revision_asked)
     if filename not in repo.files:
         raise HubNotFound(f"{repo.repo_id!r} serves only {sorted(repo.files)}, not {filename!r}", "EntryNotFound")
     path, sha256 = repo.files[filename]
@@ -99,24 +99,25 @@ def _info(repo: HubRepo) -> dict:
     }
 
 
-@router.get("/api/models/{org}/{name}")
-async def model_info(org: str, name: str, services: ServicesDep) -> dict:
-    return _info(await _repo(services, org, name))
+# A repo id may hold a slash, so each route's literal parts after it pick it out; the bare info route comes last.
+@router.get("/api/models/{repo_id:path}/revision/{revision_asked}")
+async def model_info_at(repo_id: str, revision_asked: str, services: ServicesDep) -> dict:
+    return _info(await _repo(services, repo_id, revision_asked))
 
 
-@router.get("/api/models/{org}/{name}/revision/{revision_asked}")
-async def model_info_at(org: str, name: str, revision_asked: str, services: ServicesDep) -> dict:
-    return _info(await _repo(services, org, name, revision_asked))
-
-
-@router.get("/api/models/{org}/{name}/tree/{revision_asked}")
-@router.get("/api/models/{org}/{name}/tree/{revision_asked}/{path:path}")
-async def tree(org: str, name: str, revision_asked: str, services: ServicesDep, path: str = "") -> list[dict]:
+@router.get("/api/models/{repo_id:path}/tree/{revision_asked}")
+@router.get("/api/models/{repo_id:path}/tree/{revision_asked}/{path:path}")
+async def tree(repo_id: str, revision_asked: str, services: ServicesDep, path: str = "") -> list[dict]:
     """The repo is flat: its root lists the files; any folder (e.g. additional_chat_templates) does not exist."""
-    repo = await _repo(services, org, name, revision_asked)
+    repo = await _repo(services, repo_id, revision_asked)
     if path.strip("/"):
         raise HubNotFound(f"{repo.repo_id!r} has no folder {path!r}", "EntryNotFound")
     return [
         {"type": "file", "path": name, "size": p.stat().st_size, "oid": sha}
         for name, (p, sha) in sorted(repo.files.items())
     ]
+
+
+@router.get("/api/models/{repo_id:path}")
+async def model_info(repo_id: str, services: ServicesDep) -> dict:
+    return _info(await _repo(services, repo_id))

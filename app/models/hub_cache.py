@@ -40,15 +40,15 @@ def revision(files: list[Path]) -> str:
 
 
 def register(repo_id: str, model_dir: Path, cache_dir: Path | None = None) -> Path:
-    """Make `repo_id` (`org/name`) resolve to the configuration and tokenizer files of `model_dir` in the
-    Hugging Face cache; returns the snapshot directory."""
-    org, sep, name = repo_id.partition("/")
-    if not (org and sep and name) or "/" in name:
-        raise ValueError(f"a Hub repo id is 'org/name', got {repo_id!r}")
+    """Make `repo_id` (`org/name`, or a bare `name` as the Hub's `gpt2`) resolve to the configuration and tokenizer
+    files of `model_dir` in the Hugging Face cache; returns the snapshot directory."""
+    parts = repo_id.split("/")
+    if len(parts) > 2 or not all(parts):
+        raise ValueError(f"a Hub repo id is 'org/name' or 'name', got {repo_id!r}")
     files = registered_files(model_dir)
     if not any(f.name.startswith("tokenizer") for f in files):
         raise FileNotFoundError(f"{model_dir} holds no tokenizer files to register as {repo_id!r}")
-    repo = (cache_dir or hub_cache_dir()) / f"models--{org}--{name}"
+    repo = (cache_dir or hub_cache_dir()) / ("models--" + "--".join(parts))
     commit = revision(files)
     snapshot = repo / "snapshots" / commit
     if not snapshot.is_dir():

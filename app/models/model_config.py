@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
 
+# vLLM's KV cache block on CPU (0.32: vllm/platforms/cpu.py; 16 for MLA, whose blocks this over-counts, never under)
+VLLM_CPU_BLOCK_TOKENS = 128
 # RoPE scalings that stretch the positions a model was trained on by their `factor`. Llama 3's and LongRoPE's are not
 # among them: their configs' max_position_embeddings is the scaled context already.
 _STRETCHING_ROPE = ("yarn", "dynamic", "linear")
@@ -33,8 +35,13 @@ class ModelShape:
         return self.scaled_positions or self.max_position_embeddings
 
     def kv_cache_tokens(self, cache_bytes: int, dtype_bytes: int) -> int | None:
-        """How many tokens a KV cache of `cache_bytes` holds for this model in a dtype of `dtype_bytes`."""
-        return None if not self.kv_values_per_token else cache_bytes // (self.kv_values_per_token * dtype_bytes)
+        """The longest sequence vLLM's CPU engine can hold in a KV cache of `cache_bytes` for this model in a dtype of
+        `dtype_bytes`: its whole blocks of VLLM_CPU_BLOCK_TOKENS tokens, less the one its block pool keeps back (vLLM
+        0.32's check_enough_kv_cache_memory; a max_model_len one token over it stops the engine from starting)."""
+        if not self.kv_values_per_token:
+            return None
+        blocks = cache_bytes // (VLLM_CPU_BLOCK_TOKENS * self.kv_values_per_token * dtype_bytes) - 1
+        return max(0, blocks) * VLLM_CPU_BLOCK_TOKENS
 
 
 def model_shape(path: str) -> ModelShape:

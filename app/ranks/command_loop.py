@@ -38,12 +38,12 @@ def command_loop(config: dict) -> None:
     started = time.monotonic()
     device = str(get_device()) if shape.use_gpu else "cpu"
     dtype = resolve_dtype(shape.dtype, shape.use_gpu)
-    sharded = shape.sharding == "fsdp" and world_size > 1
+    sharded = shape.shards_base()
     if sharded:  # each rank reads only its own shard of the weights
         base = load_sharded_base(config["base_path"], TORCH_DTYPES[dtype], device, shape.shard_group_size)
     else:
         base = load_base_model(config["base_path"], TORCH_DTYPES[dtype], device=device)
-    if shape.activation_checkpointing:
+    if shape.recomputes_activations():
         recompute_activations(base)
     # as the Trainer sizes its operations (app.trainer.pass_sizing), which logs why when it is 1
     sequence_parallel, _ = sequence_parallel_size(
@@ -74,7 +74,7 @@ def command_loop(config: dict) -> None:
         config["base_path"],
         dtype,
         ", loaded sharded (fsdp)" if sharded else "",
-        ", recomputing activations" if shape.activation_checkpointing else "",
+        ", recomputing activations" if shape.recomputes_activations() else "",
         f", datums over {shape.sequence_parallel_min_tokens} tokens split across {sequence_parallel} ranks"
         if sequence_parallel > 1
         else "",

@@ -41,11 +41,11 @@ class PassSizing:
         size, unsplit = sequence_parallel_size(config_json, shape.sequence_parallel, world_size)
         estimate: ActivationBytes | None
         try:
-            estimate_activation_bytes(config_json, 1, dtype_bytes, shape.activation_checkpointing)
+            estimate_activation_bytes(config_json, 1, dtype_bytes, shape.recomputes_activations())
         except (KeyError, TypeError, ValueError):  # a config without the sizes of a Llama-style decoder
             estimate = None
         else:
-            checkpointing = shape.activation_checkpointing
+            checkpointing = shape.recomputes_activations()
             estimate = partial(
                 estimate_activation_bytes, config_json, dtype_bytes=dtype_bytes, checkpointing=checkpointing
             )
@@ -68,9 +68,9 @@ class PassSizing:
             )
         elif len(lengths):  # one datum's pass: the datum whole, or its share of it
             remedies += self._split_remedies(int(lengths[int(np.argmax(shares))]))
-        if backward and not shape.activation_checkpointing:
+        if backward and not shape.recomputes_activations():
             remedies.append("set trainer.activation_checkpointing: true")
-        if weights and shape.sharding != "fsdp" and layout.world_size > 1:
+        if weights and not shape.shards_base() and layout.world_size > 1:
             remedies.append("set trainer.sharding: fsdp (each rank then holds 1/num_workers of the base's weights)")
         if shape.dtype == "float32":
             remedies.append("set trainer.dtype: bfloat16 (half the memory)")

@@ -41,11 +41,12 @@ QUOTAS = {  # test_quotas' users' own (quotas.users): tight, so each limit is re
 QUOTA_KEYS = ("tml-quota-sizes", "tml-quota-other", "tml-quota-rates", "tml-quota-sdk")
 
 
+SHARDED = {"sharding": "fsdp", "activation_checkpointing": True}  # what auto gives a real model, on the tiny one
 BF16_TWIN = {  # the same model trained and sampled in bfloat16 (test_precision)
     "name": BF16_MODEL,
     "path": str(TINY_MODEL),
     "embedded_preset": "tiny",
-    "trainer": {"num_workers": 2, "cpus_per_worker": 0.5, "dtype": "bfloat16", "autocast": True},
+    "trainer": {"num_workers": 2, "cpus_per_worker": 0.5, "dtype": "bfloat16", "autocast": True, **SHARDED},
     "sampler": {"kv_cache_mib": 32, "num_cpus": 0.5},
 }
 
@@ -75,7 +76,7 @@ def server_config(state_dir: Path, sharded: bool = False) -> dict:
                     # sharded: datums of more than 12 tokens are split across the two ranks (sequence parallelism),
                     # so the failure tests' recoveries replay split datums (test_helpers' sentences are 10-16 tokens)
                     **(
-                        {"sequence_parallel_min_tokens": 12}
+                        {"sequence_parallel_min_tokens": 12, **SHARDED}
                         if sharded
                         else {"sharding": "replicate", "activation_checkpointing": False}
                     ),
@@ -105,9 +106,9 @@ def server_config(state_dir: Path, sharded: bool = False) -> dict:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The multi-node module, with a cluster of its own, runs before the shared Ray starts; modules that replace
-    the shared Serve app run last, in this order."""
-    first = ("test_multinode.py",)
+    """The modules with a Ray of their own (a bare `serve run`, a multi-node cluster) run before the shared Ray
+    starts, in this order; modules that replace the shared Serve app run last, in this order."""
+    first = ("test_bare_serve_run.py", "test_multinode.py")
     last = (
         "test_precision.py",
         "test_worker_failure.py",
@@ -117,7 +118,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     )
     items.sort(
         key=lambda item: (
-            -1 if item.path.name in first else last.index(item.path.name) + 1 if item.path.name in last else 0
+            first.index(item.path.name) - len(first)
+            if item.path.name in first
+            else last.index(item.path.name) + 1
+            if item.path.name in last
+            else 0
         )
     )
 
@@ -241,18 +246,21 @@ def sharded_client(sharded_app: str) -> tinker.ServiceClient:
     return tinker.ServiceClient(base_url=sharded_app, api_key="tml-integration-tests")
 
 
-# family -> embedded preset: a dense family and a lineup MoE hybrid (its experts through app.sampling.cpu_moe_lora,
-# its Gated DeltaNet through app.sampling.cpu_gdn in the CPU Sampler); every family's Sampler engine against its
-# trainer's, in process: test_family_samplers.py (four bases took this app 150 s to start on 2 cores, two ~50 s)
+# family -> the served name of its base (the embedded preset after any org): a dense family and a lineup MoE hybrid
+# (its experts through app.sampling.cpu_moe_lora, its Gated DeltaNet through app.sampling.cpu_gdn in the CPU Sampler),
+# the hybrid served without an org as the Hub's `gpt2` is, so the SDK's get_tokenizer resolves such a name too. Every
+# family's Sampler engine against its trainer's, in process: test_family_samplers.py (four bases took this app 150 s
+# to start on 2 cores, two ~50 s)
 FAMILY_BASES = {
-    "qwen3": "tiny-qwen3",
+    "qwen3": "tinker-serve/tiny-qwen3",
     "qwen3_5_moe": "tiny-qwen3_5-moe",
 }
 
 
-def _family_base(preset: str, root: Path) -> dict:
+def _family_base(name: str, root: Path) -> dict:
+    preset = name.rpartition("/")[2]
     return {
-        "name": f"tinker-serve/{preset}",
+        "name": name,
         "path": str(root / preset),
         "embedded_preset": preset,
         "trainer": {"num_workers": 1, "cpus_per_worker": 0.5, "dtype": "float32"},
@@ -274,7 +282,7 @@ def families_on_postgres(
         "state_dir": str(root / "state"),
         "database_url": url,
         "auth": {"mode": "any_tml_key_on_loopback"},
-        "base_models": [_family_base(preset, root) for preset in FAMILY_BASES.values()],
+        "base_models": [_family_base(name, root) for name in FAMILY_BASES.values()],
         "engine": {"max_lora_rank": 8},  # vLLM sizes its LoRA buffers by it (x 2 for Qwen3-MoE's experts)
     }
     replace_app(config, base_url)

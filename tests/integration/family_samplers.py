@@ -77,7 +77,29 @@ async def _check(preset: str, out: Path) -> dict:
     }
 
 
+async def _fits_its_kv_cache(out: Path) -> dict:
+    """The small preset (131,072 positions) behind a 16 MiB float32 KV cache, which holds fewer: the Sampler's
+    max_model_len is what the server derives from the cache (app.models.model_config), and vLLM must start with it
+    and sample a sequence that long (a max_model_len to the token of the cache's bytes failed vLLM's check)."""
+    path = build_embedded_model("small", out / "small")
+    shape = model_shape(str(path))
+    config = SAMPLER.model_copy(update={"kv_cache_mib": 16})
+    held = shape.kv_cache_tokens(config.kv_cache_mib * 2**20, 4)
+    assert held is not None
+    sampler = await SamplerEngine.start(
+        str(path), config, max_lora_rank=8, max_model_len=held, work_dir=out / "small-sampler"
+    )
+    try:
+        prompt = tuple(range(5, held - 1))
+        args = SampleArgs(prompt, 1, 1, 1.0, -1, 1.0, 3, (), (), True, False, 0, 0, None)
+        (sequence,) = (await sampler.sample(args, sampler.base_adapter)).sequences
+    finally:
+        sampler.shutdown()
+    return {"context": shape.context_length, "max_model_len": held, "sampled": len(prompt) + len(sequence.tokens)}
+
+
 def main(out: Path, presets: list[str]) -> None:
+    print(json.dumps({"kv_fit": asyncio.run(_fits_its_kv_cache(out))}), flush=True)
     for preset in presets:
         print(json.dumps({"preset": preset, **asyncio.run(_check(preset, out))}), flush=True)
 

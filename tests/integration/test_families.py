@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import httpx
 import numpy as np
 import pytest
 import tinker
@@ -26,14 +27,23 @@ def client(families_on_postgres: str, base_url: str) -> Iterator[tinker.ServiceC
     service.close("success").result()
 
 
-def test_every_family_base_is_listed(client: tinker.ServiceClient) -> None:
+def test_every_family_base_is_listed_and_its_hub_repo_resolves(client: tinker.ServiceClient, base_url: str) -> None:
+    """Listed by name, and each name a Hub repo id on the /hub routes, the bare one (no org) too."""
     listed = {m.model_name for m in client.get_server_capabilities().supported_models}
-    assert listed == {f"tinker-serve/{preset}" for preset in FAMILY_BASES.values()}
+    assert listed == set(FAMILY_BASES.values())
+    with httpx.Client(base_url=f"{base_url}/hub", timeout=10) as http:
+        for name in FAMILY_BASES.values():
+            head = http.head(f"/{name}/resolve/main/tokenizer.json")
+            assert head.status_code == 200 and len(head.headers["x-repo-commit"]) == 40, name
+            info = http.get(f"/api/models/{name}").json()
+            assert info["id"] == name and {"rfilename": "config.json"} in info["siblings"]
+            tree = http.get(f"/api/models/{name}/tree/main").json()
+            assert "config.json" in {entry["path"] for entry in tree}, tree
 
 
 @pytest.mark.parametrize("family", FAMILY_BASES)
 def test_mlp_only_lora_learns_and_its_sampler_agrees(client: tinker.ServiceClient, family: str) -> None:
-    base = f"tinker-serve/{FAMILY_BASES[family]}"
+    base = FAMILY_BASES[family]
     tc = client.create_lora_training_client(base, rank=8, seed=21, train_attn=False, train_unembed=False).result()
     assert tc.get_info().model_data.arch == family
     data = sft_datums(tc.get_tokenizer())

@@ -38,7 +38,7 @@ def checks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0, run.stderr[-4000:]
     lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
-    return {line["family"]: line for line in lines}
+    return {line.get("family", "kv_fit"): line for line in lines}
 
 
 @pytest.mark.parametrize("family", PRESETS)
@@ -50,3 +50,11 @@ def test_adapters_learn_and_the_cpu_sampler_agrees_with_the_trainer(checks: dict
     assert check["max_abs_difference"].keys() == {"mlp", "all"}
     for adapter, difference in check["max_abs_difference"].items():
         assert difference <= SAMPLER_ATOL, (adapter, difference)
+
+
+def test_a_sampler_whose_context_exceeds_its_kv_cache_starts_at_what_the_cache_holds(checks: dict[str, dict]) -> None:
+    """vLLM counts its KV cache in whole blocks and keeps one back: the max_model_len the server derives from
+    sampler.kv_cache_mib must start the engine, and a sequence that long samples."""
+    fit = checks["kv_fit"]["kv_fit"]
+    assert fit["max_model_len"] < fit["context"]
+    assert fit["sampled"] == fit["max_model_len"] - 5  # the prompt filled all but a few positions, and one token more

@@ -25,6 +25,7 @@ import pytest
 import ray
 import tinker
 from ray import serve
+from ray.util.state import list_actors
 from tinker import types
 
 from app.allocator import TCMALLOC
@@ -86,6 +87,28 @@ def worker_pids() -> Iterator[Callable[[], list[int]]]:
     yield lambda: asyncio.run_coroutine_threadsafe(ask(), loop).result(timeout=60)
     loop.call_soon_threadsafe(loop.stop)
     thread.join(timeout=10)
+
+
+def _engine_cores(replica: dict) -> list[int]:
+    """The vLLM engine core processes the replica's process started."""
+    (actor,) = list_actors(filters=[("name", "=", replica["name"]), ("state", "=", "ALIVE")])
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == actor.pid and b"EngineCore" in (stat.parent / "cmdline").read_bytes():
+                children.append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):  # gone meanwhile
+            continue
+    return children
+
+
+def _alive(pid: int) -> bool:
+    """Whether the process exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def _maps_tcmalloc(pid: int) -> bool:
@@ -371,11 +394,16 @@ def test_sampler_replica_death_is_invisible_to_clients(sharded_client, sharded_s
     prompt = types.ModelInput.from_ints(tc.get_tokenizer().encode("What is 12 + 7? The answer"))
     adapter.sample(prompt, 1, types.SamplingParams(max_tokens=4)).result()  # the doomed replica loads it
     victim = _replica(f"Sampler:{BASE_MODEL}")
+    engine_cores = _engine_cores(victim)
+    assert len(engine_cores) == 1, engine_cores
 
     in_flight = _sample_in_flight(sharded_state_dir, [adapter, base], MAX_PENDING_SAMPLES)
     _kill(victim)
     killed = time.monotonic()
     assert not any(f.done() for f in in_flight), "samples finished before the kill: make them longer"
+    while _alive(engine_cores[0]) and time.monotonic() - killed < 15:  # the orphaned engine core kills itself
+        time.sleep(0.2)
+    assert not _alive(engine_cores[0]), "the killed replica's vLLM engine core outlived it"
 
     results = [f.result(timeout=RESTART_BUDGET_S) for f in in_flight]  # no client error
     print(f"\n{len(results)} samples answered {time.monotonic() - killed:.1f} s after the sampler replica died")

@@ -55,9 +55,24 @@ def test_either_ingress_is_enough(environ: dict[str, str]) -> None:
     assert serve_env.missing(environ) is None
 
 
-def test_the_app_refuses_to_build_without_them(monkeypatch: pytest.MonkeyPatch) -> None:
-    from deployments.builder import build_app
+def test_the_app_builds_without_them_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bare `serve run`: the app goes on to build (served through Serve's proxy), with one warning naming the
+    faster start."""
+    import deployments.builder
+
+    class BuiltPastTheCheck(Exception):
+        pass
+
+    def model_limits(config: object) -> None:
+        raise BuiltPastTheCheck
 
     monkeypatch.delenv("RAY_SERVE_ENABLE_DIRECT_INGRESS")
-    with pytest.raises(ValueError, match="make serve"):
-        build_app({"state_dir": "unused", "base_models": []})
+    monkeypatch.setattr(deployments.builder, "route_app_logs", lambda: None)
+    monkeypatch.setattr(deployments.builder, "_model_limits", model_limits)
+    tiny = {"name": "tiny", "path": "models/tiny", "embedded_preset": "tiny"}
+    with caplog.at_level("WARNING", logger="tinker_serve.builder"), pytest.raises(BuiltPastTheCheck):
+        deployments.builder.build_app({"auth": {"mode": "any_tml_key_on_loopback"}, "base_models": [tiny]})
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert "Serve's Python proxy" in warning and "make serve" in warning

@@ -66,4 +66,4 @@ def test_on_cpu_the_samplers_kv_cache_still_caps_it(tmp_path: Path) -> None:
     kv = {"num_hidden_layers": 28, "hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 8}
     shape = shape_of(tmp_path, QWEN3 | kv | {"head_dim": 128, "rope_scaling": YARN_4X})
     base = BaseModelConfig(name="m", path="m", trainer={"dtype": "bfloat16"}, sampler={"kv_cache_mib": 1024})
-    assert _context_length(base, shape) == 1024 * 2**20 // (2 * 28 * 8 * 128 * 2) == 9362
+    assert _context_length(base, shape) == (1024 * 2**20 // (128 * 2 * 28 * 8 * 128 * 2) - 1) * 128 == 9216

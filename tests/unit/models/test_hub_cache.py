@@ -62,8 +62,17 @@ def test_reregistering_is_a_no_op_and_changed_files_move_main(tiny_dir: Path, tm
     assert json.loads((second / "tokenizer_config.json").read_text())["model_max_length"] == 77
 
 
-@pytest.mark.parametrize("name", ["tiny", "a/b/c", "/tiny", "org/"])
-def test_a_name_that_is_not_org_slash_name_is_refused(tiny_dir: Path, tmp_path: Path, name: str) -> None:
+def test_a_name_without_an_org_resolves_as_the_hubs_own_do(tiny_dir: Path, tmp_path: Path) -> None:
+    """A base served as `tiny` (the Hub's `gpt2` form) is cached as `models--tiny`, where naming it looks."""
+    from transformers import AutoTokenizer
+
+    cache = tmp_path / "hub"
+    assert register("tiny", tiny_dir, cache).parent.parent == cache / "models--tiny"
+    assert _encode_by_name(cache, "tiny") == AutoTokenizer.from_pretrained(str(tiny_dir)).encode(TEXT)
+
+
+@pytest.mark.parametrize("name", ["a/b/c", "/tiny", "org/", ""])
+def test_a_name_that_is_not_a_hub_repo_id_is_refused(tiny_dir: Path, tmp_path: Path, name: str) -> None:
     with pytest.raises(ValueError, match="org/name"):
         register(name, tiny_dir, tmp_path)
 

@@ -27,7 +27,11 @@ def test_how_many_tokens_a_kv_cache_holds(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(config))
     shape = model_shape(str(tmp_path))
     assert shape.kv_values_per_token == 2 * 28 * 8 * 128
-    assert shape.kv_cache_tokens(256 * 2**20, 2) == 256 * 2**20 // (57344 * 2) == 2340
+    # whole blocks of 128 tokens (14 MiB each here), less the one vLLM's block pool keeps back: 18 - 1 of them
+    assert shape.kv_cache_tokens(256 * 2**20, 2) == (256 * 2**20 // (128 * 57344 * 2) - 1) * 128 == 2176
+    # the Sampler that never started: vLLM needed 2.01 GiB of the 2,048 MiB for 18,724 tokens
+    assert shape.kv_cache_tokens(2048 * 2**20, 2) == 145 * 128 == 18560
+    assert shape.kv_cache_tokens(128 * 57344 * 2, 2) == 0  # one block is the one kept back
 
 
 def test_multimodal_configs_keep_them_under_text_config(tmp_path: Path) -> None:
