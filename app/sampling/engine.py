@@ -66,6 +66,7 @@ class SamplerEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         from app.sampling.adapters import write_zero_adapter  # torch and transformers: the replica's, not the builder's
+        from app.sampling.engine_core_guard import guard_engine_cores
 
         started = time.monotonic()
         shape = model_shape(model_path)
@@ -92,6 +93,7 @@ class SamplerEngine:
                 else {"kv_cache_memory_bytes": config.kv_cache_mib * 2**20}
             ),
         )
+        guard_engine_cores()  # its engine core process dies with this one, however this one ends
         llm = AsyncLLM.from_engine_args(args)
         zero_dir = write_zero_adapter(model_path, work_dir / "zero_adapter")
         zero = LoRARequest("base", 1, str(zero_dir))

@@ -1,7 +1,8 @@
 """`serve run serve_config.yaml` as a Ray user types it, with none of `make serve`'s Serve settings: the embedded
 config (only its state directory and proxy port moved) serves the Tinker API through Serve's proxy and says so once;
 the real SDK trains and samples through it; stopped as a supervisor stops it (SIGTERM to its process group, SIGKILL
-after a grace period), no process it started survives, vLLM's engine core included. Its own Ray instance (`serve run
+after a grace period) after its Sampler replica was killed and replaced, no process it started survives, vLLM's
+engine cores included. Its own Ray instance (`serve run
 --address local` under a Ray temp dir of its own), before the shared one starts."""
 
 from __future__ import annotations
@@ -94,11 +95,8 @@ def _wait_ready(url: str, server: subprocess.Popen[bytes], log: Path, budget_s: 
         assert server.poll() is None, (
             f"serve run exited {server.returncode}:\n{log.read_text(errors='replace')[-3000:]}"
         )
-        try:
-            if httpx.get(f"{url}/ready", timeout=10).status_code == 200:
-                return
-        except (httpx.TimeoutException, httpx.ConnectError):
-            pass
+        if _ready(url):
+            return
         assert time.monotonic() < deadline, (
             f"not ready within {budget_s:g} s:\n{log.read_text(errors='replace')[-3000:]}"
         )
@@ -137,15 +135,43 @@ def test_it_trains_and_samples_through_serves_proxy_and_says_so(bare: BareServer
     assert len(warnings) == 1 and "make serve" in warnings[0], warnings
 
 
+def _engine_cores(marker: str) -> list[int]:
+    return [p for p in _started_by(marker) if b"EngineCore" in Path(f"/proc/{p}/cmdline").read_bytes()]
+
+
+def _replicas(marker: str, deployment: str) -> list[int]:
+    return [p for p in _started_by(marker) if f"ServeReplica:tinker:{deployment}".encode() in _cmdline(p)]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def test_stopping_it_leaves_no_process_behind(bare: BareServer) -> None:
-    """Runs last in the module: it stops the server. Ray's own processes share its fate, and so must vLLM's engine
-    core, a child of the Sampler replica (an orphaned one held 0.9 GB in 3 of 6 such stops of an earlier build; not
-    reproduced since, here or with the replica SIGKILLed: test_worker_failure)."""
-    running = _started_by(bare.marker)
-    assert any(b"EngineCore" in Path(f"/proc/{p}/cmdline").read_bytes() for p in running), "no vLLM engine core"
+    """Runs last in the module: it stops the server. First the Sampler replica is SIGKILLed and Serve replaces it
+    (outside `serve run`'s process group, so the stop's signals never reach it); then the server is stopped as a
+    supervisor does. Ray's own processes share its fate, and vLLM's engine cores, children of Sampler replicas, must
+    too: the replacement's was left an orphan before app.sampling.engine_core_guard."""
+    (replica,) = _replicas(bare.marker, "Sampler")
+    os.kill(replica, signal.SIGKILL)
+    deadline = time.monotonic() + 300
+    while not (_replicas(bare.marker, "Sampler") and _engine_cores(bare.marker)) or not _ready(bare.url):
+        assert time.monotonic() < deadline, "no Sampler replica took the killed one's place"
+        time.sleep(1)
+    assert _engine_cores(bare.marker), "the replacement replica runs no vLLM engine core"
     _stop(bare.process)
     deadline = time.monotonic() + 15
     while (left := _started_by(bare.marker)) and time.monotonic() < deadline:
         time.sleep(0.5)
-    survivors = {p: Path(f"/proc/{p}/cmdline").read_bytes()[:80] for p in left}
+    survivors = {p: _cmdline(p)[:80] for p in left}
     assert not survivors, f"processes outlived the server: {survivors}"
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/ready", timeout=10).status_code == 200
+    except (httpx.TimeoutException, httpx.ConnectError):
+        return False
