@@ -3,6 +3,7 @@ takes them from the module, the cluster manifests set the cluster's, and the app
 
 from __future__ import annotations
 
+import logging
 import re
 import subprocess
 import sys
@@ -55,9 +56,7 @@ def test_either_ingress_is_enough(environ: dict[str, str]) -> None:
     assert serve_env.missing(environ) is None
 
 
-def test_the_app_builds_without_them_and_says_so(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_the_app_builds_without_them_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     """A bare `serve run`: the app goes on to build (served through Serve's proxy), with one warning naming the
     faster start."""
     import deployments.builder
@@ -68,11 +67,21 @@ def test_the_app_builds_without_them_and_says_so(
     def model_limits(config: object) -> None:
         raise BuiltPastTheCheck
 
+    class Kept(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            warnings.append(record.getMessage())
+
+    warnings: list[str] = []
     monkeypatch.delenv("RAY_SERVE_ENABLE_DIRECT_INGRESS")
     monkeypatch.setattr(deployments.builder, "route_app_logs", lambda: None)
     monkeypatch.setattr(deployments.builder, "_model_limits", model_limits)
     tiny = {"name": "tiny", "path": "models/tiny", "embedded_preset": "tiny"}
-    with caplog.at_level("WARNING", logger="tinker_serve.builder"), pytest.raises(BuiltPastTheCheck):
-        deployments.builder.build_app({"auth": {"mode": "any_tml_key_on_loopback"}, "base_models": [tiny]})
-    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    kept = Kept(logging.WARNING)
+    deployments.builder.logger.addHandler(kept)  # its own: the app's loggers may propagate no further
+    try:
+        with pytest.raises(BuiltPastTheCheck):
+            deployments.builder.build_app({"auth": {"mode": "any_tml_key_on_loopback"}, "base_models": [tiny]})
+    finally:
+        deployments.builder.logger.removeHandler(kept)
+    (warning,) = warnings
     assert "Serve's Python proxy" in warning and "make serve" in warning
