@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rank_allocator import add_allocator_option, use_allocator  # bench/ is the script's directory
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere: import app/
 
@@ -161,17 +162,9 @@ def main() -> None:
     parser.add_argument("--micro-batch-tokens", type=int, default=16384)
     parser.add_argument("--timeout", type=float, default=7200.0, help="seconds one configuration may take")
     parser.add_argument("--out", type=Path)
-    parser.add_argument(
-        "--allocator",
-        choices=["tcmalloc", "glibc"],
-        default="tcmalloc",
-        help="the ranks' malloc: tcmalloc where installed, as the server's CPU ranks (app.allocator), or glibc's",
-    )
+    add_allocator_option(parser)
     args = parser.parse_args()
-    if args.allocator == "tcmalloc":
-        from app.allocator import preload_tcmalloc
-
-        os.environ.update(preload_tcmalloc())  # the spawned ranks start with it
+    use_allocator(args.allocator)
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     rows = []
     for mode in args.modes.split(","):

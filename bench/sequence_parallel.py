@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -26,10 +25,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from rank_allocator import add_allocator_option, use_allocator  # bench/ is the script's directory
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere: import app/, tests/
 
-from app.allocator import preload_tcmalloc
 from app.messages import AdapterSpec
 from app.training.base_model import recompute_activations
 from app.training.engine import TrainingEngine
@@ -75,15 +74,9 @@ def main() -> None:
     parser.add_argument("--settings", default="1,2")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--ranks", type=int, default=2)
-    parser.add_argument(
-        "--allocator",
-        choices=["tcmalloc", "glibc"],
-        default="tcmalloc",
-        help="the ranks' malloc: tcmalloc where installed, as the server's CPU ranks (app.allocator), or glibc's",
-    )
+    add_allocator_option(parser)
     args = parser.parse_args()
-    if args.allocator == "tcmalloc":
-        os.environ.update(preload_tcmalloc())  # the spawned ranks start with it
+    use_allocator(args.allocator)
     results: dict[str, Any] = {}
     for tokens in [int(t) for t in args.tokens.split(",")]:
         settings = [int(s) for s in args.settings.split(",")]
