@@ -127,13 +127,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     )
 
 
-def wait_ready(url: str, budget_s: float = 300, route: str = "/ready", every_s: float = 1.0) -> None:
+def wait_ready(
+    url: str,
+    budget_s: float = 300,
+    route: str = "/ready",
+    every_s: float = 1.0,
+    check: Callable[[], None] | None = None,
+) -> None:
     """Until `route` answers 200: by default /ready, once every trainer and sampler answers. An answer slower than
     10 s counts as not yet (on 2 cores a deploying app's engines starting can hold the ingress that long), and so
     does a refused connection: under direct ingress nothing listens on the port until the app's Ingress replica
-    starts its own server."""
+    starts its own server. `check` runs before each try (to fail at once when the server died)."""
     deadline = time.monotonic() + budget_s
     while True:
+        if check is not None:
+            check()
         try:
             if httpx.get(f"{url}{route}", timeout=10).status_code == 200:
                 return

@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 import tinker
 import yaml
@@ -27,7 +26,9 @@ from tinker import types
 
 from app.models.embedded import build_embedded_model
 from deployments import serve_env
+from tests import processes
 from tests.conftest import ROOT, TINY_MODEL, free_port
+from tests.integration.conftest import wait_ready
 from tests.integration.helpers import sft_datums
 
 GRACE_S = 30  # SIGTERM, then SIGKILL this much later
@@ -35,19 +36,9 @@ SERVE_SETTINGS = {*serve_env.single_node(0), *serve_env.CLUSTER}
 
 
 def _started_by(marker: str) -> list[int]:
-    """The processes whose environment holds `marker` (every process of the Ray instance inherits its temp dir)."""
-    pids = []
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if marker.encode() in environ.read_bytes().split(b"\0") and not _zombie(int(environ.parent.name)):
-                pids.append(int(environ.parent.name))
-        except (OSError, ValueError):  # gone meanwhile, or not ours to read
-            continue
-    return pids
-
-
-def _zombie(pid: int) -> bool:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    """The live processes whose environment holds `marker` (every process of the Ray instance inherits its temp
+    dir)."""
+    return [p for p in processes.pids() if marker.encode() in processes.environ(p) and processes.alive(p)]
 
 
 @dataclass
@@ -81,26 +72,15 @@ def bare(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BareServer]:
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     try:
-        _wait_ready(f"http://127.0.0.1:{port}", server, log)
+        wait_ready(f"http://127.0.0.1:{port}", budget_s=420, check=lambda: _still_running(server, log))
         yield BareServer(f"http://127.0.0.1:{port}", log, marker, server)
     finally:
         _stop(server)
         shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
-def _wait_ready(url: str, server: subprocess.Popen[bytes], log: Path, budget_s: float = 420) -> None:
-    """Until /ready answers 200, failing at once, with the end of its log, if `serve run` exits."""
-    deadline = time.monotonic() + budget_s
-    while True:
-        assert server.poll() is None, (
-            f"serve run exited {server.returncode}:\n{log.read_text(errors='replace')[-3000:]}"
-        )
-        if _ready(url):
-            return
-        assert time.monotonic() < deadline, (
-            f"not ready within {budget_s:g} s:\n{log.read_text(errors='replace')[-3000:]}"
-        )
-        time.sleep(1)
+def _still_running(server: subprocess.Popen[bytes], log: Path) -> None:
+    assert server.poll() is None, f"serve run exited {server.returncode}:\n{_tail(log)}"
 
 
 def _tail(log: Path) -> str:
@@ -136,18 +116,11 @@ def test_it_trains_and_samples_through_serves_proxy_and_says_so(bare: BareServer
 
 
 def _engine_cores(marker: str) -> list[int]:
-    return [p for p in _started_by(marker) if b"EngineCore" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    return [p for p in _started_by(marker) if b"EngineCore" in processes.cmdline(p)]
 
 
 def _replicas(marker: str, deployment: str) -> list[int]:
-    return [p for p in _started_by(marker) if f"ServeReplica:tinker:{deployment}".encode() in _cmdline(p)]
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
+    return [p for p in _started_by(marker) if f"ServeReplica:tinker:{deployment}".encode() in processes.cmdline(p)]
 
 
 def test_stopping_it_leaves_no_process_behind(bare: BareServer) -> None:
@@ -158,20 +131,13 @@ def test_stopping_it_leaves_no_process_behind(bare: BareServer) -> None:
     (replica,) = _replicas(bare.marker, "Sampler")
     os.kill(replica, signal.SIGKILL)
     deadline = time.monotonic() + 300
-    while not (_replicas(bare.marker, "Sampler") and _engine_cores(bare.marker)) or not _ready(bare.url):
-        assert time.monotonic() < deadline, "no Sampler replica took the killed one's place"
+    while not (_replicas(bare.marker, "Sampler") and _engine_cores(bare.marker)):
+        assert time.monotonic() < deadline, "no Sampler replica with a vLLM engine core took the killed one's place"
         time.sleep(1)
-    assert _engine_cores(bare.marker), "the replacement replica runs no vLLM engine core"
+    wait_ready(bare.url, budget_s=300)
     _stop(bare.process)
     deadline = time.monotonic() + 15
     while (left := _started_by(bare.marker)) and time.monotonic() < deadline:
         time.sleep(0.5)
-    survivors = {p: _cmdline(p)[:80] for p in left}
+    survivors = {p: processes.cmdline(p)[:80] for p in left}
     assert not survivors, f"processes outlived the server: {survivors}"
-
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/ready", timeout=10).status_code == 200
-    except (httpx.TimeoutException, httpx.ConnectError):
-        return False

@@ -32,6 +32,7 @@ from app.allocator import TCMALLOC
 from app.db import journal_codec
 from app.messages import AdamParams
 from app.operations.optim_step import OptimStep
+from tests import processes
 from tests.integration.conftest import BASE_MODEL, MAX_PENDING_SAMPLES, MAX_TOKENS, replace_app, sharded_config
 from tests.integration.helpers import (
     logprobs_of,
@@ -92,23 +93,7 @@ def worker_pids() -> Iterator[Callable[[], list[int]]]:
 def _engine_cores(replica: dict) -> list[int]:
     """The vLLM engine core processes the replica's process started."""
     (actor,) = list_actors(filters=[("name", "=", replica["name"]), ("state", "=", "ALIVE")])
-    children = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[1]) == actor.pid and b"EngineCore" in (stat.parent / "cmdline").read_bytes():
-                children.append(int(stat.parent.name))
-        except (OSError, IndexError, ValueError):  # gone meanwhile
-            continue
-    return children
-
-
-def _alive(pid: int) -> bool:
-    """Whether the process exists and is not a zombie."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    return [p for p in processes.pids() if processes.parent(p) == actor.pid and b"EngineCore" in processes.cmdline(p)]
 
 
 def _maps_tcmalloc(pid: int) -> bool:
@@ -401,9 +386,9 @@ def test_sampler_replica_death_is_invisible_to_clients(sharded_client, sharded_s
     _kill(victim)
     killed = time.monotonic()
     assert not any(f.done() for f in in_flight), "samples finished before the kill: make them longer"
-    while _alive(engine_cores[0]) and time.monotonic() - killed < 15:  # the orphaned engine core kills itself
+    while processes.alive(engine_cores[0]) and time.monotonic() - killed < 15:  # the orphaned engine core kills itself
         time.sleep(0.2)
-    assert not _alive(engine_cores[0]), "the killed replica's vLLM engine core outlived it"
+    assert not processes.alive(engine_cores[0]), "the killed replica's vLLM engine core outlived it"
 
     results = [f.result(timeout=RESTART_BUDGET_S) for f in in_flight]  # no client error
     print(f"\n{len(results)} samples answered {time.monotonic() - killed:.1f} s after the sampler replica died")

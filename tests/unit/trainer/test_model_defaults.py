@@ -83,8 +83,7 @@ def test_a_hub_snapshot_counts_its_weight_files(tiny: Path, tmp_path: Path, monk
         shutil.copyfile(tiny / name, snapshot / name)
     (snapshot.parents[1] / "refs").mkdir()
     (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     import huggingface_hub.constants
 
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))  # read at each lookup
     assert weight_bytes("org/m") == (tiny / "model.safetensors").stat().st_size
