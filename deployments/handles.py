@@ -203,5 +203,16 @@ class ServeSamplerClient(SamplerClient):
     async def ready(self) -> dict[str, bool]:
         return await self._calls.ready()
 
+    async def start_failures(self) -> dict[str, str]:
+        async def failure(handle: DeploymentHandle) -> str | None:
+            try:
+                return await asyncio.wait_for(handle.start_failure.remote(), 5)
+            except Exception:  # noqa: BLE001 - still starting, or gone: not a failure to report
+                return None
+
+        names = list(self._calls.handles)
+        found = await asyncio.gather(*(failure(self._calls.handles[n]) for n in names))
+        return {name: reason for name, reason in zip(names, found) if reason}
+
     def in_flight(self) -> dict[str, int]:
         return {name: self._calls.in_flight[name] + self._admitted[name] for name in self._calls.handles}

@@ -21,6 +21,7 @@ from app.db.schema import connect
 from app.db.stability import StabilityStore
 from app.db.statement_metrics import count_statements
 from app.db.usage import UsageStore
+from app.errors import Unavailable
 from app.sampling.cpu_env import replica_env
 from app.sampling.engine import SamplerEngine
 from app.sampling.openai import Answer, Route
@@ -50,6 +51,18 @@ async def _wait_for_trainer(trainer: DeploymentHandle, base_name: str) -> None:
         )
         return
     logger.info("sampler for %s: trainer up after %.1f s; starting vLLM", base_name, time.monotonic() - waited)
+
+
+def start_failure(base_name: str, exc: Exception) -> Unavailable:
+    """The answer to every request of a replica whose vLLM engine did not start: what vLLM said, where its log is,
+    what to change."""
+    said = " ".join(str(exc).split())[:2000] or repr(exc)
+    return Unavailable(
+        f"the sampler for {base_name} could not start vLLM: {said}. Sampling {base_name} fails until the server is "
+        f"redeployed with that base model's sampler settings changed (serve_config.yaml: base_models, name "
+        f"{base_name}, sampler); the Sampler replica's log (Ray's logs/serve/ on its node) has vLLM's own "
+        f"messages. Training {base_name} is not affected."
+    )
 
 
 class Sampler:
@@ -101,17 +114,23 @@ class Sampler:
         db = connect(cfg.db_url)
         count_statements(db, "sampler")
         await migrate(db)
+        self._futures = FutureStore(db)
+        self._failure: Unavailable | None = None
         replica = serve.get_replica_context().replica_id.unique_id
         work_dir = Path(cfg.state_dir) / "sampler" / replica
-        with serve_log_file_kept():
-            self._engine = await SamplerEngine.start(
-                base.path,
-                base.sampler.model_copy(update={"dtype": base.sampler_dtype()}),
-                max_lora_rank=cfg.engine.max_lora_rank,
-                max_model_len=max_model_len,
-                work_dir=work_dir,
-            )
-        self._futures = FutureStore(db)
+        try:
+            with serve_log_file_kept():
+                self._engine = await SamplerEngine.start(
+                    base.path,
+                    base.sampler.model_copy(update={"dtype": base.sampler_dtype()}),
+                    max_lora_rank=cfg.engine.max_lora_rank,
+                    max_model_len=max_model_len,
+                    work_dir=work_dir,
+                )
+        except Exception as exc:  # it would fail again the same way: no restart loop, a clear answer
+            self._failure = start_failure(base_name, exc)
+            logger.exception("sampler for %s cannot sample: %s", base_name, self._failure.message)
+            return
         self._service = SamplerService(
             base_name,
             self._engine,
@@ -133,15 +152,23 @@ class Sampler:
 
     async def sample(self, request_id: str, args: SampleArgs) -> Written | None:
         """Returns the outcome once it is written to the database, for the ingress to keep (None: not written here)."""
+        if self._failure is not None:
+            await self._futures.fail(request_id, self._failure.to_body())
+            return self._futures.recent.take(request_id)
         adapter_location = serve.get_multiplexed_model_id() or None
         await self._service.sample(request_id, args, adapter_location, register=self._register)
         return self._futures.recent.take(request_id)
 
     async def openai_models(self) -> dict[str, Any]:
+        if self._failure is not None:
+            return {"object": "list", "data": []}
         return await self._service.openai_models()
 
     async def openai(self, route: Route, body: dict[str, Any]) -> AsyncIterator[Answer | str]:
         """Streamed to the ingress: one (status, JSON body) answer, or the SSE lines of a streamed response."""
+        if self._failure is not None:
+            yield self._failure.status_code, self._failure.to_openai_body()
+            return
         adapter_location = serve.get_multiplexed_model_id() or None
         answer = await self._service.openai(route, body, adapter_location, self._register)
         if isinstance(answer, tuple):
@@ -151,11 +178,22 @@ class Sampler:
                 yield line
 
     async def ping(self) -> bool:
+        """True once vLLM runs; raises what stopped it where it could not start (the replica is not ready)."""
+        if self._failure is not None:
+            raise self._failure
         return True
 
+    async def start_failure(self) -> str | None:
+        """Why vLLM could not start on this replica, or None."""
+        return None if self._failure is None else self._failure.message
+
     async def check_health(self) -> None:
-        await self._engine.check_health()
+        """A replica whose vLLM could not start stays up (healthy), answering every request with why: Serve
+        replacing it would only fail the same way, over and over."""
+        if self._failure is None:
+            await self._engine.check_health()
 
     def __del__(self) -> None:
         """Serve calls this on replica shutdown: stop vLLM's engine process with it."""
-        self._engine.shutdown()
+        if getattr(self, "_failure", True) is None:
+            self._engine.shutdown()

@@ -77,6 +77,10 @@ class SamplerClient(ABC):
         """Whether each base model's samplers answer."""
 
     @abstractmethod
+    async def start_failures(self) -> dict[str, str]:
+        """Why a base model's sampler could not start its engine, for each base model where one could not."""
+
+    @abstractmethod
     def in_flight(self) -> dict[str, int]:
         """Samples this ingress replica admitted for each base model, waiting or running."""
 

@@ -64,12 +64,16 @@ def create_api() -> FastAPI:
     @api.get("/ready", response_model=None)
     async def ready(request: Request) -> dict | JSONResponse:
         """200 once every trainer and sampler answers; 503 naming those that do not yet (a normal start: not logged
-        as an error)."""
+        as an error), or saying why a sampler could not start (`failed`: logged)."""
         services = request.app.state.services
         status = {"trainers": await services.trainers.ready(), "samplers": await services.samplers.ready()}
-        if not all(all(part.values()) for part in status.values()):
-            starting = Unavailable("not every trainer and sampler answers yet", details=status)
-            return error_response(request.url.path, starting, expected=True)
-        return status
+        if all(all(part.values()) for part in status.values()):
+            return status
+        failed = await services.samplers.start_failures()
+        if failed:
+            reasons = "; ".join(failed.values())
+            return error_response(request.url.path, Unavailable(reasons, details={**status, "failed": failed}))
+        starting = Unavailable("not every trainer and sampler answers yet", details=status)
+        return error_response(request.url.path, starting, expected=True)
 
     return api

@@ -133,21 +133,22 @@ def wait_ready(
     route: str = "/ready",
     every_s: float = 1.0,
     check: Callable[[], None] | None = None,
+    done: Callable[[httpx.Response], bool] = lambda answer: answer.status_code == 200,
 ) -> None:
-    """Until `route` answers 200: by default /ready, once every trainer and sampler answers. An answer slower than
-    10 s counts as not yet (on 2 cores a deploying app's engines starting can hold the ingress that long), and so
-    does a refused connection: under direct ingress nothing listens on the port until the app's Ingress replica
-    starts its own server. `check` runs before each try (to fail at once when the server died)."""
+    """Until `route`'s answer is `done` (by default 200: for /ready, once every trainer and sampler answers). An
+    answer slower than 10 s counts as not yet (on 2 cores a deploying app's engines starting can hold the ingress
+    that long), and so does a refused connection: under direct ingress nothing listens on the port until the app's
+    Ingress replica starts its own server. `check` runs before each try (to fail at once when the server died)."""
     deadline = time.monotonic() + budget_s
     while True:
         if check is not None:
             check()
         try:
-            if httpx.get(f"{url}{route}", timeout=10).status_code == 200:
+            if done(httpx.get(f"{url}{route}", timeout=10)):
                 return
         except (httpx.TimeoutException, httpx.ConnectError):
             pass
-        assert time.monotonic() < deadline, f"the Serve app's {route} never answered 200 within {budget_s:g} s"
+        assert time.monotonic() < deadline, f"the Serve app's {route} never answered as awaited within {budget_s:g} s"
         time.sleep(every_s)
 
 

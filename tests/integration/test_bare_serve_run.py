@@ -1,9 +1,10 @@
 """`serve run serve_config.yaml` as a Ray user types it, with none of `make serve`'s Serve settings: the embedded
-config (only its state directory and proxy port moved) serves the Tinker API through Serve's proxy and says so once;
-the real SDK trains and samples through it; stopped as a supervisor stops it (SIGTERM to its process group, SIGKILL
-after a grace period) after its Sampler replica was killed and replaced, no process it started survives, vLLM's
-engine cores included. Its own Ray instance (`serve run
---address local` under a Ray temp dir of its own), before the shared one starts."""
+config (only its state directory and proxy port moved, and a second base model added whose sampler setting vLLM
+refuses) serves the Tinker API through Serve's proxy and says so once; the real SDK trains and samples through it;
+the sampler that cannot start answers /ready and the SDK's samples with vLLM's reason, without being restarted;
+stopped as a supervisor stops it (SIGTERM to its process group, SIGKILL after a grace period) after its Sampler
+replica was killed and replaced, no process it started survives, vLLM's engine cores included. Its own Ray instance
+(`serve run --address local` under a Ray temp dir of its own), before the shared one starts."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 import tinker
 import yaml
@@ -32,6 +34,8 @@ from tests.integration.conftest import wait_ready
 from tests.integration.helpers import sft_datums
 
 GRACE_S = 30  # SIGTERM, then SIGKILL this much later
+BASE = "tinker-serve/tiny"
+UNSTARTABLE = "tinker-serve/unstartable"  # its sampler's dtype is one vLLM does not know
 SERVE_SETTINGS = {*serve_env.single_node(0), *serve_env.CLUSTER}
 
 
@@ -47,6 +51,7 @@ class BareServer:
     log: Path
     marker: str  # in the environment of every process it starts
     process: subprocess.Popen[bytes]  # `serve run`, leading a process group of its own
+    unstartable_replicas: list[int]  # the pids of UNSTARTABLE's Sampler replicas once the app was up
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +64,14 @@ def bare(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BareServer]:
     args = config["applications"][0]["args"]
     args["state_dir"] = str(run / "state")
     args["base_models"][0]["path"] = str(TINY_MODEL)
+    args["base_models"].append(
+        {
+            "name": UNSTARTABLE,
+            "path": str(TINY_MODEL),
+            "trainer": {"num_workers": 1, "cpus_per_worker": 0.25},
+            "sampler": {"num_cpus": 0.25, "kv_cache_mib": 64, "dtype": "bfloat"},  # a typo: bfloat16
+        }
+    )
     (run / "serve_config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     ray_tmp = Path(tempfile.mkdtemp(prefix="bare-ray-", dir="/tmp"))  # Ray's socket paths must stay under 108 bytes
     env = {k: v for k, v in os.environ.items() if k not in SERVE_SETTINGS and k != "RAY_ADDRESS"}
@@ -72,11 +85,20 @@ def bare(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BareServer]:
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     try:
-        wait_ready(f"http://127.0.0.1:{port}", budget_s=420, check=lambda: _still_running(server, log))
-        yield BareServer(f"http://127.0.0.1:{port}", log, marker, server)
+        url = f"http://127.0.0.1:{port}"
+        wait_ready(url, budget_s=420, check=lambda: _still_running(server, log), done=_up_but_unstartable)
+        yield BareServer(url, log, marker, server, _replicas(marker, f"Sampler:{UNSTARTABLE}"))
     finally:
         _stop(server)
         shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def _up_but_unstartable(answer: httpx.Response) -> bool:
+    """/ready once everything answers but UNSTARTABLE's sampler, which said why it cannot start."""
+    if answer.status_code != 503:
+        return False
+    body = answer.json()
+    return all(body["trainers"].values()) and body["samplers"][BASE] and UNSTARTABLE in body.get("failed", {})
 
 
 def _still_running(server: subprocess.Popen[bytes], log: Path) -> None:
@@ -100,7 +122,7 @@ def _stop(server: subprocess.Popen[bytes]) -> None:
 
 def test_it_trains_and_samples_through_serves_proxy_and_says_so(bare: BareServer) -> None:
     client = tinker.ServiceClient(base_url=bare.url, api_key="tml-bare-serve-run")
-    tc = client.create_lora_training_client(base_model="tinker-serve/tiny", rank=8, seed=5).result()
+    tc = client.create_lora_training_client(base_model=BASE, rank=8, seed=5).result()
     data = sft_datums(tc.get_tokenizer())
     losses = []
     for _ in range(3):
@@ -113,6 +135,21 @@ def test_it_trains_and_samples_through_serves_proxy_and_says_so(bare: BareServer
     assert len(sequence.tokens) == 4
     warnings = [line for line in bare.log.read_text(errors="replace").splitlines() if "request-path settings" in line]
     assert len(warnings) == 1 and "make serve" in warnings[0], warnings
+
+
+def test_a_sampler_that_cannot_start_says_why_and_is_not_restarted(bare: BareServer) -> None:
+    ready = httpx.get(f"{bare.url}/ready", timeout=10)
+    assert ready.status_code == 503
+    reason = ready.json()["failed"][UNSTARTABLE]
+    assert "could not start vLLM" in reason and "bfloat" in reason and "sampler" in reason, reason
+    client = tinker.ServiceClient(base_url=bare.url, api_key="tml-bare-serve-run")
+    sampler = client.create_sampling_client(base_model=UNSTARTABLE).result()
+    prompt = types.ModelInput.from_ints([1, 2, 3])
+    with pytest.raises(tinker.RequestFailedError, match="could not start vLLM") as failed:
+        sampler.sample(prompt, 1, types.SamplingParams(max_tokens=2)).result(timeout=60)
+    assert "bfloat" in str(failed.value)
+    assert len(bare.unstartable_replicas) == 1  # the one replica, up since the app was; several health checks ago
+    assert _replicas(bare.marker, f"Sampler:{UNSTARTABLE}") == bare.unstartable_replicas
 
 
 def _engine_cores(marker: str) -> list[int]:
@@ -128,13 +165,13 @@ def test_stopping_it_leaves_no_process_behind(bare: BareServer) -> None:
     (outside `serve run`'s process group, so the stop's signals never reach it); then the server is stopped as a
     supervisor does. Ray's own processes share its fate, and vLLM's engine cores, children of Sampler replicas, must
     too: the replacement's was left an orphan before app.sampling.engine_core_guard."""
-    (replica,) = _replicas(bare.marker, "Sampler")
+    (replica,) = _replicas(bare.marker, f"Sampler:{BASE}")
     os.kill(replica, signal.SIGKILL)
     deadline = time.monotonic() + 300
-    while not (_replicas(bare.marker, "Sampler") and _engine_cores(bare.marker)):
+    while not (_replicas(bare.marker, f"Sampler:{BASE}") and _engine_cores(bare.marker)):
         assert time.monotonic() < deadline, "no Sampler replica with a vLLM engine core took the killed one's place"
         time.sleep(1)
-    wait_ready(bare.url, budget_s=300)
+    wait_ready(bare.url, budget_s=300, done=_up_but_unstartable)
     _stop(bare.process)
     deadline = time.monotonic() + 15
     while (left := _started_by(bare.marker)) and time.monotonic() < deadline:
