@@ -23,7 +23,7 @@ from app.db.statement_metrics import count_statements
 from app.db.usage import UsageStore
 from app.errors import Unavailable
 from app.sampling.cpu_env import replica_env
-from app.sampling.engine import SamplerEngine
+from app.sampling.engine import SamplerEngine, import_vllm
 from app.sampling.openai import Answer, Route
 from app.sampling.params import SampleArgs
 from app.sampling.service import LoadedAdapter, SamplerService
@@ -100,8 +100,8 @@ class Sampler:
         started = time.monotonic()
         cfg = ServerConfig.model_validate(config)
         base = cfg.configured_base_model(base_name)
-        if start_after is not None:
-            await _wait_for_trainer(start_after, base_name)
+        if start_after is not None:  # vLLM's modules load meanwhile, its engine starts once the trainer answers
+            await asyncio.gather(asyncio.to_thread(import_vllm), _wait_for_trainer(start_after, base_name))
         logger.info(
             "sampler for %s: starting vLLM on %s (max_loras %d, max_cpu_loras %d, context %d, tensor parallel %d)",
             base_name,
