@@ -20,6 +20,7 @@ from app.config_sections import (
     SECTIONS,
     EngineConfig,
     LimitsConfig,
+    MetricsConfig,
     QuotasConfig,
     RetentionConfig,
     Strict,
@@ -40,6 +41,7 @@ __all__ = [
     "EngineConfig",
     "FeaturesConfig",
     "LimitsConfig",
+    "MetricsConfig",
     "QuotasConfig",
     "RetentionConfig",
     "SamplerConfig",
@@ -370,6 +372,9 @@ class ServerConfig(Strict):
     engine: EngineConfig = Field(EngineConfig(), description="the LoRA width and model slots of every base model")
     auth: AuthConfig = Field(AuthConfig(), description="who may call the API")
     features: FeaturesConfig = Field(FeaturesConfig(), description="optional protocol features told to clients")
+    metrics: MetricsConfig = Field(
+        MetricsConfig(), description="the metrics' per-user and per-model labels: off by default, capped when on"
+    )
     ingress_replicas: int = Field(1, ge=1, description="replicas of the Ingress deployment (the HTTP API)")
 
     @model_validator(mode="after")

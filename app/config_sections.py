@@ -1,7 +1,8 @@
 """The server-wide sections of the configuration (app.config.ServerConfig): what one request may ask (`limits`), how
 long the server waits and how often it tries again (`timeouts`), how long it keeps what it stores (`retention`),
-what one user, key, session or base model may hold or send at once (`quotas`), and the widths of the engines every
-base model runs (`engine`). Each field's description says what it bounds; validation reads no file."""
+what one user, key, session or base model may hold or send at once (`quotas`), the widths of the engines every
+base model runs (`engine`), and which labels the server's metrics carry (`metrics`). Each field's description says
+what it bounds; validation reads no file."""
 
 from __future__ import annotations
 
@@ -279,6 +280,27 @@ class EngineConfig(Strict):
     )
     max_models_per_base: int = Field(
         64, ge=1, description="models (adapters with their optimizer state) one trainer holds at once"
+    )
+
+
+class MetricsConfig(Strict):
+    """The labels of the server's Prometheus metrics (docs/reference/metrics.md). A label per user or per model keeps
+    a time series per value for as long as Prometheus keeps its data, so both are off by default (one series, value
+    `all`) and capped when on."""
+
+    per_user_labels: bool = Field(
+        False, description="label tinker_serve_user_requests by user id; off: every user counts under user `all`"
+    )
+    per_model_labels: bool = Field(
+        False,
+        description="label tinker_serve_queue_depth by model_id; off: each trainer's models are summed under model_id "
+        "`all`",
+    )
+    max_label_values: int = Field(
+        100,
+        ge=1,
+        description="with a label on: the distinct users (and model ids) each process names, the first it sees; the "
+        "rest are counted (summed) under `other`",
     )
 
 

@@ -5,6 +5,7 @@ reference cannot drift from the code: a field or route added is documented by th
 from __future__ import annotations
 
 import json
+import re
 import typing
 from collections.abc import Iterator
 from typing import Any
@@ -96,8 +97,7 @@ def _is_list(annotation: Any) -> bool:
 
 def _type(field: FieldInfo) -> str:
     text = str(field.annotation).replace("typing.", "").replace("app.config_sections.", "").replace("app.config.", "")
-    text = text.replace("<class '", "").replace("'>", "")
-    return f"`{text}`".replace("|", "\\|")
+    return _code(text.replace("<class '", "").replace("'>", ""))
 
 
 def _default(field: FieldInfo) -> str:
@@ -106,11 +106,30 @@ def _default(field: FieldInfo) -> str:
     value = field.get_default(call_default_factory=True)
     if isinstance(value, BaseModel):
         return "(section)"
-    return f"`{json.dumps(value, default=str)}`".replace("|", "\\|")
+    return _code(json.dumps(value, default=str))
+
+
+# The tables are rendered by Python-Markdown's tables extension (MkDocs): a `|` inside a code span does not split the
+# cell, and there a backslash is kept as written (`str \| None` would show its backslash); outside code spans a bare
+# `|` splits the cell and `\|` is the escaped pipe.
+_CODE_SPAN = re.compile(r"(`+)(.+?)\1")
+
+
+def _code(text: str) -> str:
+    """`text` as a table cell's code span, its pipes as they are (fenced longer than any backtick run in it)."""
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    padding = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{padding}{text}{padding}{fence}"
 
 
 def _cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
+    """Prose as one table cell: on one line, its pipes escaped outside code spans (inside them they stay)."""
+    text = " ".join(text.split())
+    out, last = [], 0
+    for span in _CODE_SPAN.finditer(text):
+        out += [text[last : span.start()].replace("|", "\\|"), span[0]]
+        last = span.end()
+    return "".join([*out, text[last:].replace("|", "\\|")])
 
 
 def _body_schema(op: dict[str, Any]) -> str:

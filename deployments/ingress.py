@@ -38,7 +38,7 @@ from app.db.stability import StabilityStore
 from app.db.statement_metrics import count_statements
 from app.db.traces import TraceStore
 from app.db.usage import UsageStore
-from app.metrics import RequestMetrics
+from app.metrics import LabelValues, RequestMetrics
 from app.retry import RetryPolicy
 from app.sampling.expiry import fail_stale_samples, sweep_expired_samplers
 from app.storage.objects import ObjectStorage
@@ -203,6 +203,6 @@ class Ingress:
         """Serve calls this after the constructor: the API, bound to this replica's collaborators."""
         api = create_api()
         install_openapi(api, self._services.config)
-        api.add_middleware(RequestMetrics)
+        api.add_middleware(RequestMetrics, users=LabelValues.users(self._services.config.metrics))
         api.state.services = self._services
         return api

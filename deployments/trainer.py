@@ -90,6 +90,7 @@ class Trainer:
             HistoryStore(db, cfg.retention.max_history_points_per_run),
             shape,
             sizing,
+            metrics=cfg.metrics,
         )
         await self._service.start()
         logger.info("trainer %s ready in %.1f s", trainer, time.monotonic() - started)

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Collection, Sequence
 from dataclasses import dataclass
 from typing import cast
 
-from app.config import EngineConfig, TimeoutsConfig, WorkerGroupConfig
+from app.config import EngineConfig, MetricsConfig, TimeoutsConfig, WorkerGroupConfig
 from app.db.checkpoints import CheckpointStore
 from app.db.futures import FutureStore
 from app.db.history import HistoryStore
@@ -32,7 +32,7 @@ from app.messages import (
     Skip,
     WorkerCommand,
 )
-from app.metrics import server_metrics
+from app.metrics import LabelValues, QueueDepths, server_metrics
 from app.operations import CheckpointCommitter, Reply, changes_model, fair_share_cost, operation
 from app.request_log import log_request, outcome_of
 from app.storage.objects import ObjectStorage
@@ -91,13 +91,16 @@ class TrainerService:
         history: HistoryStore,
         shape: WorkerGroupConfig | None = None,
         sizing: PassSizing | None = None,
+        metrics: MetricsConfig | None = None,
     ) -> None:
         """`shape`: the worker group's config: the fair share's dispatch depth and op cost, the snapshot policy.
         `sizing`: what an operation asks of a rank's memory on this group and base (app.trainer.pass_sizing, of the
-        same shape); by default the shape's without the base's config.json: datums run whole, nothing is estimated."""
+        same shape); by default the shape's without the base's config.json: datums run whole, nothing is estimated.
+        `metrics`: whether the queue-depth metric names each model (by default its models are summed)."""
         shape = shape or WorkerGroupConfig()
         self._sizing = sizing or PassSizing.of(shape, group.world_size, None)
         self.name = name
+        self._queue_depths = QueueDepths(name, LabelValues.models(metrics or MetricsConfig()))
         self._metadata = metadata
         self._journal = journal
         self._history = HistoryRecorder(history)
@@ -235,6 +238,7 @@ class TrainerService:
 
     async def unload_model(self, request_id: str, model_id: str) -> None:
         self._scheduler.close(model_id, ServerError(f"model {model_id!r} was unloaded"))
+        self._queue_depths.set(model_id, 0)
         self._models.discard(model_id)
         self._snapshots.forget(model_id)
         await self._group.call([RemoveModelCommand(model_id)])
@@ -313,9 +317,7 @@ class TrainerService:
             self._sent[number] = (pending, self._generation)
         for p in planned:
             self._running.update((op.request_id, (p.model_id, op)) for _, op in p.work)
-            server_metrics().queue_depth.set(
-                self._scheduler.waiting(p.model_id), tags={"trainer": self.name, "model_id": p.model_id}
-            )
+            self._queue_depths.set(p.model_id, self._scheduler.waiting(p.model_id))
         return self._replies(planned, positions, number)
 
     def _plan(self, model_id: str, run: list[Queued]) -> _PlannedRun:
@@ -466,4 +468,5 @@ class TrainerService:
     def _lose_model(self, model_id: str, reason: Exception) -> None:
         logger.error("model %s on trainer %s is lost: %s", model_id, self.name, reason)
         self._scheduler.close(model_id, reason)
+        self._queue_depths.set(model_id, 0)
         self._models.discard(model_id)

@@ -1,9 +1,12 @@
 """The cluster artifacts under deploy/: they parse, their embedded application config validates against the
 one config model, the committed manifests are what deploy/render.py renders from the GPU profile now, secrets
-come only from Kubernetes secrets or the environment, and nothing secret is written in them."""
+come only from Kubernetes secrets or the environment, and nothing secret is written in them; the PodMonitor scrapes
+every RayService Pod's metrics port, and the Grafana dashboard queries only metrics that exist (app/metrics.py's, or
+Ray Serve's as docs/reference/metrics.md lists them)."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -138,3 +141,103 @@ def test_a_wrong_value_fails_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
         ServerConfig.model_validate(args)
     message = str(info.value)
     assert "base_models.0.sampler.max_loras" in message and "engine.max_lora_rank" in message
+
+
+PODMONITOR = DEPLOY / "kuberay" / "podmonitor.yaml"
+DASHBOARD = DEPLOY / "grafana" / "tinker-serve.json"
+METRICS_DOC = ROOT / "docs" / "reference" / "metrics.md"
+RAY_METRICS_SECTION = "## Ray Serve's metrics the dashboard uses"
+# PromQL's own words in the dashboard's queries (a query using another function adds it here)
+PROMQL = {"sum", "by", "without", "rate", "increase", "histogram_quantile", "topk", "avg", "max", "min", "count"}
+
+
+def test_the_podmonitor_scrapes_every_rayservice_pod_on_its_metrics_port() -> None:
+    monitor = yaml.safe_load(PODMONITOR.read_text())
+    assert (monitor["apiVersion"], monitor["kind"]) == ("monitoring.coreos.com/v1", "PodMonitor")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    ports = [endpoint["port"] for endpoint in monitor["spec"]["podMetricsEndpoints"]]
+    assert selector and ports
+    cluster = yaml.safe_load(RAYSERVICE.read_text())["spec"]["rayClusterConfig"]
+    for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
+        template = group["template"]
+        assert selector.items() <= template["metadata"]["labels"].items(), "the PodMonitor misses a group's Pods"
+        ray = template["spec"]["containers"][0]  # KubeRay's Ray container is the first
+        named = {port["name"]: port["containerPort"] for port in ray.get("ports", [])}
+        for port in ports:
+            assert port in named, f"{ray['name']} has no container port named {port}"
+            assert str(named[port]) == group["rayStartParams"]["metrics-export-port"]
+
+
+def _app_metrics() -> tuple[set[str], set[str]]:
+    """The names Ray exports app/metrics.py's metrics under (counters `_total`, histograms `_bucket`, `_sum`,
+    `_count`), and the name each is documented under (a histogram's without a suffix)."""
+    from ray.util.metrics import Counter, Histogram
+
+    from app.metrics import ServerMetrics
+
+    exported, documented = set(), set()
+    for metric in vars(ServerMetrics()).values():
+        name = f"ray_{metric._name}"
+        suffixes = ("_total",) if isinstance(metric, Counter) else ("_bucket", "_sum", "_count")
+        if not isinstance(metric, Counter | Histogram):
+            suffixes = ("",)
+        exported |= {name + suffix for suffix in suffixes}
+        documented.add(name + ("_total" if isinstance(metric, Counter) else ""))
+    return exported, documented
+
+
+def _documented_ray_metrics() -> set[str]:
+    section = METRICS_DOC.read_text().split(RAY_METRICS_SECTION, 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"^\| `(ray_\w+)` \|", section, re.MULTILINE))
+
+
+def _query_metrics(expr: str) -> set[str]:
+    """The metric names a PromQL expression reads: its words less label matchers, groupings, ranges and PromQL's."""
+    expr = re.sub(r"\{[^}]*\}|\[[^\]]*\]|\b(?:by|without)\s*\([^)]*\)|\"[^\"]*\"", " ", expr)
+    return set(re.findall(r"\b[A-Za-z_:][\w:]*", expr)) - PROMQL
+
+
+def test_every_app_metric_is_documented() -> None:
+    text = METRICS_DOC.read_text()
+    assert [name for name in sorted(_app_metrics()[1]) if f"`{name}`" not in text] == []
+
+
+def test_the_documented_ray_metrics_are_rays() -> None:
+    """Each Ray metric the docs list for the dashboard is one Ray's own Grafana dashboards query (same export)."""
+    import ray
+
+    panels = Path(ray.__file__).parent / "dashboard" / "modules" / "metrics" / "dashboards"
+    rays = "".join(path.read_text() for path in panels.glob("*_panels.py"))
+    documented = _documented_ray_metrics()
+    assert documented and [name for name in sorted(documented) if name not in rays] == []
+
+
+def test_the_dashboard_queries_only_metrics_that_exist() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    exported, _ = _app_metrics()
+    known = exported | _documented_ray_metrics()
+    panels = dashboard["panels"]
+    assert len({p["id"] for p in panels}) == len(panels) and dashboard["uid"]
+    used: set[str] = set()
+    for panel in panels:
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            metrics = _query_metrics(target["expr"])
+            assert metrics, f"{panel['title']}: {target['expr']}"
+            assert metrics <= known, f"{panel['title']} queries unknown metrics: {sorted(metrics - known)}"
+            used |= metrics
+    for wanted in (  # what the dashboard is for: requests, errors, queues, step time, tokens/s, sampler latency
+        "ray_tinker_serve_requests_total",
+        "ray_tinker_serve_queue_depth",
+        "ray_tinker_serve_training_op_seconds_bucket",
+        "ray_tinker_serve_tokens_total",
+        "ray_serve_deployment_processing_latency_ms_bucket",
+        "ray_serve_replica_processing_queries",
+    ):
+        assert wanted in used, wanted
+
+
+def test_query_metrics_reads_names_not_labels_or_functions() -> None:
+    expr = 'histogram_quantile(0.95, sum by (le, op) (rate(ray_x_bucket{op=~"a|b", le!="1"}[$__rate_interval])))'
+    assert _query_metrics(expr) == {"ray_x_bucket"}
+    assert _query_metrics("topk(10, sum by (user) (rate(tinker_serve_y_total[5m])))") == {"tinker_serve_y_total"}
