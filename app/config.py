@@ -262,6 +262,18 @@ class BaseModelConfig(Strict):
     )
     sampler: SamplerConfig = Field(SamplerConfig(), description="the vLLM Sampler deployment of this base model")
 
+    @model_validator(mode="after")
+    def _embedded_model_goes_to_its_own_folder(self) -> BaseModelConfig:
+        """An embedded preset is built into a folder named after it (models/tiny), so that swapping `path` for a real
+        model while the preset line stays cannot serve random weights under the real model's name."""
+        if self.embedded_preset and Path(self.path).name != self.embedded_preset:
+            raise ValueError(
+                f"embedded_preset {self.embedded_preset!r} builds a random-weight model into path {self.path!r}, "
+                f"whose folder is not named {self.embedded_preset!r}: to serve the model at path, delete the "
+                f"embedded_preset line; to build the preset, give it a path ending in /{self.embedded_preset}"
+            )
+        return self
+
     def sampler_dtype(self) -> str:
         """The dtype the Sampler's vLLM runs in: sampler.dtype, or with auto the trainer's, as its workers resolve it
         (app.models.precision, read on the Sampler's machine: give nodes of one kind both)."""
