@@ -281,13 +281,16 @@ class BaseModelConfig(Strict):
             return self.sampler.dtype
         return resolve_dtype(self.trainer.dtype, self.trainer.use_gpu)
 
-    def sampler_starts_after_trainer(self) -> bool:
+    def sampler_starts_after_trainer(self, cores: int) -> bool:
         """Whether the Sampler starts vLLM only once the policy trainer is up: when both run on CPU with no node of
-        their own (custom resources), they share one machine's cores, and starting both at once slows the trainer,
+        their own (custom resources) and the machine's `cores` are fewer than the trainer's ranks' threads and two
+        more (vLLM's engine and its replica), they contend for its cores, and starting both at once slows the trainer,
         which the first create_model waits for (2 cores, tiny: the first model 55 s after launch, not 69;
-        bench/results/history.md)."""
+        bench/results/history.md). With cores to spare both start at once."""
         trainer, sampler = self.trainer, self.sampler
-        return not (trainer.use_gpu or sampler.num_gpus or trainer.resources or sampler.resources)
+        if trainer.use_gpu or sampler.num_gpus or trainer.resources or sampler.resources:
+            return False
+        return cores < trainer.num_workers * trainer.torch_threads_per_worker + 2
 
     def trainer_for(self, role: str) -> str:
         """The name of the trainer (one Trainer deployment and worker group) that holds models of `role`."""

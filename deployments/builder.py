@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -149,7 +150,7 @@ def build_app(args: dict[str, Any]) -> Application:
             raw,
             base.name,
             int(limits[base.name]["max_context_length"]),
-            trainers[base.name] if base.sampler_starts_after_trainer() else None,
+            trainers[base.name] if base.sampler_starts_after_trainer(len(os.sched_getaffinity(0))) else None,
         )
         for base in config.base_models
     }

@@ -76,18 +76,20 @@ def test_critics_on_their_own_trainer() -> None:
 
 
 @pytest.mark.parametrize(
-    ("base", "after"),
+    ("base", "cores", "after"),
     [
-        ({}, True),  # the embedded default: both on this machine's CPUs
-        ({"trainer": {"use_gpu": True}}, False),
-        ({"sampler": {"num_gpus": 1}}, False),
-        ({"trainer": {"resources": {"trainer_node": 1}}}, False),  # placed on nodes of their own
-        ({"sampler": {"resources": {"sampler_node": 1}}}, False),
+        ({}, 2, True),  # the embedded default on 2 cores: two ranks, vLLM and its replica share them
+        ({}, 4, False),  # a core each
+        ({"trainer": {"torch_threads_per_worker": 4}}, 8, True),
+        ({"trainer": {"use_gpu": True}}, 2, False),
+        ({"sampler": {"num_gpus": 1}}, 2, False),
+        ({"trainer": {"resources": {"trainer_node": 1}}}, 2, False),  # placed on nodes of their own
+        ({"sampler": {"resources": {"sampler_node": 1}}}, 2, False),
     ],
 )
-def test_sampler_starts_after_trainer_only_where_they_share_cores(base: dict, after: bool) -> None:
+def test_sampler_starts_after_trainer_only_where_they_share_cores(base: dict, cores: int, after: bool) -> None:
     config = ServerConfig(base_models=[{**TINY, **base}], auth=LOOPBACK)
-    assert config.base_model("tiny").sampler_starts_after_trainer() is after
+    assert config.base_model("tiny").sampler_starts_after_trainer(cores) is after
 
 
 def test_empty_base_models_rejected() -> None:
