@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, model_validator
@@ -77,11 +77,12 @@ class SamplerConfig(Strict):
     max_loras: int = Field(4, ge=1, description="adapters in one batch")
     max_cpu_loras: int = Field(8, ge=2, description="adapters kept loaded per replica (LRU beyond it)")
     max_num_seqs: int = Field(64, ge=1, description="sequences vLLM runs in one batch")
-    kv_cache_mib: int = Field(
-        256,
-        ge=16,
+    kv_cache_mib: Annotated[int, Field(ge=16)] | Literal["auto"] = Field(
+        "auto",
         description="CPU KV cache in MiB (GPU: gpu_memory_utilization); on CPU it caps the context at the tokens of "
-        "its whole 128-token blocks less one (vLLM's own accounting: the 0.6B shape's 2,048 MiB holds 18,560)",
+        "its whole 128-token blocks less one (vLLM's own accounting: the 0.6B shape's 2,048 MiB holds 18,560). auto: "
+        "one whole context of the base model, at least 256, at most 1/8 of the machine's memory "
+        "(app.sampling.kv_budget)",
     )
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="the share of GPU memory vLLM takes")
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs one vLLM engine spans")
@@ -99,6 +100,12 @@ class SamplerConfig(Strict):
     resources: dict[str, float] = Field(
         default_factory=dict, description="custom Ray resources per replica (node placement)"
     )
+
+    def kv_cache_bytes(self) -> int:
+        """The CPU KV cache's bytes, once `auto` was chosen for the base model (deployments.builder)."""
+        if self.kv_cache_mib == "auto":
+            raise ValueError("sampler.kv_cache_mib auto is chosen for the base model when the app is built")
+        return self.kv_cache_mib * 2**20
 
     @model_validator(mode="after")
     def _check(self) -> SamplerConfig:

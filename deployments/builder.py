@@ -17,6 +17,7 @@ from app.models.embedded import build_embedded_model
 from app.models.families import family_of, sampler_refusal
 from app.models.model_config import ModelShape, model_shape
 from app.models.precision import DTYPE_BYTES
+from app.sampling import kv_budget
 from app.trainer import model_defaults
 from deployments import serve_env
 from deployments.ingress import Ingress
@@ -34,8 +35,6 @@ def _model_limits(config: ServerConfig) -> dict[str, dict[str, int | str]]:
     limits: dict[str, dict[str, int | str]] = {}
     for i, base in enumerate(config.base_models):
         started = time.monotonic()
-        if base.embedded_preset:
-            build_embedded_model(base.embedded_preset, Path(base.path))
         local = Path(base.path).is_dir()
         if local:  # clients name its tokenizer by the served name: the server's paths are not theirs to see
             _register_name(base.name, Path(base.path))
@@ -44,13 +43,7 @@ def _model_limits(config: ServerConfig) -> dict[str, dict[str, int | str]]:
         refusal = sampler_refusal(family, on_gpu=base.sampler.num_gpus > 0)
         if refusal is not None:
             raise ValueError(f"base_models[{i}] ({base.name}): {refusal}")
-        logger.info(
-            "base model %s at %s: config read%s in %.1f s",
-            base.name,
-            base.path,
-            " (embedded model built or found)" if base.embedded_preset else "",
-            time.monotonic() - started,
-        )
+        logger.info("base model %s at %s: config read in %.1f s", base.name, base.path, time.monotonic() - started)
         limits[base.name] = {
             "vocab_size": shape.vocab_size,
             "max_context_length": _context_length(base, shape),
@@ -60,18 +53,36 @@ def _model_limits(config: ServerConfig) -> dict[str, dict[str, int | str]]:
     return limits
 
 
+def _build_embedded_models(config: ServerConfig) -> None:
+    """Build each embedded preset into its path, unless it is there already."""
+    for base in config.base_models:
+        if base.embedded_preset:
+            started = time.monotonic()
+            build_embedded_model(base.embedded_preset, Path(base.path))
+            logger.info("base model %s: embedded model built or found in %.1f s", base.name, time.monotonic() - started)
+
+
 def _with_model_defaults(config: ServerConfig) -> ServerConfig:
-    """The config with each worker group's auto settings chosen for its base (app.trainer.model_defaults), logged."""
+    """The config with each worker group's auto settings chosen for its base (app.trainer.model_defaults), and a CPU
+    sampler's auto KV cache (app.sampling.kv_budget), logged."""
     bases = []
     for base in config.base_models:
-        groups = {}
+        updates: dict[str, Any] = {}
         for field in ("trainer", "critic_trainer"):
             group = getattr(base, field)
             if group is not None:
-                groups[field], reasons = model_defaults.for_model(group, base.path)
+                updates[field], reasons = model_defaults.for_model(group, base.path)
                 if reasons:
                     logger.info("base model %s, %s: %s", base.name, field, "; ".join(reasons))
-        bases.append(base.model_copy(update=groups))
+        if base.sampler.kv_cache_mib == "auto":
+            shape = model_shape(base.path)
+            context = min(base.max_context_length or shape.context_length, shape.context_length)
+            dtype_bytes = DTYPE_BYTES.get(base.sampler_dtype(), 4)
+            mib, reason = kv_budget.auto_kv_cache_mib(shape, context, dtype_bytes, kv_budget.machine_memory_bytes())
+            updates["sampler"] = base.sampler.model_copy(update={"kv_cache_mib": mib})
+            if not base.sampler.num_gpus:  # on GPUs vLLM's cache is gpu_memory_utilization's
+                logger.info("base model %s, sampler: %s", base.name, reason)
+        bases.append(base.model_copy(update=updates))
     return config.model_copy(update={"base_models": bases})
 
 
@@ -82,7 +93,7 @@ def _context_length(base: BaseModelConfig, shape: ModelShape) -> int:
     context = min(base.max_context_length or shape.context_length, shape.context_length)
     if base.sampler.num_gpus > 0:
         return context
-    held = shape.kv_cache_tokens(base.sampler.kv_cache_mib * 2**20, DTYPE_BYTES.get(base.sampler_dtype(), 4))
+    held = shape.kv_cache_tokens(base.sampler.kv_cache_bytes(), DTYPE_BYTES.get(base.sampler_dtype(), 4))
     if held is not None and held < context:
         logger.warning(
             "base model %s: its context is %d tokens, not %d: sampler.kv_cache_mib %d holds %d tokens of it; "
@@ -95,6 +106,14 @@ def _context_length(base: BaseModelConfig, shape: ModelShape) -> int:
         )
         return held
     return context
+
+
+def served_base_models(config: ServerConfig) -> tuple[ServerConfig, dict[str, dict[str, int | str]]]:
+    """The config with every base model's auto settings chosen (embedded models built first), and each base's
+    limits as the app serves it (`_model_limits`); refuses a base that cannot be served."""
+    _build_embedded_models(config)
+    config = _with_model_defaults(config)
+    return config, _model_limits(config)
 
 
 def _register_name(name: str, path: Path) -> None:
@@ -133,8 +152,7 @@ def build_app(args: dict[str, Any]) -> Application:
             "start Ray with HAProxy ingress (`python -m deployments.serve_env --cluster`)"
         )
     config.auth.load_keys()
-    limits = _model_limits(config)
-    config = _with_model_defaults(config)
+    config, limits = served_base_models(config)
     raw = config.model_dump()
     trainers = {
         trainer: serve.deployment()(Trainer)

@@ -98,7 +98,7 @@ class SamplerEngine:
             **(
                 {"gpu_memory_utilization": config.gpu_memory_utilization}
                 if on_gpu
-                else {"kv_cache_memory_bytes": config.kv_cache_mib * 2**20}
+                else {"kv_cache_memory_bytes": config.kv_cache_bytes()}
             ),
         )
         guard_engine_cores()  # its engine core process dies with this one, however this one ends

@@ -125,13 +125,17 @@ def _api(tmp_path: Path, trainers: object = None, samplers: object = None) -> Fa
 
 
 class _Answering:
-    """Trainer or sampler clients of which these answer (what /ready asks)."""
+    """Trainer or sampler clients of which these answer (what /ready asks), and samplers that could not start."""
 
-    def __init__(self, answers: dict[str, bool]) -> None:
+    def __init__(self, answers: dict[str, bool], failures: dict[str, str] | None = None) -> None:
         self._answers = answers
+        self._failures = failures or {}
 
     async def ready(self) -> dict[str, bool]:
         return self._answers
+
+    async def start_failures(self) -> dict[str, str]:
+        return self._failures
 
 
 def test_ready_while_a_sampler_starts_is_503_naming_it_and_logs_no_error(
@@ -146,6 +150,10 @@ def test_ready_while_a_sampler_starts_is_503_naming_it_and_logs_no_error(
         starting = local.get("/ready")
     assert starting.status_code == 503 and starting.json()["samplers"] == {"tiny": False}
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    why = "the sampler for tiny could not start vLLM"
+    api.state.services.samplers = _Answering({"tiny": False}, {"tiny": why})
+    failed = local.get("/ready")
+    assert failed.status_code == 503 and failed.json()["failed"] == {"tiny": why} and failed.json()["error"] == why
     api.state.services.samplers = _Answering({"tiny": True})
     assert local.get("/ready").json() == {"trainers": {"tiny": True}, "samplers": {"tiny": True}}
 

@@ -29,13 +29,13 @@ from app.config import ServerConfig
 from app.messages import AdapterSpec
 from app.training.base_model import load_base_model
 from app.training.engine import TrainingEngine
-from deployments.builder import _model_limits
+from deployments.builder import served_base_models
 
 loaded = {}
 for name in sys.argv[1:]:
     config = ServerConfig.model_validate({"auth": {"mode": "any_tml_key_on_loopback"},
                                          "base_models": [{"name": name, "path": name}]}).resolved()
-    limits = _model_limits(config)[name]
+    limits = served_base_models(config)[1][name]
     base = load_base_model(config.base_models[0].path)
     parameters = sum(p.numel() for p in base.parameters())
     TrainingEngine(base).create_model("m", AdapterSpec(rank=4, seed=0, train_attn=False))

@@ -23,7 +23,7 @@ from app.training.base_model import load_base_model
 from app.training.checkpoint import write_captured
 from app.training.engine import TrainingEngine
 from app.training_data.batch import PackedBatch
-from deployments.builder import _model_limits
+from deployments.builder import served_base_models
 from tests.conftest import TINY_MODEL
 from tests.unit.training.sharded_ranks import batch_of, engine_on, run_ranks
 
@@ -79,9 +79,9 @@ def _served(path: Path, num_gpus: float) -> ServerConfig:
 
 def test_a_base_its_sampler_cannot_serve_is_refused_before_anything_starts(models: dict[str, Path]) -> None:
     with pytest.raises(ValueError, match=r"base_models\[0\] \(org/moe\): a gpt_oss base .*sampler\.num_gpus: 1"):
-        _model_limits(_served(models["gpt_oss"], num_gpus=0))
-    assert _model_limits(_served(models["gpt_oss"], num_gpus=1))["org/moe"]["arch"] == "gpt_oss"
-    assert _model_limits(_served(models["qwen3_moe"], num_gpus=0))["org/moe"]["arch"] == "qwen3_moe"
+        served_base_models(_served(models["gpt_oss"], num_gpus=0))
+    assert served_base_models(_served(models["gpt_oss"], num_gpus=1))[1]["org/moe"]["arch"] == "gpt_oss"
+    assert served_base_models(_served(models["qwen3_moe"], num_gpus=0))[1]["org/moe"]["arch"] == "qwen3_moe"
 
 
 def _losses(engine: TrainingEngine, model_id: str, loss: str, batch: PackedBatch, steps: int) -> list[float]:
