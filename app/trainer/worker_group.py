@@ -37,6 +37,27 @@ logger = logging.getLogger("tinker_serve.trainer")
 WORKER_GROUP_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 
 
+def scaling_config(shape: WorkerGroupConfig) -> Any:
+    """The group's Ray Train ScalingConfig: `num_workers` ranks, each reserving cpus_per_worker CPUs, its custom
+    resources and, with use_gpu, gpus_per_worker of a GPU (a fraction: it shares the device)."""
+    from ray.train.v2.api.config import ScalingConfig
+
+    gpus = {"GPU": shape.gpus_per_worker} if shape.use_gpu else {}
+    return ScalingConfig(
+        num_workers=shape.num_workers,
+        use_gpu=shape.use_gpu,
+        resources_per_worker={"CPU": shape.cpus_per_worker, **gpus, **shape.resources},
+    )
+
+
+def worker_bundles(shape: WorkerGroupConfig) -> list[dict[str, float]]:
+    """The placement group Ray Train reserves for the group before any rank starts: one bundle per rank, each the
+    ScalingConfig's resources per worker (Ray 2.60, train v2: FixedScalingPolicy hands
+    `_resources_per_worker_not_none` to WorkerGroup._create_placement_group)."""
+    bundle = dict(scaling_config(shape)._resources_per_worker_not_none)
+    return [bundle] * shape.num_workers
+
+
 def rank_env(shape: WorkerGroupConfig) -> dict[str, str]:
     """The environment of each rank: tcmalloc preloaded on CPU ranks (where installed), then the configured `env`."""
     return {**({} if shape.use_gpu else preload_tcmalloc()), **shape.env}
@@ -123,7 +144,7 @@ class RayTrainWorkerGroup(WorkerGroup):
     async def start(self) -> None:
         # Ray Train v2 (Ray's default; ray.train re-exports these), named so that its RunConfig types
         from ray.train.torch import TorchConfig
-        from ray.train.v2.api.config import FailureConfig, RunConfig, ScalingConfig
+        from ray.train.v2.api.config import FailureConfig, RunConfig
         from ray.train.v2.torch.torch_trainer import TorchTrainer
 
         from app.ranks.command_loop import command_loop  # torch and transformers: the workers' imports, not ours
@@ -145,11 +166,7 @@ class RayTrainWorkerGroup(WorkerGroup):
                 "storage_uri": self._checkpoint_uri,
                 "shape": self._shape.model_dump(),
             },
-            scaling_config=ScalingConfig(
-                num_workers=self.world_size,
-                use_gpu=self._shape.use_gpu,
-                resources_per_worker={"CPU": self._shape.cpus_per_worker, **self._shape.resources},
-            ),
+            scaling_config=scaling_config(self._shape),
             torch_config=TorchConfig(backend="nccl" if self._shape.use_gpu else "gloo"),
             run_config=RunConfig(
                 name=f"trainer-{uuid.uuid4().hex[:8]}",
