@@ -17,7 +17,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
@@ -28,6 +28,9 @@ from app.messages import PingCommand, Replies, WorkerCommand
 from app.trainer.mailbox import Mailbox
 from app.trainer.shipping import ship
 
+if TYPE_CHECKING:
+    from ray.train.v2.api.config import ScalingConfig
+
 logger = logging.getLogger("tinker_serve.trainer")
 # How long Ray Train's controller waits for a worker group's placement group before it fails the start (default 60 s;
 # a restart under memory pressure raced it). Verified in Ray 2.60 (train v2): WorkerGroup reads it from os.environ in
@@ -37,10 +40,10 @@ logger = logging.getLogger("tinker_serve.trainer")
 WORKER_GROUP_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 
 
-def scaling_config(shape: WorkerGroupConfig) -> Any:
+def scaling_config(shape: WorkerGroupConfig) -> ScalingConfig:
     """The group's Ray Train ScalingConfig: `num_workers` ranks, each reserving cpus_per_worker CPUs, its custom
     resources and, with use_gpu, gpus_per_worker of a GPU (a fraction: it shares the device)."""
-    from ray.train.v2.api.config import ScalingConfig
+    from ray.train.v2.api.config import ScalingConfig  # Ray Train: the trainer's import, not the builder's
 
     gpus = {"GPU": shape.gpus_per_worker} if shape.use_gpu else {}
     return ScalingConfig(
