@@ -4,7 +4,7 @@ profile's placement (the trainer's worker-group bundles and the Sampler's actor 
 use) is accepted together on a Ray node that declares one GPU, and refused when the shares sum above it.
 
 Ray starts once for the module (address="local", a node of 4 CPUs and one declared GPU: Ray only does the
-accounting); on the 2-core CI machine ray.init takes ~18 s."""
+accounting); on the shared 2-core machine ray.init took 5-18 s."""
 
 from __future__ import annotations
 
