@@ -39,9 +39,30 @@ model: setup
 	$(PY) -m app.models.embedded --preset tiny --out models/tiny --register-as tinker-serve/tiny
 
 # Serve's request-path settings (deployments/serve_env.py): the Ingress replica answers on 127.0.0.1:8000 itself
-# (direct ingress), Serve's Python proxy on serve_config.yaml's port 8001. Serve reads them when Ray starts.
-serve: model
+# (direct ingress), Serve's Python proxy on the config's port 8001. Serve reads them when Ray starts.
+# On a machine where `nvidia-smi -L` lists an NVIDIA GPU, or with GPU=1: the GPU stack (`make setup GPU=1`), MODEL
+# (a Hugging Face id or a directory) downloaded, and the GPU-box profile for this machine's GPUs (GPUS: how many,
+# default all) written by deployments/gpu_box.py to GPU_BOX_CONFIG and served (one GPU: trainer and sampler share
+# it). GPU=0 serves the CPU default on a GPU machine. GPU set on the command line or in the environment decides;
+# otherwise nvidia-smi does (only when serving).
+MODEL ?= Qwen/Qwen3-0.6B
+GPUS ?=
+GPU_BOX_CONFIG := state/serve_config.gpu-box.yaml
+SERVE_ON_GPU = $(if $(filter command line environment,$(origin GPU)),$(GPU),$(shell nvidia-smi -L >/dev/null 2>&1 && echo 1 || echo 0))
+.PHONY: serve-cpu serve-gpu
+
+serve:
+	@if [ "$(SERVE_ON_GPU)" = 1 ]; then $(MAKE) --no-print-directory serve-gpu GPU=1; \
+	else $(MAKE) --no-print-directory serve-cpu; fi
+
+serve-cpu: model
 	eval "$$($(PY) -m deployments.serve_env --port 8000)" && $(VENV)/bin/serve run serve_config.yaml
+
+serve-gpu:
+	$(MAKE) --no-print-directory setup GPU=1
+	HF_HUB_OFFLINE=0 $(PY) -m deployments.gpu_box --model "$(MODEL)" $(if $(GPUS),--gpus $(GPUS)) --download \
+	  --out $(GPU_BOX_CONFIG)
+	eval "$$($(PY) -m deployments.serve_env --port 8000)" && $(VENV)/bin/serve run $(GPU_BOX_CONFIG)
 
 # ruff (lint + format) and mypy, configured in pyproject.toml; `make test` runs them first.
 lint: setup

@@ -73,7 +73,13 @@ class SamplerConfig(Strict):
     target_ongoing_requests: float = Field(16, gt=0, description="per replica, what autoscaling aims for")
     max_ongoing_requests: int = Field(64, ge=1, description="per replica; more wait in Serve's queue")
     num_cpus: float = Field(1.0, ge=0, description="CPUs per replica")
-    num_gpus: float = Field(0.0, ge=0, description="GPUs per replica (= tensor_parallel_size on GPUs); 0: on CPU")
+    num_gpus: float = Field(
+        0.0,
+        ge=0,
+        description="GPUs per replica (= tensor_parallel_size on GPUs); 0: on CPU; below 1: the replica shares a GPU "
+        "(e.g. with a trainer rank on a one-GPU machine, deploy/serve_config.one-gpu.yaml): then "
+        "gpu_memory_utilization must leave the others their memory",
+    )
     max_loras: int = Field(4, ge=1, description="adapters in one batch")
     max_cpu_loras: int = Field(8, ge=2, description="adapters kept loaded per replica (LRU beyond it)")
     max_num_seqs: int = Field(64, ge=1, description="sequences vLLM runs in one batch")
@@ -84,7 +90,13 @@ class SamplerConfig(Strict):
         "one whole context of the base model, at least 256, at most 1/8 of the machine's memory "
         "(app.sampling.kv_budget)",
     )
-    gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="the share of GPU memory vLLM takes")
+    gpu_memory_utilization: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="the share of its GPU's whole memory vLLM takes (weights, activations, KV cache), at start; on a "
+        "shared GPU it must be free then (vLLM refuses to start otherwise)",
+    )
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs one vLLM engine spans")
     dtype: str = Field(
         "auto",
@@ -112,7 +124,16 @@ class SamplerConfig(Strict):
         _check_custom_resources(self.resources)
         if self.min_replicas > self.max_replicas:
             raise ValueError(f"min_replicas {self.min_replicas} exceeds max_replicas {self.max_replicas}")
+        if self.shares_a_gpu() and self.tensor_parallel_size > 1:
+            raise ValueError(
+                f"num_gpus {self.num_gpus} is a share of one GPU, but tensor_parallel_size "
+                f"{self.tensor_parallel_size} spans GPUs: give each replica tensor_parallel_size whole GPUs"
+            )
         return self
+
+    def shares_a_gpu(self) -> bool:
+        """Whether each replica reserves a fraction of one GPU (0 < num_gpus < 1) in Ray."""
+        return 0 < self.num_gpus < 1
 
 
 ROLES = ("policy", "critic")  # a policy scores tokens with the LM head; a critic predicts values with a value head
@@ -125,7 +146,24 @@ class WorkerGroupConfig(Strict):
 
     num_workers: int = Field(2, ge=1, description="ranks of the group; datums are split across them")
     cpus_per_worker: float = Field(1.0, gt=0, description="CPUs per rank")
-    use_gpu: bool = Field(False, description="one GPU per rank")
+    use_gpu: bool = Field(False, description="each rank on a GPU (gpus_per_worker of one; NCCL between ranks)")
+    gpus_per_worker: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="with use_gpu: the share of a GPU each rank reserves in Ray. Below 1 the rank shares its GPU "
+        "(a one-GPU machine: with the Sampler, deploy/serve_config.one-gpu.yaml), which a group of one rank only may "
+        "do: NCCL refuses two ranks on one device, and Ray may place two fractional ranks on the same one",
+    )
+    gpu_memory_fraction: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="with use_gpu: the share of its GPU's memory a rank's torch may hold "
+        "(torch.cuda.set_per_process_memory_fraction; past it an allocation fails with CUDA out of memory); on a GPU "
+        "shared with the Sampler, what leaves vLLM its gpu_memory_utilization, even across a Sampler restart. "
+        "None: no cap",
+    )
     torch_threads_per_worker: int = Field(1, ge=1, description="torch's intra-op threads per rank")
     resources: dict[str, float] = Field(
         default_factory=dict, description="custom Ray resources per worker (node placement)"
@@ -231,11 +269,23 @@ class WorkerGroupConfig(Strict):
     @model_validator(mode="after")
     def _check(self) -> WorkerGroupConfig:
         _check_custom_resources(self.resources)
+        if not self.use_gpu and (self.gpus_per_worker != 1 or self.gpu_memory_fraction is not None):
+            raise ValueError("gpus_per_worker and gpu_memory_fraction are for GPU ranks: set use_gpu: true")
+        if self.shares_a_gpu() and self.num_workers > 1:
+            raise ValueError(
+                f"gpus_per_worker {self.gpus_per_worker} shares a GPU, which a group of one rank only may do "
+                f"(num_workers is {self.num_workers}): NCCL refuses two ranks on one device, and Ray may place two "
+                "fractional ranks on the same one. Use num_workers: 1, or whole GPUs"
+            )
         if self.shard_group_size is not None and self.num_workers % self.shard_group_size:
             raise ValueError(f"shard_group_size {self.shard_group_size} must divide num_workers {self.num_workers}")
         if self.sequence_parallel is not None and self.num_workers % self.sequence_parallel:
             raise ValueError(f"sequence_parallel {self.sequence_parallel} must divide num_workers {self.num_workers}")
         return self
+
+    def shares_a_gpu(self) -> bool:
+        """Whether each rank reserves a fraction of one GPU in Ray (use_gpu with gpus_per_worker below 1)."""
+        return self.use_gpu and self.gpus_per_worker < 1
 
     def shards_base(self) -> bool:
         """Whether the base is sharded across the ranks (auto, unresolved, as a real model: yes)."""
@@ -281,6 +331,29 @@ class BaseModelConfig(Strict):
             )
         return self
 
+    @model_validator(mode="after")
+    def _check_shared_gpu(self) -> BaseModelConfig:
+        """Trainer ranks and Sampler replicas that take shares of one GPU may land on the same device (on a one-GPU
+        machine they do): their memory shares must fit in it together."""
+        if not self.sampler.shares_a_gpu():
+            return self
+        for name, group in self.trainer_groups().items():
+            cap = group.gpu_memory_fraction
+            if group.shares_a_gpu() and cap is not None and cap + self.sampler.gpu_memory_utilization > 1:
+                raise ValueError(
+                    f"trainer {name}'s ranks and the sampler's replicas share a GPU (gpus_per_worker "
+                    f"{group.gpus_per_worker}, num_gpus {self.sampler.num_gpus}), but their memory does not fit in "
+                    f"one: gpu_memory_fraction {cap} + sampler.gpu_memory_utilization "
+                    f"{self.sampler.gpu_memory_utilization} > 1"
+                )
+        return self
+
+    def shares_a_gpu(self) -> bool:
+        """Whether the policy trainer's ranks and the Sampler's replicas both take shares of a GPU, with no custom
+        resources that put them on nodes of their own: on a one-GPU machine they share its device."""
+        trainer, sampler = self.trainer, self.sampler
+        return trainer.shares_a_gpu() and sampler.shares_a_gpu() and not (trainer.resources or sampler.resources)
+
     def sampler_dtype(self) -> str:
         """The dtype the Sampler's vLLM runs in: sampler.dtype, or with auto the trainer's, as its workers resolve it
         (app.models.precision, read on the Sampler's machine: give nodes of one kind both)."""
@@ -293,7 +366,12 @@ class BaseModelConfig(Strict):
         their own (custom resources) and the machine's `cores` are fewer than the trainer's ranks' threads and two
         more (vLLM's engine and its replica), they contend for its cores, and starting both at once slows the trainer,
         which the first create_model waits for (2 cores, tiny: the first model 55 s after launch, not 69;
-        bench/results/history.md). With cores to spare both start at once."""
+        bench/results/history.md). With cores to spare both start at once. And when they share a GPU
+        (shares_a_gpu): vLLM sizes its KV cache by profiling the device's free memory, assuming the other processes on
+        it hold theirs steady meanwhile (0.32: vllm/v1/worker/gpu_worker.py), which a trainer loading its base does
+        not."""
+        if self.shares_a_gpu():
+            return True
         trainer, sampler = self.trainer, self.sampler
         if trainer.use_gpu or sampler.num_gpus or trainer.resources or sampler.resources:
             return False

@@ -39,7 +39,7 @@ TRAINER_START_WAIT_S = 300.0  # a trainer that takes longer (a large base loadin
 async def _wait_for_trainer(trainer: DeploymentHandle, base_name: str) -> None:
     """Wait until `trainer` answers (Serve queues the call until its replica is up), at most TRAINER_START_WAIT_S."""
     waited = time.monotonic()
-    logger.info("sampler for %s: starting vLLM once the trainer is up (they share this machine's cores)", base_name)
+    logger.info("sampler for %s: starting vLLM once the trainer is up (they share this machine)", base_name)
     try:
         await asyncio.wait_for(trainer.ping.remote(), TRAINER_START_WAIT_S)
     except (TimeoutError, RayError) as exc:  # a slow or failed trainer must not keep sampling down

@@ -23,7 +23,7 @@ from app.storage.objects import ObjectStorage
 from app.trainer.memory_estimate import read_model_config
 from app.trainer.pass_sizing import PassSizing
 from app.trainer.service import TrainerService
-from app.trainer.worker_group import RayTrainWorkerGroup
+from app.trainer.worker_group import RayTrainWorkerGroup, worker_bundles
 from deployments.logs import route_app_logs
 
 logger = logging.getLogger("tinker_serve.trainer")
@@ -51,12 +51,13 @@ class Trainer:
         base = cfg.configured_base_model(base_name)
         shape = base.trainer_groups()[trainer]
         logger.info(
-            "trainer %s: starting %d workers (%g CPUs%s%s each) on %s; checkpoints in %s",
+            "trainer %s: starting %d workers (each reserving %s in Ray%s) on %s; checkpoints in %s",
             trainer,
             shape.num_workers,
-            shape.cpus_per_worker,
-            ", a GPU" if shape.use_gpu else "",
-            f", {shape.resources}" if shape.resources else "",
+            worker_bundles(shape)[0],
+            f", torch holding at most {shape.gpu_memory_fraction:g} of its GPU's memory"
+            if shape.gpu_memory_fraction is not None
+            else "",
             base.path,
             redacted(cfg.checkpoint_uri),
         )

@@ -26,6 +26,14 @@ from app.training.sharded_load import load_sharded_base
 logger = logging.getLogger("tinker_serve.worker")
 
 
+def cap_gpu_memory(shape: WorkerGroupConfig, device: str) -> None:
+    """With gpu_memory_fraction, torch's allocator on this rank's GPU holds at most that share of its memory (past
+    it, after emptying its cache, an allocation fails with CUDA out of memory): a Sampler sharing the device keeps
+    its gpu_memory_utilization, even when it restarts after the trainer grew."""
+    if shape.use_gpu and shape.gpu_memory_fraction is not None:
+        torch.cuda.set_per_process_memory_fraction(shape.gpu_memory_fraction, torch.device(device))
+
+
 def command_loop(config: dict) -> None:
     """Runs on every rank. `config`: mailbox (actor handle), base_path (absolute), storage_uri, and the worker
     group's settings (app.config.WorkerGroupConfig as a dict, under "shape")."""
@@ -37,6 +45,7 @@ def command_loop(config: dict) -> None:
     torch.set_num_threads(shape.torch_threads_per_worker)
     started = time.monotonic()
     device = str(get_device()) if shape.use_gpu else "cpu"
+    cap_gpu_memory(shape, device)
     dtype = resolve_dtype(shape.dtype, shape.use_gpu)
     sharded = shape.shards_base()
     if sharded:  # each rank reads only its own shard of the weights

@@ -17,7 +17,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
@@ -28,6 +28,9 @@ from app.messages import PingCommand, Replies, WorkerCommand
 from app.trainer.mailbox import Mailbox
 from app.trainer.shipping import ship
 
+if TYPE_CHECKING:
+    from ray.train.v2.api.config import ScalingConfig
+
 logger = logging.getLogger("tinker_serve.trainer")
 # How long Ray Train's controller waits for a worker group's placement group before it fails the start (default 60 s;
 # a restart under memory pressure raced it). Verified in Ray 2.60 (train v2): WorkerGroup reads it from os.environ in
@@ -35,6 +38,27 @@ logger = logging.getLogger("tinker_serve.trainer")
 # actor with runtime_env env_vars holding every variable of ENV_VARS_TO_PROPAGATE set in the process calling fit(),
 # this one (_internal/constants.py get_env_vars_to_propagate, api/data_parallel_trainer.py).
 WORKER_GROUP_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
+
+
+def scaling_config(shape: WorkerGroupConfig) -> ScalingConfig:
+    """The group's Ray Train ScalingConfig: `num_workers` ranks, each reserving cpus_per_worker CPUs, its custom
+    resources and, with use_gpu, gpus_per_worker of a GPU (a fraction: it shares the device)."""
+    from ray.train.v2.api.config import ScalingConfig  # Ray Train: the trainer's import, not the builder's
+
+    gpus = {"GPU": shape.gpus_per_worker} if shape.use_gpu else {}
+    return ScalingConfig(
+        num_workers=shape.num_workers,
+        use_gpu=shape.use_gpu,
+        resources_per_worker={"CPU": shape.cpus_per_worker, **gpus, **shape.resources},
+    )
+
+
+def worker_bundles(shape: WorkerGroupConfig) -> list[dict[str, float]]:
+    """The placement group Ray Train reserves for the group before any rank starts: one bundle per rank, each the
+    ScalingConfig's resources per worker (Ray 2.60, train v2: FixedScalingPolicy hands
+    `_resources_per_worker_not_none` to WorkerGroup._create_placement_group)."""
+    bundle = dict(scaling_config(shape)._resources_per_worker_not_none)
+    return [bundle] * shape.num_workers
 
 
 def rank_env(shape: WorkerGroupConfig) -> dict[str, str]:
@@ -123,7 +147,7 @@ class RayTrainWorkerGroup(WorkerGroup):
     async def start(self) -> None:
         # Ray Train v2 (Ray's default; ray.train re-exports these), named so that its RunConfig types
         from ray.train.torch import TorchConfig
-        from ray.train.v2.api.config import FailureConfig, RunConfig, ScalingConfig
+        from ray.train.v2.api.config import FailureConfig, RunConfig
         from ray.train.v2.torch.torch_trainer import TorchTrainer
 
         from app.ranks.command_loop import command_loop  # torch and transformers: the workers' imports, not ours
@@ -145,11 +169,7 @@ class RayTrainWorkerGroup(WorkerGroup):
                 "storage_uri": self._checkpoint_uri,
                 "shape": self._shape.model_dump(),
             },
-            scaling_config=ScalingConfig(
-                num_workers=self.world_size,
-                use_gpu=self._shape.use_gpu,
-                resources_per_worker={"CPU": self._shape.cpus_per_worker, **self._shape.resources},
-            ),
+            scaling_config=scaling_config(self._shape),
             torch_config=TorchConfig(backend="nccl" if self._shape.use_gpu else "gloo"),
             run_config=RunConfig(
                 name=f"trainer-{uuid.uuid4().hex[:8]}",

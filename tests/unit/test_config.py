@@ -31,6 +31,10 @@ from app.sampling.cpu_env import replica_env
 ROOT = Path(__file__).resolve().parents[2]
 LOOPBACK = {"mode": "any_tml_key_on_loopback"}
 TINY = {"name": "tiny", "path": "models/tiny", "embedded_preset": "tiny"}
+SHARED_GPU = {  # deploy/serve_config.one-gpu.yaml's split
+    "trainer": {"num_workers": 1, "use_gpu": True, "gpus_per_worker": 0.5, "gpu_memory_fraction": 0.5},
+    "sampler": {"num_gpus": 0.5, "gpu_memory_utilization": 0.4},
+}
 
 
 @pytest.fixture(autouse=True)
@@ -85,9 +89,12 @@ def test_critics_on_their_own_trainer() -> None:
         ({"sampler": {"num_gpus": 1}}, 2, False),
         ({"trainer": {"resources": {"trainer_node": 1}}}, 2, False),  # placed on nodes of their own
         ({"sampler": {"resources": {"sampler_node": 1}}}, 2, False),
+        (SHARED_GPU, 64, True),  # one GPU shared: vLLM profiles its free memory once the trainer's base is loaded
+        ({**SHARED_GPU, "sampler": {"num_gpus": 1}}, 64, False),
+        ({**SHARED_GPU, "trainer": {**SHARED_GPU["trainer"], "resources": {"trainer_node": 1}}}, 64, False),
     ],
 )
-def test_sampler_starts_after_trainer_only_where_they_share_cores(base: dict, cores: int, after: bool) -> None:
+def test_sampler_starts_after_trainer_only_where_they_share_cores_or_a_gpu(base: dict, cores: int, after: bool) -> None:
     config = ServerConfig(base_models=[{**TINY, **base}], auth=LOOPBACK)
     assert config.base_model("tiny").sampler_starts_after_trainer(cores) is after
 
@@ -260,6 +267,61 @@ def test_custom_resources_reach_workers_and_replicas() -> None:
     assert config.base_models[0].trainer_groups()[TINY["name"]].resources == {"trainer_node": 1}
     options = Sampler.deployment_options(config, TINY["name"])
     assert options["ray_actor_options"]["resources"] == {"sampler_node": 0.5}
+
+
+@pytest.mark.parametrize(
+    "base, message",
+    [
+        ({"trainer": {"gpus_per_worker": 0.5}}, "are for GPU ranks: set use_gpu: true"),
+        ({"trainer": {"gpu_memory_fraction": 0.5}}, "are for GPU ranks: set use_gpu: true"),
+        ({"trainer": {"num_workers": 2, "use_gpu": True, "gpus_per_worker": 0.5}}, "a group of one rank only"),
+        ({"critic_trainer": {"num_workers": 2, "use_gpu": True, "gpus_per_worker": 0.5}}, "a group of one rank only"),
+        ({"sampler": {"num_gpus": 0.5, "tensor_parallel_size": 2}}, "tensor_parallel_size 2 spans GPUs"),
+        (
+            {**SHARED_GPU, "sampler": {"num_gpus": 0.5, "gpu_memory_utilization": 0.6}},
+            r"gpu_memory_fraction 0.5 \+ sampler.gpu_memory_utilization 0.6 > 1",
+        ),
+        (
+            {**SHARED_GPU, "critic_trainer": {**SHARED_GPU["trainer"], "gpu_memory_fraction": 0.7}},
+            "trainer tiny:critic's ranks and the sampler's replicas share a GPU",
+        ),
+    ],
+)
+def test_gpu_shares_checked(base: dict, message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        ServerConfig(base_models=[{**TINY, **base}], auth=LOOPBACK)
+
+
+def test_gpu_shares_reach_the_worker_group_and_the_sampler_replicas() -> None:
+    """The Ray reservations: a CPU rank its CPUs, a GPU rank a whole GPU by default or its share, each in the bundle
+    Ray Train reserves per rank; a Sampler replica its num_gpus."""
+    from app.trainer.worker_group import scaling_config, worker_bundles
+    from deployments.sampler import Sampler
+
+    config = ServerConfig(base_models=[{**TINY, **SHARED_GPU}], auth=LOOPBACK)
+    base = config.base_model("tiny")
+    assert base.shares_a_gpu()
+    assert worker_bundles(base.trainer) == [{"CPU": 1.0, "GPU": 0.5}]
+    assert scaling_config(base.trainer).use_gpu
+    assert Sampler.deployment_options(config, "tiny")["ray_actor_options"]["num_gpus"] == 0.5
+    cpu = ServerConfig(base_models=[TINY], auth=LOOPBACK).base_model("tiny").trainer
+    assert worker_bundles(cpu) == [{"CPU": 1.0}] * 2
+    whole = cpu.model_copy(update={"use_gpu": True, "resources": {"gpu_node": 1}})
+    assert worker_bundles(whole) == [{"CPU": 1.0, "GPU": 1.0, "gpu_node": 1}] * 2
+
+
+def test_a_rank_caps_its_torch_memory_at_its_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from app.ranks.command_loop import cap_gpu_memory
+
+    calls: list[tuple[float, torch.device]] = []
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d: calls.append((f, d)))
+    shared = ServerConfig(base_models=[{**TINY, **SHARED_GPU}], auth=LOOPBACK).base_model("tiny").trainer
+    cap_gpu_memory(shared, "cuda:0")
+    cap_gpu_memory(shared.model_copy(update={"gpu_memory_fraction": None}), "cuda:0")  # no cap
+    cap_gpu_memory(ServerConfig(base_models=[TINY], auth=LOOPBACK).base_model("tiny").trainer, "cpu")
+    assert calls == [(0.5, torch.device("cuda:0"))]
 
 
 def test_a_cpu_sampler_preloads_tcmalloc_where_it_is_installed(tmp_path: Path) -> None:
