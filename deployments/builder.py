@@ -74,14 +74,13 @@ def _with_model_defaults(config: ServerConfig) -> ServerConfig:
                 updates[field], reasons = model_defaults.for_model(group, base.path)
                 if reasons:
                     logger.info("base model %s, %s: %s", base.name, field, "; ".join(reasons))
-        if base.sampler.kv_cache_mib == "auto":
+        if base.sampler.kv_cache_mib == "auto" and not base.sampler.num_gpus:  # on GPUs: gpu_memory_utilization
             shape = model_shape(base.path)
             context = min(base.max_context_length or shape.context_length, shape.context_length)
             dtype_bytes = DTYPE_BYTES.get(base.sampler_dtype(), 4)
             mib, reason = kv_budget.auto_kv_cache_mib(shape, context, dtype_bytes, kv_budget.machine_memory_bytes())
             updates["sampler"] = base.sampler.model_copy(update={"kv_cache_mib": mib})
-            if not base.sampler.num_gpus:  # on GPUs vLLM's cache is gpu_memory_utilization's
-                logger.info("base model %s, sampler: %s", base.name, reason)
+            logger.info("base model %s, sampler: %s", base.name, reason)
         bases.append(base.model_copy(update=updates))
     return config.model_copy(update={"base_models": bases})
 
