@@ -302,7 +302,9 @@ class BaseModelConfig(Strict):
     name: str = Field(description="what clients pass as base_model")
     path: str = Field(description="local directory or Hugging Face id")
     embedded_preset: PresetName | None = Field(
-        None, description="build into `path` if missing (app.models.embedded.PRESETS)"
+        None,
+        description="build into `path` if missing (app.models.embedded.PRESETS); path's folder must be named after the "
+        "preset (models/tiny), so a real model's path with this line left in is refused",
     )
     trainer: WorkerGroupConfig = Field(
         WorkerGroupConfig(), description="policies, and critics unless critic_trainer is set"

@@ -6,7 +6,11 @@ the sampler side of every other family, one engine at a time, tests/integration/
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -16,6 +20,7 @@ from tinker import types
 
 from tests.integration.conftest import FAMILY_BASES
 from tests.integration.helpers import sft_datums, trainer_logprobs
+from tests.integration.test_sdk_versions import OLDEST_SDK_PYTHON  # the oldest SDK's own venv
 
 SAMPLER_ATOL = 2e-4  # as tests/integration/test_sampling.py: float32 vLLM and torch agree to ~1e-5
 
@@ -39,6 +44,39 @@ def test_every_family_base_is_listed_and_its_hub_repo_resolves(client: tinker.Se
             assert info["id"] == name and {"rfilename": "config.json"} in info["siblings"]
             tree = http.get(f"/api/models/{name}/tree/main").json()
             assert "config.json" in {entry["path"] for entry in tree}, tree
+
+
+# A client on another machine: an empty Hugging Face cache, the server's /hub routes as its Hub.
+REMOTE_TOKENIZER = """
+import json, sys, tinker
+url, name = sys.argv[1:]
+tc = tinker.ServiceClient(base_url=url, api_key="tml-family-tests").create_lora_training_client(base_model=name, rank=8)
+tc = tc.result() if hasattr(tc, "result") else tc  # 0.38 hands back a future, 0.25 the client
+print(json.dumps({"version": tinker.__version__, "ids": tc.get_tokenizer().encode("What is 12 + 7?")}))
+"""
+
+
+def test_a_bare_base_names_tokenizer_resolves_for_both_sdk_ends(
+    client: tinker.ServiceClient, base_url: str, tmp_path: Path
+) -> None:
+    """`tiny-qwen3_5-moe` has no org: the oldest SDK we claim and the installed one each fetch its tokenizer from the
+    /hub routes, and both encode as the server's own tokenizer does."""
+    name = FAMILY_BASES["qwen3_5_moe"]
+    seen = {}
+    for python in (OLDEST_SDK_PYTHON, Path(sys.executable)):
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "HF_HOME": str(tmp_path / python.parent.parent.name),
+            "HF_ENDPOINT": f"{base_url}/hub",
+        }
+        done = subprocess.run(
+            [str(python), "-c", REMOTE_TOKENIZER, base_url, name], capture_output=True, text=True, timeout=300, env=env
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        answer = json.loads(done.stdout.strip().splitlines()[-1])
+        seen[answer["version"][:4]] = answer["ids"]
+    here = client.create_lora_training_client(name, rank=8).result().get_tokenizer()  # the server's own files
+    assert seen == {"0.25": here.encode("What is 12 + 7?"), "0.38": here.encode("What is 12 + 7?")}, seen
 
 
 @pytest.mark.parametrize("family", FAMILY_BASES)
