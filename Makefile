@@ -40,12 +40,13 @@ $(STAMP): pyproject.toml requirements/$(PROFILE).lock requirements/uv.lock | $(U
 	rm -f $(VENV)/.installed $(VENV)/.installed-*
 	touch $(STAMP)
 
-# The locks, compiled by uv from pyproject.toml (and requirements/*.in) for Linux x86-64 with every file's hash:
-# cpu.lock the CPU stack with the extras cpu, postgres, test, docs and dev (torch's CPU build from TORCH_WHEELS; the
-# packages in requirements/cpu-excludes.txt left out, it says why); gpu.lock the extras gpu and postgres (vLLM and its
-# CUDA torch); uv.lock the installer; sdk-0.25.lock the oldest SDK's venv. Pins already in a lock are kept while they
-# still satisfy the inputs (uv's preferences; --upgrade-package NAME in UV_FLAGS moves one). LOCKS: the output folder
-# (tests/unit/test_dependencies.py compiles into a scratch one and compares).
+# The locks, compiled by uv from pyproject.toml (and requirements/*.in) for Linux x86-64 with glibc 2.31 or newer, with
+# every file's hash. cpu.lock: the CPU stack, extras cpu, postgres, test, docs and dev, torch's CPU build found in
+# TORCH_WHEELS, the packages requirements/cpu-excludes.txt names left out (it says why), Python 3.11.7 (the docs'
+# pymdown-extensions needs 3.11.5). gpu.lock: extras gpu and postgres (vLLM with its CUDA torch). uv.lock: the
+# installer. sdk-0.25.lock: the oldest SDK's venv. Pins already in a lock stay while they satisfy the inputs (uv's
+# preferences; UV_FLAGS="--upgrade-package NAME" moves one). LOCKS: the output folder (tests/unit/test_dependencies.py
+# compiles into a scratch one and compares).
 LOCKS ?= requirements
 UV_COMPILE = $(UV) pip compile -q --generate-hashes --custom-compile-command "make lock" \
   --python-platform x86_64-manylinux_2_31 $(UV_FLAGS)
