@@ -8,9 +8,11 @@ UV := $(VENV)/bin/uv
 # GPU=1 requirements/gpu.lock (vLLM with its CUDA torch, what deploy/anyscale/Containerfile installs).
 PROFILE := $(if $(GPU),gpu,cpu)
 STAMP := $(VENV)/.installed-$(PROFILE)
-# Where torch's CPU build is found: these machines ship it as a local wheel (pip's PIP_FIND_LINKS); elsewhere the
-# PyTorch CPU index's page of torch wheels. requirements/cpu.lock pins torch==2.13.0+cpu by hash.
-TORCH_WHEELS ?= $(or $(PIP_FIND_LINKS),https://download.pytorch.org/whl/cpu/torch/)
+# Where torch's CPU build is found: these machines ship it as a local wheel (pip's find-links, from PIP_FIND_LINKS or
+# pip's config); elsewhere the PyTorch CPU index's page of torch wheels. requirements/cpu.lock pins torch==2.13.0+cpu
+# by hash.
+TORCH_WHEELS ?= $(or $(PIP_FIND_LINKS),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null),\
+  https://download.pytorch.org/whl/cpu/torch/)
 TORCH_LINKS = $(addprefix --find-links ,$(TORCH_WHEELS))
 export RAY_AUTH_MODE ?= disabled
 export HF_HUB_OFFLINE := 1
