@@ -303,8 +303,8 @@ class BaseModelConfig(Strict):
     path: str = Field(description="local directory or Hugging Face id")
     embedded_preset: PresetName | None = Field(
         None,
-        description="build into `path` if missing (app.models.embedded.PRESETS); path's folder must be named after the "
-        "preset (models/tiny), so a real model's path with this line left in is refused",
+        description="build into `path` if missing (app.models.embedded.PRESETS), when path's folder is named after "
+        "the preset (models/tiny); with any other path (a real model swapped in) the line is ignored, with a warning",
     )
     trainer: WorkerGroupConfig = Field(
         WorkerGroupConfig(), description="policies, and critics unless critic_trainer is set"
@@ -321,17 +321,11 @@ class BaseModelConfig(Strict):
     )
     sampler: SamplerConfig = Field(SamplerConfig(), description="the vLLM Sampler deployment of this base model")
 
-    @model_validator(mode="after")
-    def _embedded_model_goes_to_its_own_folder(self) -> BaseModelConfig:
-        """An embedded preset is built into a folder named after it (models/tiny), so that swapping `path` for a real
-        model while the preset line stays cannot serve random weights under the real model's name."""
-        if self.embedded_preset and Path(self.path).name != self.embedded_preset:
-            raise ValueError(
-                f"embedded_preset {self.embedded_preset!r} builds a random-weight model into path {self.path!r}, "
-                f"whose folder is not named {self.embedded_preset!r}: to serve the model at path, delete the "
-                f"embedded_preset line; to build the preset, give it a path ending in /{self.embedded_preset}"
-            )
-        return self
+    def builds_embedded(self) -> bool:
+        """Whether `embedded_preset` is built into `path`: only into a folder named after it (models/tiny). A real
+        model's path swapped in with the embedded config's preset line left there serves that model, never random
+        weights under its name (the builder says so)."""
+        return self.embedded_preset is not None and Path(self.path).name == self.embedded_preset
 
     @model_validator(mode="after")
     def _check_shared_gpu(self) -> BaseModelConfig:
@@ -500,7 +494,7 @@ class ServerConfig(Strict):
         """A copy with every local path made absolute (Ray Train workers change directory)."""
         state = str(Path(self.state_dir).resolve())
         models = [
-            m.model_copy(update={"path": str(Path(m.path).resolve()) if m.embedded_preset else _abs_if_local(m.path)})
+            m.model_copy(update={"path": str(Path(m.path).resolve()) if m.builds_embedded() else _abs_if_local(m.path)})
             for m in self.base_models
         ]
         storage = self.storage_uri

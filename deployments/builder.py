@@ -54,12 +54,21 @@ def _model_limits(config: ServerConfig) -> dict[str, dict[str, int | str]]:
 
 
 def _build_embedded_models(config: ServerConfig) -> None:
-    """Build each embedded preset into its path, unless it is there already."""
+    """Build each embedded preset into its path, unless it is there already (BaseModelConfig.builds_embedded)."""
     for base in config.base_models:
-        if base.embedded_preset:
+        if base.builds_embedded():
             started = time.monotonic()
-            build_embedded_model(base.embedded_preset, Path(base.path))
+            build_embedded_model(str(base.embedded_preset), Path(base.path))
             logger.info("base model %s: embedded model built or found in %.1f s", base.name, time.monotonic() - started)
+        elif base.embedded_preset:
+            logger.warning(
+                "base model %s: serving %s; embedded_preset %s is ignored (it builds only into a folder named %s): "
+                "delete the line",
+                base.name,
+                base.path,
+                base.embedded_preset,
+                base.embedded_preset,
+            )
 
 
 def _with_model_defaults(config: ServerConfig) -> ServerConfig:

@@ -42,13 +42,13 @@ def _no_env_keys(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(API_KEYS_ENV, raising=False)
 
 
-def test_a_real_models_path_with_the_embedded_preset_line_left_in_is_refused() -> None:
-    """The embedded config's `embedded_preset: tiny` kept while `path` names a real model would build the tiny random
-    model there and serve it under the real model's name."""
-    with pytest.raises(ValidationError, match="delete the embedded_preset line"):
-        ServerConfig(base_models=[{**TINY, "path": "Qwen/Qwen3-0.6B"}], auth=LOOPBACK)
-    assert ServerConfig(base_models=[{**TINY, "path": "/data/models/tiny"}], auth=LOOPBACK)
-    assert ServerConfig(base_models=[{"name": "q", "path": "Qwen/Qwen3-0.6B"}], auth=LOOPBACK)
+def test_a_real_models_path_with_the_embedded_preset_line_left_in_serves_that_model() -> None:
+    """The embedded config's `embedded_preset: tiny` kept while `path` names a real model must not build the tiny
+    random model there and serve it under the real model's name: the path is served as given."""
+    swapped = ServerConfig(base_models=[{**TINY, "path": "Qwen/Qwen3-0.6B"}], auth=LOOPBACK).resolved().base_models[0]
+    assert not swapped.builds_embedded() and swapped.path == "Qwen/Qwen3-0.6B"  # a Hub id, not a local folder
+    embedded = ServerConfig(base_models=[TINY], auth=LOOPBACK).resolved().base_models[0]
+    assert embedded.builds_embedded() and embedded.path == str(Path("models/tiny").resolve())
 
 
 def test_minimal_config_defaults() -> None:
@@ -106,7 +106,7 @@ def test_empty_base_models_rejected() -> None:
 
 def test_duplicate_names_rejected() -> None:
     with pytest.raises(ValidationError, match="unique"):
-        ServerConfig(base_models=[TINY, {**TINY, "path": "elsewhere/tiny"}], auth=LOOPBACK)
+        ServerConfig(base_models=[TINY, {**TINY, "path": "elsewhere"}], auth=LOOPBACK)
 
 
 @pytest.mark.parametrize(
