@@ -103,7 +103,7 @@ def _excluded() -> set[str]:
 def _uv() -> str:
     uv = Path(sys.executable).parent / "uv"
     if not uv.exists():
-        pytest.skip("uv (pinned by the dev extra and requirements/uv.lock) is not installed in this venv: make setup")
+        pytest.fail("uv (pinned by the dev extra and requirements/uv.lock) is not installed in this venv: make setup")
     return str(uv)
 
 
@@ -158,8 +158,7 @@ def test_the_locks_are_what_make_lock_compiles(tmp_path: Path) -> None:
     """Compiled again (the current pins as preferences), each lock pins the same versions: pyproject.toml and
     requirements/*.in did not change without `make lock`."""
     uv = _uv()
-    if shutil.which("make") is None:
-        pytest.skip("make is not installed")
+    assert shutil.which("make"), "make is not installed"
     locks = sorted(REQUIREMENTS.glob("*.lock"))
     for lock in locks:
         shutil.copy(lock, tmp_path / lock.name)
