@@ -118,7 +118,7 @@ class QueueDepths:
         self._trainer = trainer
         self._models = models
         self._waiting: dict[str, int] = {}  # models with operations waiting
-        self._shown: dict[str, int] = {}  # what each label value's series was last set to
+        self._shown: set[str] = set()  # the label values whose series were set so far
 
     def set(self, model_id: str, waiting: int) -> None:
         """`model_id` has `waiting` operations waiting now (0 when it has none or is gone)."""
@@ -130,10 +130,9 @@ class QueueDepths:
         for model, count in self._waiting.items():
             totals[self._models(model)] += count
         gauge = server_metrics().queue_depth
-        for label, total in totals.items():
-            if self._shown.get(label) != total:
-                gauge.set(total, tags={"trainer": self._trainer, "model_id": label})
-                self._shown[label] = total
+        for label, total in totals.items():  # each time, unchanged ones too: Ray's exporter drops a stale gauge
+            gauge.set(total, tags={"trainer": self._trainer, "model_id": label})
+            self._shown.add(label)
 
 
 @cache

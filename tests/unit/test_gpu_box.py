@@ -12,8 +12,8 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -158,61 +158,53 @@ def _reservations(config: ServerConfig) -> list[dict[str, float]]:
     return [bundle for bundle in bundles if bundle]
 
 
-@pytest.fixture(scope="module")
-def one_gpu_node() -> Iterator[None]:
-    import ray
-
-    temp_dir = tempfile.mkdtemp(prefix="tsgpu-", dir="/tmp")  # short: Ray's socket paths have a length limit
-    ray.init(
-        address="local",  # a node of its own, never a cluster another process started
-        num_cpus=4,
-        num_gpus=1,
-        include_dashboard=False,
-        logging_level="WARNING",
-        _temp_dir=temp_dir,
-    )
-    try:
-        yield
-    finally:
-        ray.shutdown()
-        shutil.rmtree(temp_dir, ignore_errors=True)
-
-
-def _fits(bundles: list[dict[str, float]], timeout_s: float) -> bool:
-    """Whether Ray reserves all of `bundles` together on one node within `timeout_s`."""
-    import ray
-    from ray.util.placement_group import placement_group, remove_placement_group
-
+# Run in a process of its own: the suite's own Ray (the integration tests' shared instance) may already be connected
+# here, and it declares no GPU. Its output's last line: whether each set of bundles was reserved together in time.
+PLACE = """
+import json, sys, tempfile, ray
+from ray.util.placement_group import placement_group, remove_placement_group
+cases = json.loads(sys.argv[1])
+ray.init(address="local", num_cpus=4, num_gpus=1, include_dashboard=False, logging_level="WARNING",
+         _temp_dir=tempfile.mkdtemp(prefix="tsgpu-", dir="/tmp"))  # short: Ray's socket paths have a length limit
+placed = []
+for bundles, timeout_s in cases:
     pg = placement_group(bundles, strategy="STRICT_PACK")
     try:
         ray.get(pg.ready(), timeout=timeout_s)
+        placed.append(True)
     except ray.exceptions.GetTimeoutError:
-        return False
-    finally:
-        remove_placement_group(pg)
-    return True
+        placed.append(False)
+    remove_placement_group(pg)
+ray.shutdown()
+print(json.dumps(placed))
+"""
+
+
+def _placed_on_a_one_gpu_node(cases: list[tuple[list[dict[str, float]], float]]) -> list[bool]:
+    """For each (bundles, timeout_s), whether a fresh Ray node with 4 CPUs and one GPU reserves all of the bundles
+    together (STRICT_PACK) within timeout_s, one after the other."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    done = subprocess.run(
+        [sys.executable, "-c", PLACE, json.dumps(cases)], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _one_gpu_config() -> ServerConfig:
     return _with_model_defaults(ServerConfig.model_validate(_args(ONE_GPU_PROFILE.read_text())).resolved())
 
 
-@pytest.mark.usefixtures("one_gpu_node")
-def test_the_one_gpu_profile_is_placed_on_a_one_gpu_node() -> None:
-    bundles = _reservations(_one_gpu_config())
-    assert sorted(b.get("GPU", 0) for b in bundles if "GPU" in b) == [0.5, 0.5]  # the trainer's rank, the sampler
-    assert _fits(bundles, timeout_s=60)
-
-
-@pytest.mark.usefixtures("one_gpu_node")
-def test_shares_summing_above_one_gpu_are_not_placed() -> None:
+def test_the_one_gpu_profile_is_placed_on_a_one_gpu_node_and_more_than_one_gpu_is_not() -> None:
     config = _one_gpu_config()
+    bundles = _reservations(config)
+    assert sorted(b.get("GPU", 0) for b in bundles if "GPU" in b) == [0.5, 0.5]  # the trainer's rank, the sampler
     (base,) = config.base_models
     greedy = base.model_copy(update={"sampler": base.sampler.model_copy(update={"num_gpus": 0.6})})
-    bundles = _reservations(config.model_copy(update={"base_models": [greedy]}))
-    assert sum(b.get("GPU", 0) for b in bundles) == pytest.approx(1.1)
-    assert not _fits(bundles, timeout_s=3)
-    assert _fits(_reservations(config), timeout_s=60)  # and what was refused was the excess, not the node
+    too_much = _reservations(config.model_copy(update={"base_models": [greedy]}))
+    assert sum(b.get("GPU", 0) for b in too_much) == pytest.approx(1.1)
+    # the profile fits; 1.1 GPUs do not; and what was refused was the excess, not the node
+    assert _placed_on_a_one_gpu_node([(bundles, 60), (too_much, 3), (bundles, 60)]) == [True, False, True]
 
 
 # --- make serve -------------------------------------------------------------------------------------------------
