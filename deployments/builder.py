@@ -85,23 +85,32 @@ def _with_model_defaults(config: ServerConfig) -> ServerConfig:
                     logger.info("base model %s, %s: %s", base.name, field, "; ".join(reasons))
         if base.sampler.kv_cache_mib == "auto" and not base.sampler.num_gpus:  # on GPUs: gpu_memory_utilization
             shape = model_shape(base.path)
-            context = min(base.max_context_length or shape.context_length, shape.context_length)
-            dtype_bytes = DTYPE_BYTES.get(base.sampler_dtype(), 4)
-            mib, reason = kv_budget.auto_kv_cache_mib(shape, context, dtype_bytes, kv_budget.machine_memory_bytes())
+            memory = kv_budget.machine_memory_bytes()
+            mib, reason = kv_budget.auto_kv_cache_mib(shape, _model_context(base, shape), _kv_dtype_bytes(base), memory)
             updates["sampler"] = base.sampler.model_copy(update={"kv_cache_mib": mib})
             logger.info("base model %s, sampler: %s", base.name, reason)
         bases.append(base.model_copy(update=updates))
     return config.model_copy(update={"base_models": bases})
 
 
+def _model_context(base: BaseModelConfig, shape: ModelShape) -> int:
+    """The model's context (its positions, or what its RoPE scaling gives), capped by the configured one if set."""
+    return min(base.max_context_length or shape.context_length, shape.context_length)
+
+
+def _kv_dtype_bytes(base: BaseModelConfig) -> int:
+    """The bytes of one key or value in the Sampler's KV cache (its dtype's)."""
+    return DTYPE_BYTES.get(base.sampler_dtype(), 4)
+
+
 def _context_length(base: BaseModelConfig, shape: ModelShape) -> int:
     """max_context_length: the model's context (its positions, or what its RoPE scaling gives), capped by the
     configured one if set and, on CPU samplers, by what one KV cache holds (vLLM refuses to start a context it cannot
     hold once)."""
-    context = min(base.max_context_length or shape.context_length, shape.context_length)
+    context = _model_context(base, shape)
     if base.sampler.num_gpus > 0:
         return context
-    held = shape.kv_cache_tokens(base.sampler.kv_cache_bytes(), DTYPE_BYTES.get(base.sampler_dtype(), 4))
+    held = shape.kv_cache_tokens(base.sampler.kv_cache_bytes(), _kv_dtype_bytes(base))
     if held is not None and held < context:
         logger.warning(
             "base model %s: its context is %d tokens, not %d: sampler.kv_cache_mib %d holds %d tokens of it; "

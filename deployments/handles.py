@@ -112,15 +112,20 @@ class HandleCalls:
             self.in_flight[name] -= 1
         self._futures.notify(request_id)
 
-    async def ready(self) -> dict[str, bool]:
-        async def ping(handle: DeploymentHandle) -> bool:
+    async def ask_each(self, method: str, unanswered: Any) -> dict[str, Any]:
+        """Each handle's answer to `method` (no arguments) within 5 s, or `unanswered` where it gives none."""
+
+        async def ask(handle: DeploymentHandle) -> Any:
             try:
-                return await asyncio.wait_for(handle.ping.remote(), 5)
-            except Exception:  # noqa: BLE001 - not ready is the answer
-                return False
+                return await asyncio.wait_for(getattr(handle, method).remote(), 5)
+            except Exception:  # noqa: BLE001 - no answer (starting, gone, or refusing) is the answer
+                return unanswered
 
         names = list(self.handles)
-        return dict(zip(names, await asyncio.gather(*(ping(self.handles[n]) for n in names))))
+        return dict(zip(names, await asyncio.gather(*(ask(self.handles[n]) for n in names))))
+
+    async def ready(self) -> dict[str, bool]:
+        return await self.ask_each("ping", False)
 
 
 class ServeTrainerClient(TrainerClient):
@@ -204,15 +209,8 @@ class ServeSamplerClient(SamplerClient):
         return await self._calls.ready()
 
     async def start_failures(self) -> dict[str, str]:
-        async def failure(handle: DeploymentHandle) -> str | None:
-            try:
-                return await asyncio.wait_for(handle.start_failure.remote(), 5)
-            except Exception:  # noqa: BLE001 - still starting, or gone: not a failure to report
-                return None
-
-        names = list(self._calls.handles)
-        found = await asyncio.gather(*(failure(self._calls.handles[n]) for n in names))
-        return {name: reason for name, reason in zip(names, found) if reason}
+        reasons = await self._calls.ask_each("start_failure", None)  # None: started, still starting, or gone
+        return {name: reason for name, reason in reasons.items() if reason}
 
     def in_flight(self) -> dict[str, int]:
         return {name: self._calls.in_flight[name] + self._admitted[name] for name in self._calls.handles}

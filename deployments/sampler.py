@@ -195,5 +195,6 @@ class Sampler:
 
     def __del__(self) -> None:
         """Serve calls this on replica shutdown: stop vLLM's engine process with it."""
-        if getattr(self, "_failure", True) is None:
-            self._engine.shutdown()
+        engine = getattr(self, "_engine", None)  # none where the constructor failed before or while starting it
+        if engine is not None:
+            engine.shutdown()
