@@ -123,17 +123,20 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--tiny", action="store_true", help="tiny shapes and 2 x 32 tokens (a smoke test)")
     parser.add_argument("--lineup", action="store_true", help="the lineup's shapes (LINEUP), 8 x 2048 tokens")
+    parser.add_argument("--max-layers", type=int, default=None, help="cut each shape to this many layers")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     datums, length = (2, 32) if args.tiny else (8, 2048) if args.lineup else (8, 1024)
     results = []
     for family, shape in (LINEUP if args.lineup else FAMILIES).items():
         shape = shape | (TINY if args.tiny else {})
+        if args.max_layers:
+            shape = shape | {"num_hidden_layers": min(shape["num_hidden_layers"], args.max_layers)}
         results.append(run(family, shape, args.device, args.steps, datums, length))
         print(json.dumps(results[-1]), flush=True)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "gpu_families.json").write_text(json.dumps(results, indent=2))
+        if args.out:  # after each family: a run stopped at its time limit keeps what it measured
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "gpu_families.json").write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ app.ranks.command_loop sets up a rank: activation checkpointing, micro-batches o
 sharded with FSDP2 over a one-rank NCCL group (world size 1) unless --no-fsdp.
 
     python bench/gpu_scale.py [--parts dtype,peft,fsdp,small] [--steps 3] [--out DIR]
+    python bench/gpu_scale.py --parts long [--long-shapes 1x32768,1x65536] [--long-small-shapes 1x131072]
     python bench/gpu_scale.py --tiny --device cpu     # a smoke test of the script
 
 Variants of our engine: a bf16 base, a bf16 base with autocast (LoRA matmuls in bf16: trainer.autocast), a float32
@@ -58,6 +59,21 @@ QWEN3_8B: dict[str, Any] = {  # Qwen/Qwen3-8B's config.json
 }
 TINY8B = dict(QWEN3_8B, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, head_dim=16, vocab_size=1000)  # fmt: skip
+QWEN3_06B: dict[str, Any] = {  # Qwen/Qwen3-0.6B's config.json
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+}
+TINY06B = dict(QWEN3_06B, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, head_dim=16, vocab_size=1000)  # fmt: skip
 TINY05B = dict(QWEN25_05B, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                num_key_value_heads=2, vocab_size=1000)  # fmt: skip
 MICRO_BATCH_TOKENS = 16384
@@ -255,6 +271,8 @@ def main() -> None:
     parser.add_argument("--parts", default="dtype,peft,fsdp,small")
     parser.add_argument("--shapes", default="16x2048,1x32768")
     parser.add_argument("--small-shapes", default="16x512")
+    parser.add_argument("--long-shapes", default="1x32768,1x65536", help="part long: the 8B model's datums")
+    parser.add_argument("--long-small-shapes", default="1x65536,1x131072", help="part long: the 0.6B model's")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--probe-tokens", type=int, default=2048, help="the datum logprobs are compared on")
     parser.add_argument("--warmup", type=int, default=1)
@@ -280,6 +298,10 @@ def main() -> None:
     if "passes" in parts:  # what the step's pass size and checkpointing do to MFU (autocast on)
         for checkpointing, pass_tokens in ((True, 32768), (False, 4096), (False, 8192)):
             bench.run(bench.ours, "8b", big, "bf16 + autocast", shapes[:1], True, checkpointing, pass_tokens)
+    if "long" in parts:  # one long datum whole on one rank, the default engine (bf16, checkpointing) with autocast
+        long_small = Qwen3Config(**(TINY06B if args.tiny else QWEN3_06B))
+        bench.run(bench.ours, "8b", big, "bf16 + autocast", args.long_shapes.split(","))
+        bench.run(bench.ours, "0.6b", long_small, "bf16 + autocast", args.long_small_shapes.split(","))
     if "small" in parts:
         bench.run(bench.ours, "0.5b", small, "float32", small_shapes, fsdp=False, checkpointing=False)
         for variant in ("bf16", "bf16 + autocast"):

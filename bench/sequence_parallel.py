@@ -44,18 +44,40 @@ def _gib(field: str) -> float:
     raise KeyError(field)
 
 
-def one_step(rank: int, world: int, *, path: str, setting: int, tokens: int, dtype: str) -> dict[str, float]:
-    """A rank's side of one forward_backward of one `tokens`-token datum."""
-    base = load_sharded_base(path, getattr(torch, dtype))
+def one_step(
+    rank: int, world: int, *, path: str, setting: int, tokens: int, dtype: str, device: str = "cpu"
+) -> dict[str, float]:
+    """A rank's side of one forward_backward of one `tokens`-token datum (on `cuda`: every rank on the one GPU, its
+    collectives over gloo, and the rank's peak the CUDA allocator's)."""
+    base = load_sharded_base(path, getattr(torch, dtype), device)
     recompute_activations(base)
     engine = TrainingEngine(
-        base, rank=rank, world_size=world, sharded=True, sequence_parallel=setting, sequence_parallel_min_tokens=1024
+        base,
+        device=device,
+        rank=rank,
+        world_size=world,
+        sharded=True,
+        sequence_parallel=setting,
+        sequence_parallel_min_tokens=1024,
     )
     engine.create_model("m", AdapterSpec(rank=8, seed=0))
     ids = np.random.default_rng(0).integers(3, 2000, tokens)
     inputs = {"target_tokens": np.roll(ids, -1), "weights": np.ones(tokens, np.float32)}
     batch = PackedBatch(ids, np.array([0, tokens]), inputs)
     gc.collect()
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated() / 2**30
+        started = time.monotonic()
+        engine.forward_backward("m", "cross_entropy", {}, batch, False)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() / 2**30
+        return {
+            "s": round(time.monotonic() - started, 1),
+            "rss_gib": round(before, 2),
+            "growth_gib": round(peak - before, 2),
+        }
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
     before = _gib("VmRSS")
     started = time.monotonic()
@@ -74,6 +96,7 @@ def main() -> None:
     parser.add_argument("--settings", default="1,2")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="cuda: every rank on the one GPU (memory per rank)")
     add_allocator_option(parser)
     args = parser.parse_args()
     use_allocator(args.allocator)
@@ -89,6 +112,7 @@ def main() -> None:
                 setting=setting,
                 tokens=tokens,
                 dtype=args.dtype,
+                device=args.device,
             )
             results[f"{tokens} tokens, sequence_parallel {setting}"] = ranks
             print(f"{tokens} tokens, sequence_parallel {setting}: {ranks}", flush=True)
