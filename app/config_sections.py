@@ -50,6 +50,13 @@ class LimitsConfig(Strict):
     max_user_metadata_bytes: int = Field(
         16384, ge=2, description="a checkpoint's user_metadata (and a session's tags, user_metadata), as JSON"
     )
+    max_listing_metadata_bytes: int = Field(
+        2**20,
+        ge=1024,
+        description="the user_metadata of one page of GET /training_runs or GET /checkpoints, as JSON, shared "
+        "equally by its items: an item's beyond its share is cut (user_metadata_truncated: true); a smaller page "
+        "shows it whole",
+    )
     max_usage_window_hours: int = Field(
         14 * 24, ge=1, description="billing/usage/events: the widest window asked for at once"
     )
@@ -190,6 +197,12 @@ class RetentionConfig(Strict):
         description="another user's published checkpoint read by one user for one purpose is audited once this "
         "often, per ingress replica",
     )
+    metadata_retention_seconds: float = Field(
+        30 * 86400.0,
+        ge=60,
+        description="a finished session's tags and user_metadata, and an unloaded run's user_metadata, are removed "
+        "this long after they were created; until then they count against quotas.max_*_per_user",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> RetentionConfig:
@@ -212,6 +225,19 @@ class UserQuotas(Strict):
     )
     max_pending_bytes_per_user: int | None = Field(
         None, ge=1, description="quotas.max_pending_bytes_per_user, for this user"
+    )
+    max_sessions_per_user: int | None = Field(None, ge=1, description="quotas.max_sessions_per_user, for this user")
+    max_training_runs_per_user: int | None = Field(
+        None, ge=1, description="quotas.max_training_runs_per_user, for this user"
+    )
+    max_metadata_bytes_per_user: int | None = Field(
+        None, ge=2, description="quotas.max_metadata_bytes_per_user, for this user"
+    )
+    max_ephemeral_samplers_per_user: int | None = Field(
+        None, ge=1, description="quotas.max_ephemeral_samplers_per_user, for this user"
+    )
+    max_stability_record_bytes_per_user: int | None = Field(
+        None, ge=1, description="quotas.max_stability_record_bytes_per_user, for this user"
     )
     max_long_polls_per_user: int | None = Field(None, ge=1, description="quotas.max_long_polls_per_user, for this user")
     sample_tokens_per_minute_per_user: int | None = Field(
@@ -256,6 +282,36 @@ class QuotasConfig(Strict):
     )
     max_pending_samples: int = Field(
         512, ge=1, description="samples queued per base model and ingress replica; beyond it asample gets 429"
+    )
+    max_sessions_per_user: int = Field(
+        10_000,
+        ge=1,
+        description="sessions kept: open, or created within retention.metadata_retention_seconds; create_session "
+        "beyond it is refused",
+    )
+    max_training_runs_per_user: int = Field(
+        10_000,
+        ge=1,
+        description="training runs kept: live, or created within retention.metadata_retention_seconds; a new model "
+        "beyond it is refused",
+    )
+    max_metadata_bytes_per_user: int = Field(
+        16 * 2**20,
+        ge=2,
+        description="tags and user_metadata (as JSON) kept by the user's sessions and runs; a session or model "
+        "whose metadata goes beyond it is refused",
+    )
+    max_ephemeral_samplers_per_user: int = Field(
+        256,
+        ge=1,
+        description="live ephemeral samplers (save_weights_and_get_sampling_client); they expire after "
+        "retention.ephemeral_sampler_ttl_seconds unused",
+    )
+    max_stability_record_bytes_per_user: int = Field(
+        2**30,
+        ge=1,
+        description="bytes of live stability records (per sequence: 4 a prompt token, 8 a sampled token); a "
+        "recording asample that could go beyond it is refused",
     )
     users: dict[str, UserQuotas] = Field(
         {},

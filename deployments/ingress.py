@@ -15,7 +15,7 @@ from app.api.handover import hand_over_again
 from app.api.main import create_api
 from app.api.openapi import install as install_openapi
 from app.api.rates import RateLimiter
-from app.api.retention import remove_expired_checkpoints
+from app.api.retention import prune_old_metadata, remove_expired_checkpoints
 from app.api.sessions import expire_silent_sessions
 from app.api.tokens import TokenSigner
 from app.config import ServerConfig, redacted
@@ -158,6 +158,11 @@ class Ingress:
                     "expired checkpoints",
                     lambda: remove_expired_checkpoints(services),
                     retention.checkpoint_sweep_seconds,
+                ),
+                sweep_forever(
+                    "metadata past retention.metadata_retention_seconds",
+                    lambda: prune_old_metadata(services),
+                    min(3600.0, retention.metadata_retention_seconds / 4),
                 ),
                 sweep_forever(
                     "expired stability records",

@@ -13,6 +13,7 @@ from app.api.deps import Services, ServicesDep, UserDep, check_metadata_size
 from app.api.models import optimizer_of, register_model
 from app.api.quotas import check_checkpoint_bytes
 from app.api.training import sequenced
+from app.api.user_caps import check_ephemeral_room
 from app.config import LimitsConfig, RetentionConfig
 from app.db.checkpoints import CheckpointRecord, already_exists
 from app.db.metadata import TrainingRun
@@ -114,6 +115,8 @@ async def save_weights_for_sampler(
         if body.sampling_session_seq_id is None:
             raise UserError("send a path (a name) or a sampling_session_seq_id", field="sampling_session_seq_id")
         sampler_id = sampling_session_id_for(run.session_id, body.sampling_session_seq_id)
+        await check_checkpoint_bytes(services, user, field="sampling_session_seq_id")
+        await check_ephemeral_room(services, user, sampler_id)
         location = f"ephemeral/{sampler_id}"
         await services.sampler_store.create(
             SamplingSession(

@@ -12,6 +12,7 @@ from fastapi import APIRouter
 from app.api.deps import Services, ServicesDep, UserDep
 from app.api.quotas import check_live_models
 from app.api.sessions import unload
+from app.api.user_caps import check_run_room
 from app.config import ROLES, BaseModelConfig
 from app.db.metadata import TrainingRun, model_id_for
 from app.db.outcomes import Pending
@@ -112,6 +113,7 @@ async def register_model(
     await services.session(session_id, user)
     model_id = model_id_for(session_id, model_seq_id)
     await check_live_models(services, user, model_id)
+    await check_run_room(services, user, model_id, user_metadata or {})
     request_id, created = await services.futures.create(kind, model_id, 0)
     handed_over = created or isinstance(await services.futures.get(request_id), Pending)
     if handed_over:

@@ -16,6 +16,7 @@ from fastapi import APIRouter, Query, Request
 from app.api.checkpoints import checkpoint_expiry
 from app.api.deps import OffsetQuery, Services, ServicesDep, UserDep
 from app.api.downloads import signed_urls
+from app.api.listing import listed_metadata, metadata_share
 from app.api.retention import remove_checkpoint
 from app.db.metadata import TrainingRun
 from app.errors import NotFound, ServerError, UserError
@@ -52,14 +53,20 @@ def _run_view(run: TrainingRun, owner: str) -> dict:
     }
 
 
+def _listed_run(run: TrainingRun, owner: str, share: int) -> dict:
+    view = _run_view(run, owner)
+    return {**view, **listed_metadata(view["user_metadata"], share)}
+
+
 @router.get("/training_runs")
 async def training_runs(
     services: ServicesDep, user: UserDep, limit: int = Query(20, ge=1, le=1000), offset: OffsetQuery = 0
 ) -> dict:
-    """The caller's runs, newest first."""
+    """The caller's runs, newest first; their user_metadata bounded per page (app.api.listing)."""
     runs, total = await services.metadata.list_training_runs(limit, offset, owner=user)
+    share = metadata_share(services.config.limits.max_listing_metadata_bytes, runs)
     return {
-        "training_runs": [_run_view(r, user) for r in runs],
+        "training_runs": [_listed_run(r, user, share) for r in runs],
         "cursor": {"offset": offset, "limit": limit, "total_count": total},
     }
 
@@ -101,8 +108,9 @@ async def user_checkpoints(
 ) -> dict:
     """The caller's live checkpoints and every user's published ones (`public: true`), newest first."""
     found, total = await services.checkpoints.page(limit, offset, readable_by=user)
+    share = metadata_share(services.config.limits.max_listing_metadata_bytes, found)
     return {
-        "checkpoints": [c.to_json() for c in found],
+        "checkpoints": [{**c.to_json(), **listed_metadata(c.user_metadata, share)} for c in found],
         "cursor": {"offset": offset, "limit": limit, "total_count": total},
     }
 

@@ -1,5 +1,6 @@
 """Removing checkpoints, when deleted and when expired: the row goes first (the checkpoint vanishes at once),
-then its files. Every ingress replica sweeps; only the one that removes a row removes its files."""
+then its files. Every ingress replica sweeps; only the one that removes a row removes its files. Old metadata:
+finished sessions' and unloaded runs' tags and user_metadata go after retention.metadata_retention_seconds."""
 
 from __future__ import annotations
 
@@ -25,3 +26,9 @@ async def remove_expired_checkpoints(services: Services) -> int:
     for path in await services.checkpoints.expired(time.time()):
         removed += await remove_checkpoint(services, path)
     return removed
+
+
+async def prune_old_metadata(services: Services) -> int:
+    """Remove the tags and user_metadata of finished sessions and unloaded runs older than
+    retention.metadata_retention_seconds; returns how many rows lost theirs."""
+    return await services.metadata.prune_metadata(time.time() - services.config.retention.metadata_retention_seconds)

@@ -9,6 +9,7 @@ from fastapi import APIRouter
 
 from app.api.deps import Services, ServicesDep, UserDep
 from app.api.quotas import check_sample_tokens
+from app.api.user_caps import check_stability_room, stability_record_bytes
 from app.db.sampling_sessions import SamplingSession, sampling_session_id_for
 from app.db.stability import sequence_ids
 from app.errors import LimitExceeded, Overloaded, UserError
@@ -105,6 +106,8 @@ async def asample(body: SampleRequest, services: ServicesDep, user: UserDep) -> 
     check_sample_tokens(services, user, args.num_samples * args.max_tokens)
     if body.record_stability_info:
         await _check_record_room(services, session.session_id, args.num_samples)
+        nbytes = stability_record_bytes(len(args.prompt), args.max_tokens, args.num_samples)
+        await check_stability_room(services, user, nbytes)
         args = replace(args, record_for_session=session.session_id)
     limit = services.config.quotas.max_pending_samples
     if not services.samplers.admit(session.base_model, limit):

@@ -6,6 +6,7 @@ from fastapi import APIRouter, Body
 
 from app.api.deps import ServicesDep, UserDep, check_metadata_size
 from app.api.sessions import unload_session_models
+from app.api.user_caps import check_session_room
 from app.errors import Gone
 from app.protocol.wire import CreateSessionRequest, FinishSessionRequest, SessionHeartbeatRequest
 
@@ -48,6 +49,7 @@ async def capabilities(services: ServicesDep) -> dict:
 async def create_session(body: CreateSessionRequest, services: ServicesDep, user: UserDep) -> dict:
     check_metadata_size(services.config.limits, "tags", body.tags)
     check_metadata_size(services.config.limits, "user_metadata", body.user_metadata or {})
+    await check_session_room(services, user, body.tags, body.user_metadata or {})
     session_id = await services.metadata.create_session(
         body.sdk_version, body.tags, body.user_metadata or {}, body.project_id, body.display_name, owner=user
     )

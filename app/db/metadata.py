@@ -7,12 +7,12 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Row, func, insert, select, update
+from sqlalchemy import ColumnElement, Row, Text, cast, func, insert, null, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.owners import session_ids_of
-from app.db.schema import session_labels, sessions, training_runs
+from app.db.schema import sampling_sessions, session_labels, sessions, training_runs
 from app.errors import NotFound, UserError
 
 
@@ -43,6 +43,20 @@ def _run_from_row(row: Row[Any]) -> TrainingRun:
         created_at=row.created_at,
         unloaded=bool(row.unloaded),
     )
+
+
+@dataclass(frozen=True)
+class Kept:
+    """What a user's sessions and runs keep, for their quotas (app.api.user_caps)."""
+
+    sessions: int  # open, or created since the metadata retention cut-off
+    runs: int  # live, or created since the cut-off
+    metadata_bytes: int  # tags and user_metadata as JSON, of every session and run not pruned
+
+
+def _json_bytes(column: ColumnElement) -> ColumnElement:
+    """A JSON column's stored size (its JSON text, ASCII: characters are bytes); 0 when null (pruned)."""
+    return func.coalesce(func.length(cast(column, Text)), 0)
 
 
 def session_not_found(session_id: str) -> NotFound:
@@ -202,3 +216,56 @@ class MetadataStore:
     async def mark_unloaded(self, model_id: str) -> None:
         async with self._db.begin() as conn:
             await conn.execute(update(training_runs).where(training_runs.c.model_id == model_id).values(unloaded=1))
+
+    async def kept_by(self, user: str, kept_since: float, besides: str | None = None) -> Kept:
+        """What `user`'s own sessions and runs keep: open sessions and live runs, and those created since
+        `kept_since`; `besides`: a model being created again by a retry, not counted."""
+        own = select(sessions.c.session_id).where(sessions.c.owner == user)
+        runs: ColumnElement[bool] = training_runs.c.session_id.in_(own)
+        if besides is not None:
+            runs = runs & (training_runs.c.model_id != besides)
+        kept_sessions = (sessions.c.finished_reason.is_(None)) | (sessions.c.created_at >= kept_since)
+        kept_runs = (training_runs.c.unloaded == 0) | (training_runs.c.created_at >= kept_since)
+        session_query = select(
+            func.count().filter(kept_sessions),
+            func.coalesce(func.sum(_json_bytes(sessions.c.tags) + _json_bytes(sessions.c.user_metadata)), 0),
+        ).where(sessions.c.owner == user)
+        run_query = select(
+            func.count().filter(kept_runs), func.coalesce(func.sum(_json_bytes(training_runs.c.user_metadata)), 0)
+        ).where(runs)
+        async with self._db.connect() as conn:
+            session_count, session_bytes = (await conn.execute(session_query)).one()
+            run_count, run_bytes = (await conn.execute(run_query)).one()
+        return Kept(int(session_count), int(run_count), int(session_bytes) + int(run_bytes))
+
+    async def ephemeral_samplers_of(self, user: str, besides: str) -> int:
+        """`user`'s live ephemeral samplers, not counting `besides` (one being saved again by a retry)."""
+        own = select(sessions.c.session_id).where(sessions.c.owner == user)
+        query = select(func.count()).where(
+            sampling_sessions.c.session_id.in_(own),
+            sampling_sessions.c.ephemeral == 1,
+            sampling_sessions.c.sampling_session_id != besides,
+        )
+        async with self._db.connect() as conn:
+            return int((await conn.execute(query)).scalar_one())
+
+    async def prune_metadata(self, created_before: float) -> int:
+        """Remove the tags and user_metadata of finished sessions and unloaded runs created before
+        `created_before` (their rows stay: checkpoints and history belong to them); returns how many rows."""
+        kept = (sessions.c.tags.is_not(None)) | (sessions.c.user_metadata.is_not(None))
+        async with self._db.begin() as conn:
+            pruned_sessions = await conn.execute(
+                update(sessions)
+                .where(sessions.c.finished_reason.is_not(None), sessions.c.created_at < created_before, kept)
+                .values(tags=null(), user_metadata=null())
+            )
+            pruned_runs = await conn.execute(
+                update(training_runs)
+                .where(
+                    training_runs.c.unloaded == 1,
+                    training_runs.c.created_at < created_before,
+                    training_runs.c.user_metadata.is_not(None),
+                )
+                .values(user_metadata=null())
+            )
+        return (pruned_sessions.rowcount or 0) + (pruned_runs.rowcount or 0)

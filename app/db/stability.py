@@ -3,7 +3,8 @@ stable_reinforce loss (the prompt, the sampled tokens, their sampler logprobs, a
 
 Records live in the metadata database, so every replica reads them and restarts keep them. They belong to the
 session that sampled them and expire once unused for `retention.stability_record_ttl_seconds`. A record costs
-8 bytes per sampled token (int32 token + float32 logprob) plus 4 per prompt token.
+8 bytes per sampled token (int32 token + float32 logprob) plus 4 per prompt token; a user's records together are
+bounded by quotas.max_stability_record_bytes_per_user (app.api.user_caps).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 from sqlalchemy import Row, delete, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db.schema import stability_records
+from app.db.schema import sessions, stability_records
 
 _IDS_PER_QUERY = 500  # a query's bound parameters stay well under SQLite's and PostgreSQL's limits
 
@@ -93,6 +94,18 @@ class StabilityStore:
         async with self._db.connect() as conn:
             query = select(func.count()).where(stability_records.c.session_id == session_id)
             return (await conn.execute(query)).scalar_one()
+
+    async def bytes_of(self, user: str) -> int:
+        """What `user`'s own sessions' live records hold, in bytes (their quota)."""
+        held = (
+            func.length(stability_records.c.prompt)
+            + func.length(stability_records.c.tokens)
+            + func.length(stability_records.c.logprobs)
+        )
+        own = select(sessions.c.session_id).where(sessions.c.owner == user)
+        query = select(func.coalesce(func.sum(held), 0)).where(stability_records.c.session_id.in_(own))
+        async with self._db.connect() as conn:
+            return int((await conn.execute(query)).scalar_one())
 
     async def expire(self, unused_since: float) -> int:
         """Delete every record unused since `unused_since`; returns how many."""
