@@ -6,7 +6,8 @@ same base model with the same LoRA config, or a new one made for the copy), else
 loaded on a trainer. The files are copied (off the event loop) to a new storage location before the row is written,
 so the copy is complete when visible and outlives its source. The SDK sends one X-Idempotency-Key across its
 retries: a retry answers the first copy's path (keys are per user). The source is the caller's checkpoint or a
-published one.
+published one. Its bytes are held against the caller's checkpoint-byte quota from the check until the copy's row
+counts (or the copy fails): concurrent copies cannot all pass one check.
 """
 
 from __future__ import annotations
@@ -19,10 +20,9 @@ from fastapi import APIRouter, Request
 
 from app.api.checkpoints import checkpoint_expiry
 from app.api.deps import Services, ServicesDep, UserDep
-from app.api.quotas import check_checkpoint_bytes
 from app.db.checkpoints import CheckpointRecord
 from app.db.metadata import TrainingRun, model_id_for
-from app.errors import NotFound, ServerError, UserError
+from app.errors import LimitExceeded, NotFound, ServerError, UserError
 from app.protocol.wire import CopyWeightsRequest
 from app.storage.paths import CheckpointPath
 
@@ -85,6 +85,20 @@ async def _copy(services: Services, source: CheckpointRecord, target: Checkpoint
     return target
 
 
+async def _fits(services: Services, user: str, nbytes: int, held: int) -> None:
+    """Refuse a copy of `nbytes` that does not fit `user`'s checkpoint-byte quota beside their live checkpoints and
+    the `held` bytes of their other copies under way on this replica."""
+    limit = services.config.quotas.for_user(user).max_checkpoint_bytes_per_user
+    used = await services.quotas.checkpoint_bytes(user) + held
+    if used + nbytes > limit:
+        raise LimitExceeded(
+            f"this copy holds {nbytes} bytes and your live checkpoints (with copies under way) {used}, over "
+            f"quotas.max_checkpoint_bytes_per_user={limit}: delete some (RestClient.delete_checkpoint) or let them "
+            "expire first",
+            field="source_path",
+        )
+
+
 def _collision(path: CheckpointPath) -> UserError:
     return UserError(
         f"{path.uri!r} already exists: the copy keeps its source's name; copy into another run "
@@ -112,13 +126,14 @@ async def copy_weights(body: CopyWeightsRequest, request: Request, services: Ser
         hint="copy training weights (save_state) or sampler weights (save_weights_for_sampler)",
     )
     expires_at = checkpoint_expiry(services.config.retention, body.ttl_seconds)
-    await check_checkpoint_bytes(services, user, field="source_path")
-    run = await _destination_run(services, body, source_run, user)
-    path = CheckpointPath(run.model_id, source.path.kind, source.path.name)
-    if await services.checkpoints.find(path) is not None:
-        raise _collision(path)
-    target = CheckpointRecord(path, path.new_location(), 0, 0.0, expires_at, False, dict(source.user_metadata))
-    copied = await _copy(services, source, target)
+    nbytes = source.size_bytes
+    async with services.copies.reserved(user, nbytes, lambda held: _fits(services, user, nbytes, held)):
+        run = await _destination_run(services, body, source_run, user)
+        path = CheckpointPath(run.model_id, source.path.kind, source.path.name)
+        if await services.checkpoints.find(path) is not None:
+            raise _collision(path)
+        target = CheckpointRecord(path, path.new_location(), 0, 0.0, expires_at, False, dict(source.user_metadata))
+        copied = await _copy(services, source, target)
     if key:
         await services.copies.remember(key, copied.path.uri)
     return {"tinker_path": copied.path.uri}

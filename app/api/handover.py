@@ -16,22 +16,22 @@ from app.request_log import log_request
 
 async def hand_over_again(services: Services, pending_s: float) -> int:
     """Hand over the journaled operations pending `pending_s` or longer that their trainers never received; returns
-    how many."""
+    how many. Only their ids are read until a trainer names the ones it lacks: only those are loaded."""
     pending = await services.journal.pending_since(time.time() - pending_s)
     handed = 0
     for model_id, group in itertools.groupby(pending, key=lambda entry: entry[0]):
-        ops = {seq_id: op for _, seq_id, op in group}
+        seq_ids = [seq_id for _, seq_id in group]
         try:
             run = await services.metadata.get_training_run(model_id)
         except TinkerServeError:  # its run is gone: nothing will run it
             continue
         user = await services.metadata.owner_of(run.session_id) or ""
         try:
-            missing = await services.trainers.missing(run.trainer, model_id, sorted(ops))
+            missing = await services.trainers.missing(run.trainer, model_id, seq_ids)
         except Exception:  # noqa: BLE001 - its trainer is away (a replica restarting): the next round asks again
             continue
-        for seq_id in missing:
-            op = ops[seq_id]
+        ops = await services.journal.ops(model_id, missing) if missing else {}
+        for seq_id, op in sorted(ops.items()):
             log_request(
                 "handed over again", op=operation(op).name(op), model_id=model_id, seq_id=seq_id,
                 tinker_request_id=op.request_id, trainer=run.trainer,

@@ -42,8 +42,9 @@ def check_sample_tokens(services: Services, user: str, tokens: int) -> None:
 
 async def check_pending_requests(services: Services, user: str, model_id: str, seq_id: int, nbytes: int = 0) -> None:
     """Room for one more of `user`'s training operations, holding `nbytes` (a forward_backward's batch) until it runs.
-    Past the limits, only an operation that comes before all of its model's pending ones is admitted: they wait
-    for it (the SDK sends a forward_backward's chunks out of order), so refusing it would stall them."""
+    Past the limits, only the seq_id the model's pending operations wait for is admitted (the SDK sends a
+    forward_backward's first chunk after the others): refusing it would stall them. Any other seq_id, also one
+    before every pending one (a count down from a far seq_id), is refused."""
     quotas = services.config.quotas.for_user(user)
     if nbytes > quotas.max_pending_bytes_per_user:
         raise LimitExceeded(
@@ -54,8 +55,7 @@ async def check_pending_requests(services: Services, user: str, model_id: str, s
     count, held = await services.quotas.pending(user)
     full = count >= quotas.max_pending_requests_per_user
     if full or held + nbytes > quotas.max_pending_bytes_per_user:
-        first = await services.quotas.first_pending_seq(model_id)
-        if first is not None and seq_id < first:
+        if seq_id == await services.quotas.awaited_seq(model_id):
             return
         limit = (
             f"{quotas.max_pending_requests_per_user} training operations pending (quotas.max_pending_requests_per_user)"

@@ -10,6 +10,7 @@ whole, and the journal keeps what follows that one (plus the creation, seq_id 0,
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -92,19 +93,28 @@ class JournalStore:
             for r in rows
         ]
 
-    async def pending_since(self, before: float) -> list[tuple[str, int, SequencedOp]]:
-        """(model_id, seq_id, op) of the operations journaled before `before` whose futures are still pending,
-        creations left out, in model and seq_id order."""
-        query = (
-            select(journal.c.model_id, journal.c.seq_id, journal.c.op)
-            .join(futures, futures.c.request_id == journal.c.request_id)
-            .where(futures.c.state == "pending", journal.c.seq_id > 0, journal.c.created_at < before)
+    async def pending_since(self, before: float) -> list[tuple[str, int]]:
+        """(model_id, seq_id) of the journaled operations whose futures, made before `before`, are still pending,
+        creations left out, in model and seq_id order: their ids only (`ops` reads the ones needed)."""
+        on_journal = (journal.c.model_id == futures.c.subject_id) & (journal.c.seq_id == futures.c.seq_id)
+        query = (  # futures and the journal's key only: no journal row is read (an op may be a large batch)
+            select(journal.c.model_id, journal.c.seq_id)
+            .join(futures, on_journal)
+            .where(futures.c.state == "pending", journal.c.seq_id > 0, futures.c.created_at < before)
             .order_by(journal.c.model_id, journal.c.seq_id)
         )
         async with self._db.connect() as conn:
+            return [(r.model_id, r.seq_id) for r in await conn.execute(query)]
+
+    async def ops(self, model_id: str, seq_ids: Collection[int]) -> dict[int, SequencedOp]:
+        """The model's journaled operations of these seq_ids (creations left out), decoded off the event loop."""
+        query = select(journal.c.seq_id, journal.c.op).where(
+            journal.c.model_id == model_id, journal.c.seq_id > 0, journal.c.seq_id.in_(seq_ids)
+        )
+        async with self._db.connect() as conn:
             rows = (await conn.execute(query)).all()
-        decoded = [(r.model_id, r.seq_id, journal_codec.decode(r.op)) for r in rows]
-        return [(model_id, seq_id, op) for model_id, seq_id, op in decoded if isinstance(op, SequencedOp)]
+        decoded = await asyncio.to_thread(lambda: [(r.seq_id, journal_codec.decode(r.op)) for r in rows])
+        return {seq_id: op for seq_id, op in decoded if isinstance(op, SequencedOp)}
 
     async def record_layout(self, model_id: str, seq_id: int, layout: PassLayout) -> None:
         """Record the mixed pass the operation ran in (before its future completes: a rebuild replays it so)."""

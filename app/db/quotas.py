@@ -35,12 +35,28 @@ class QuotaStore:
         async with self._db.connect() as conn:
             return int((await conn.execute(query)).scalar_one())
 
-    async def first_pending_seq(self, model_id: str) -> int | None:
-        """The lowest seq_id among the model's pending operations (None: none pending)."""
-        query = select(func.min(futures.c.seq_id)).where(futures.c.subject_id == model_id, futures.c.state == "pending")
+    async def awaited_seq(self, model_id: str) -> int | None:
+        """The seq_id the model's pending operations wait for and nobody sent yet: the first one without a future
+        after the last that completed before them (the trainer runs a model's operations in seq_id order). None when
+        none is awaited: nothing pending, or the first pending one is next."""
+        of_model = futures.c.subject_id == model_id
+        later = futures.alias("later")
         async with self._db.connect() as conn:
-            first = (await conn.execute(query)).scalar_one()
-        return None if first is None else int(first)
+            first = await conn.scalar(select(func.min(futures.c.seq_id)).where(of_model, futures.c.state == "pending"))
+            if first is None:
+                return None
+            done = select(func.max(futures.c.seq_id)).where(
+                of_model, futures.c.state == "completed", futures.c.seq_id < first
+            )
+            follows = (later.c.subject_id == model_id) & (later.c.seq_id == futures.c.seq_id + 1)
+            gap = select(func.min(futures.c.seq_id + 1)).where(
+                of_model,
+                futures.c.seq_id >= done.scalar_subquery(),
+                futures.c.seq_id + 1 < first,
+                ~select(later.c.seq_id).where(follows).exists(),
+            )
+            awaited = await conn.scalar(gap)
+        return None if awaited is None else int(awaited)
 
     async def pending(self, user: str) -> tuple[int, int]:
         """The user's training operations whose futures are still pending, and the bytes their journal rows hold

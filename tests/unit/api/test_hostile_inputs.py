@@ -133,13 +133,13 @@ def test_session_fields_stored_in_bounded_columns(api: InProcessApi) -> None:
 
 
 def test_copy_weights_checks_the_key_and_the_quota_before_copying(make_api: Callable[..., InProcessApi]) -> None:
-    api = make_api(max_checkpoint_bytes_per_user=100)
+    api = make_api(max_checkpoint_bytes_per_user=120)
     source = saved_checkpoint(api, "alice", size_bytes=60)
     body = {"source_path": source.uri}
     long_key = {"X-Idempotency-Key": "k" * 129}
     refused(api.post("/api/v1/copy_weights", body, headers=long_key), "x-idempotency-key")
     copied = api.post("/api/v1/copy_weights", body, headers={"X-Idempotency-Key": "k" * 128})
-    assert copied.status_code == 200, copied.text  # 60 bytes held: under the limit
-    over = api.post("/api/v1/copy_weights", body)  # 120 held: over it
+    assert copied.status_code == 200, copied.text  # 60 + 60 bytes: within the limit
+    over = api.post("/api/v1/copy_weights", body)  # 120 + 60: over it
     assert over.status_code == 400 and "quotas.max_checkpoint_bytes_per_user" in over.json()["error"], over.text
     assert api.run(api.services.quotas.checkpoint_bytes(api.user_id())) == 120
