@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field, replace
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Query, Request
 
@@ -33,6 +33,9 @@ from app.protocol.wire import INT64_MAX
 from app.storage.objects import ObjectStorage
 from app.storage.paths import KINDS, parse_tinker_path
 from app.training_data.validation import ModelLimits
+
+if TYPE_CHECKING:
+    from app.api.quotas import Admitting
 
 # what reading another user's published checkpoint was for, by the request field that named it
 _PURPOSES = {
@@ -83,6 +86,7 @@ class Services:
     url_signing_key: str  # signs download URLs; shared by every ingress replica (see app.db.settings)
     replicas: ReplicaCounts | None = None  # the deployments' replicas (server_status); None: not known here
     long_polls: dict[str, int] = field(default_factory=dict)  # user -> retrieve_future(s) waiting on this replica
+    admitting: dict[str, Admitting] = field(default_factory=dict)  # user -> operations being admitted (app.api.quotas)
     _runs: dict[str, TrainingRun] = field(default_factory=dict)
     _sampling_sessions: dict[str, SamplingSession] = field(default_factory=dict)
     _owners: dict[str, str | None] = field(default_factory=dict)  # session id -> owner (owners never change)

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from app.api.deps import Services, ServicesDep, UserDep
 from app.api.error_responses import validation_message
-from app.api.quotas import check_pending_requests
+from app.api.quotas import pending_admission
 from app.db.metadata import TrainingRun
 from app.db.outcomes import Pending
 from app.errors import ServerError, TinkerServeError, UserError
@@ -56,7 +56,20 @@ async def sequenced(
     step is idempotent: the journal keeps its first entry, usage is counted with the entry, and the trainer
     ignores an operation it already holds."""
     run = await services.training_run(model_id, user)
-    await check_pending_requests(services, user, model_id, seq_id, nbytes)
+    async with pending_admission(services, user, model_id, seq_id, nbytes):
+        return await _sequence(services, user, kind, model_id, seq_id, build_op, run)
+
+
+async def _sequence(
+    services: Services,
+    user: str,
+    kind: str,
+    model_id: str,
+    seq_id: int,
+    build_op: Callable[[str, TrainingRun], Awaitable[SequencedOp]],
+    run: TrainingRun,
+) -> dict:
+    """`sequenced`'s work once the operation is admitted: its future, journal row, usage and hand-over."""
     request_id, created = await services.futures.create(kind, model_id, seq_id)
     if not created and not isinstance(await services.futures.get(request_id), Pending):
         log_request("retried", op=kind, model_id=model_id, seq_id=seq_id, tinker_request_id=request_id)

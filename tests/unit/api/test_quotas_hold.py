@@ -134,3 +134,26 @@ def test_concurrent_copies_reserve_their_bytes(make_api: Callable[..., InProcess
         if answer.status_code == 400:
             assert "quotas.max_checkpoint_bytes_per_user=2500" in refused(answer, "source_path")["error"]
     assert api.run(api.services.quotas.checkpoint_bytes(api.user_id())) == 2000
+
+
+def test_a_concurrent_burst_is_held_to_the_pending_quota(make_api: Callable[..., InProcessApi]) -> None:
+    """Twenty optim_steps sent at once against a quota of 4 pending operations: the checks take turns and count the
+    ones admitted before them, so 4 are admitted and the rest answer 429 naming the quota."""
+    api = make_api(max_pending_requests_per_user=4)
+    api.services.trainers = _Trainers()  # type: ignore[assignment]
+    model_id = _live_model(api)
+
+    async def burst(count: int) -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=api.client.app, client=("127.0.0.1", 40000))  # type: ignore[arg-type]
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8000") as http:
+            sends = [
+                http.post("/api/v1/optim_step", json=_step(model_id, 100 + i), headers=api.headers())
+                for i in range(count)
+            ]
+            return list(await asyncio.gather(*sends))
+
+    answers = api.run(burst(20))
+    codes = [a.status_code for a in answers]
+    assert codes.count(200) == 4 and codes.count(429) == 16, codes
+    assert all("quotas.max_pending_requests_per_user" in a.json()["error"] for a in answers if a.status_code == 429)
+    assert not api.services.admitting  # every place given back
