@@ -243,6 +243,9 @@ class UserQuotas(Strict):
     sample_tokens_per_minute_per_user: int | None = Field(
         None, ge=1, description="quotas.sample_tokens_per_minute_per_user, for this user"
     )
+    max_pending_samples_per_user: int | None = Field(
+        None, ge=1, description="quotas.max_pending_samples_per_user, for this user"
+    )
 
 
 class QuotasConfig(Strict):
@@ -268,7 +271,9 @@ class QuotasConfig(Strict):
         256, ge=1, description="retrieve_future(s) calls waiting at once, per ingress replica"
     )
     sample_tokens_per_minute_per_user: int = Field(
-        10_000_000, ge=1, description="sampled tokens (num_samples x max_tokens) per minute, per ingress replica"
+        10_000_000,
+        ge=1,
+        description="sampled tokens (num_samples x max_tokens) and prompt tokens per minute, per ingress replica",
     )
     requests_per_minute_per_key: int = Field(
         60_000, ge=1, description="every call, long-polls included, per API key and ingress replica"
@@ -282,6 +287,12 @@ class QuotasConfig(Strict):
     )
     max_pending_samples: int = Field(
         512, ge=1, description="samples queued per base model and ingress replica; beyond it asample gets 429"
+    )
+    max_pending_samples_per_user: int | None = Field(
+        None,
+        ge=1,
+        description="a user's fair share of max_pending_samples (default: a quarter of it); past it their asample "
+        "or /v1 request gets 429 unless that share of the pool stays free for the others",
     )
     max_sessions_per_user: int = Field(
         10_000,

@@ -19,6 +19,7 @@ from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentHandle, DeploymentResponse, DeploymentResponseGenerator
 
 from app.api.backends import SamplerClient, TrainerClient
+from app.api.sample_slots import SampleSlots
 from app.db.futures import FutureStore, Pending
 from app.db.outcomes import Completed, Failed
 from app.errors import ServerError, UserError
@@ -72,13 +73,14 @@ class HandleCalls:
             )
         return handle
 
-    def track(self, name: str, request_id: str, call: HandleCall, owner: str | None = None) -> None:
+    def track(self, name: str, request_id: str, call: HandleCall, owner: str | None = None) -> asyncio.Task[None]:
         """Make `call` (again, if its replica dies and the retry policy allows) until it answers. `owner`: the user
-        whose request made the future, kept with the outcome the call returns."""
+        whose request made the future, kept with the outcome the call returns. Returns the task that settles it."""
         self.in_flight[name] += 1
         task = asyncio.create_task(self._settle(name, request_id, call, owner))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _settle(self, name: str, request_id: str, call: HandleCall, owner: str | None) -> None:
         async def pending() -> bool:  # the dead replica may have written the outcome first
@@ -164,30 +166,33 @@ class ServeSamplerClient(SamplerClient):
 
     def __init__(self, handles: dict[str, DeploymentHandle], futures: FutureStore, retry: RetryPolicy) -> None:
         self._calls = HandleCalls("sampler", handles, futures, retry)
-        self._admitted: Counter[str] = Counter()  # admitted, not yet sent (their future is being created)
+        self._slots = SampleSlots()  # admitted samples, sent or not, until they are answered
 
-    def admit(self, base_model: str, limit: int) -> bool:
-        if self._admitted[base_model] + self._calls.in_flight[base_model] >= limit:
-            return False
-        self._admitted[base_model] += 1
-        return True
+    def admit(self, base_model: str, user: str, limit: int, share: int) -> bool:
+        return self._slots.admit(base_model, user, limit, share)
 
-    def release(self, base_model: str) -> None:
-        self._admitted[base_model] -= 1
+    def release(self, base_model: str, user: str) -> None:
+        self._slots.release(base_model, user)
+
+    def held(self, base_model: str, user: str) -> int:
+        return self._slots.held(base_model, user)
 
     def sample(
         self, base_model: str, request_id: str, adapter_location: str | None, args: SampleArgs, user: str
     ) -> None:
-        self._admitted[base_model] -= 1  # from here on it counts as in flight
-        handle = self._calls.handle(base_model)
+        try:
+            handle = self._calls.handle(base_model)
+        except UserError:
+            self._slots.release(base_model, user)
+            raise
         if adapter_location:
             handle = handle.options(multiplexed_model_id=adapter_location)
-        self._calls.track(base_model, request_id, lambda: handle.sample.remote(request_id, args), user)
+        task = self._calls.track(base_model, request_id, lambda: handle.sample.remote(request_id, args), user)
+        task.add_done_callback(lambda _: self._slots.release(base_model, user))
 
     async def openai(
-        self, base_model: str, adapter_location: str | None, route: Route, body: dict[str, Any]
+        self, base_model: str, adapter_location: str | None, route: Route, body: dict[str, Any], user: str
     ) -> AsyncGenerator[Answer | str, None]:
-        self._admitted[base_model] -= 1  # admitted (see admit); from here on it counts as in flight
         self._calls.in_flight[base_model] += 1
         try:
             handle = self._calls.handle(base_model).options(stream=True, multiplexed_model_id=adapter_location or "")
@@ -199,6 +204,7 @@ class ServeSamplerClient(SamplerClient):
                 response.cancel()
         finally:
             self._calls.in_flight[base_model] -= 1
+            self._slots.release(base_model, user)
 
     async def openai_models(self) -> list[dict[str, Any]]:
         handles = self._calls.handles.values()
@@ -213,4 +219,4 @@ class ServeSamplerClient(SamplerClient):
         return {name: reason for name, reason in reasons.items() if reason}
 
     def in_flight(self) -> dict[str, int]:
-        return {name: self._calls.in_flight[name] + self._admitted[name] for name in self._calls.handles}
+        return {name: self._slots.held(name) for name in self._calls.handles}

@@ -22,11 +22,12 @@ from app.db.stability import StabilityStore
 from app.db.statement_metrics import count_statements
 from app.db.usage import UsageStore
 from app.errors import Unavailable
+from app.sampling.adapter_cache import LoadedAdapter
 from app.sampling.cpu_env import replica_env
 from app.sampling.engine import SamplerEngine, import_vllm
 from app.sampling.openai import Answer, Route
 from app.sampling.params import SampleArgs
-from app.sampling.service import LoadedAdapter, SamplerService
+from app.sampling.service import SamplerService
 from app.storage.objects import ObjectStorage
 from deployments.logs import route_app_logs, serve_log_file_kept
 

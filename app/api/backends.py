@@ -48,12 +48,17 @@ class SamplerClient(ABC):
     """Hands sampling work to a base model's samplers, preferring replicas that hold the adapter."""
 
     @abstractmethod
-    def admit(self, base_model: str, limit: int) -> bool:
-        """Reserve room for one more sample unless `limit` samples are admitted or running here."""
+    def admit(self, base_model: str, user: str, limit: int, share: int) -> bool:
+        """Reserve room for one more of `user`'s samples in the pool of `limit` admitted or running here, fairly
+        shared with `share` each (app.api.sample_slots.SampleSlots)."""
 
     @abstractmethod
-    def release(self, base_model: str) -> None:
+    def release(self, base_model: str, user: str) -> None:
         """Give back an admission that will not be used."""
+
+    @abstractmethod
+    def held(self, base_model: str, user: str) -> int:
+        """`user`'s samples admitted or running here."""
 
     @abstractmethod
     def sample(
@@ -63,10 +68,10 @@ class SamplerClient(ABC):
 
     @abstractmethod
     def openai(
-        self, base_model: str, adapter_location: str | None, route: Route, body: dict[str, Any]
+        self, base_model: str, adapter_location: str | None, route: Route, body: dict[str, Any], user: str
     ) -> AsyncGenerator[Answer | str, None]:
-        """An OpenAI request to vLLM's serving layer: one (status, JSON body) answer, or a stream's SSE lines.
-        Closing the iterator early cancels the request."""
+        """`user`'s admitted OpenAI request to vLLM's serving layer: one (status, JSON body) answer, or a stream's
+        SSE lines; its admission lasts until the iterator closes. Closing it early cancels the request."""
 
     @abstractmethod
     async def openai_models(self) -> list[dict[str, Any]]:

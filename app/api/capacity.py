@@ -8,6 +8,7 @@ import asyncio
 from fastapi import APIRouter
 
 from app.api.deps import ServicesDep
+from app.api.quotas import sample_share
 
 router = APIRouter(prefix="/api/v1")
 
@@ -52,6 +53,7 @@ async def server_status(services: ServicesDep) -> dict:
                     "replicas": known.get(("sampler", base.name), {}) if known else None,
                     "in_flight": samplers_busy.get(base.name, 0),
                     "max_pending": cfg.quotas.max_pending_samples,
+                    "max_pending_per_user": sample_share(cfg.quotas),
                 },
             }
         )

@@ -5,16 +5,16 @@ through vLLM's own OpenAI serving layer (app.sampling.openai), whose JSON or SSE
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.deps import Services, ServicesDep, UserDep
-from app.api.quotas import check_sample_tokens
+from app.api.quotas import admit_sample, check_sample_tokens
 from app.api.sampling import adapter_of
-from app.errors import LimitExceeded, NotFound, Overloaded, Relayed, UserError
+from app.errors import LimitExceeded, NotFound, Relayed, UserError
 from app.sampling.openai import Route
 from app.sampling.params import check_sampling_ranges
 
@@ -65,8 +65,9 @@ async def _model(services: Services, model: str, user: str) -> tuple[str, str | 
 def _check_limits(
     services: Services, user: str, base_model: str, body: _Request, token_field: str, logprobs_field: str
 ) -> int:
-    """Check the sampling ranges, the sequences (prompts x n), the token budget and logprobs against the limits and
-    the user's token rate; the budget. A request for more tokens than a whole minute's rate is refused outright."""
+    """Check the sampling ranges, the sequences (prompts x n), the token budget and logprobs against the limits, and
+    charge the prompt's tokens with the budget's to the user's token rate; the budget. A request for more tokens than
+    a whole minute's rate is refused outright."""
     limits, quotas = services.config.limits, services.config.quotas
     check_sampling_ranges(
         limits,
@@ -92,11 +93,13 @@ def _check_limits(
             f"{logprobs_field}={logprobs} exceeds limits.max_topk_logprobs={limits.max_topk_logprobs}",
             field=logprobs_field,
         )
-    tokens, per_minute = prompts * body.n * max_tokens, quotas.sample_tokens_per_minute_per_user
+    prompt_tokens = _prompt_tokens(body)
+    tokens = prompt_tokens + prompts * body.n * max_tokens
+    per_minute = quotas.for_user(user).sample_tokens_per_minute_per_user
     if tokens > per_minute:  # the token bucket would let it through when full
         raise LimitExceeded(
-            f"{prompts} prompts x n={body.n} x {token_field}={max_tokens} = {tokens} tokens exceed "
-            f"quotas.sample_tokens_per_minute_per_user={per_minute}",
+            f"{prompt_tokens} prompt tokens + {prompts} prompts x n={body.n} x {token_field}={max_tokens} = {tokens} "
+            f"tokens exceed quotas.sample_tokens_per_minute_per_user={per_minute}",
             field=token_field,
         )
     check_sample_tokens(services, user, tokens)
@@ -107,15 +110,33 @@ def _is_batch(prompt: object) -> bool:
     return isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], int)
 
 
+def _prompt_tokens(body: _Request) -> int:
+    """The prompt tokens the sampler prefills, as charged to the user's token rate: token ids as sent; text (the
+    ingress holds no tokenizer) at one token per UTF-8 byte, which no tokenizer's count exceeds."""
+    return _size(body.prompt if isinstance(body, CompletionRequest) else cast(ChatRequest, body).messages)
+
+
+def _size(prompt: object) -> int:
+    """Token ids, and UTF-8 bytes of text, in a prompt or a list of them, or in chat messages' JSON."""
+    size, stack = 0, [prompt]
+    while stack:  # no recursion: nesting is the client's to choose
+        value = stack.pop()
+        if isinstance(value, str):
+            size += len(value.encode())
+        elif isinstance(value, dict | list):
+            stack.extend(value.values() if isinstance(value, dict) else value)
+        else:
+            size += 1
+    return size
+
+
 async def _forward(services: Services, user: str, route: Route, body: _Request, token_field: str) -> Any:
     base_model, adapter_location = await _model(services, body.model, user)
     logprobs_field = "logprobs" if route == "completions" else "top_logprobs"
     max_tokens = _check_limits(services, user, base_model, body, token_field, logprobs_field)
-    limit = services.config.quotas.max_pending_samples
-    if not services.samplers.admit(base_model, limit):
-        raise Overloaded(f"{limit} samples are already queued for {base_model} (quotas.max_pending_samples)")
+    admit_sample(services, user, base_model)
     payload = {**body.model_dump(exclude_unset=True), token_field: max_tokens}
-    stream = services.samplers.openai(base_model, adapter_location, route, payload)
+    stream = services.samplers.openai(base_model, adapter_location, route, payload, user)
     first = await anext(stream)
     if isinstance(first, tuple):
         await stream.aclose()

@@ -1,8 +1,8 @@
 """Per-user quotas and per-key rates (quotas.*_per_user, each user's own in quotas.users;
 quotas.requests_per_minute_per_key). Sizes (live models,
 checkpoint bytes) answer a user error naming the limit; rates and queues (pending training operations, sampled
-tokens a minute, requests a minute) answer 429 with Retry-After, which the SDK waits out and retries. Nothing already
-accepted is dropped: a refusal comes before a request's future exists."""
+tokens a minute, requests a minute, pending samples) answer 429 with Retry-After, which the SDK waits out and
+retries. Nothing already accepted is dropped: a refusal comes before a request's future exists."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 
 from app.api.deps import Services
+from app.config import QuotasConfig
 from app.errors import LimitExceeded, Overloaded
 
 
@@ -31,15 +32,44 @@ def check_request_rate(services: Services, key_id: int) -> None:
 
 
 def check_sample_tokens(services: Services, user: str, tokens: int) -> None:
+    """Charge `tokens` (the prompt's, prefilled once, plus every sequence's max_tokens) to `user`'s sampling rate."""
     per_minute = services.config.quotas.for_user(user).sample_tokens_per_minute_per_user
     wait = services.sample_rate.take(user, tokens, per_minute=per_minute)
     if wait:
         raise Overloaded(
-            f"this sample asks for {tokens} tokens (num_samples x max_tokens) beyond your "
+            f"this sample asks for {tokens} tokens (prompt + num_samples x max_tokens) beyond your "
             f"quotas.sample_tokens_per_minute_per_user={per_minute}; retry in {wait:.1f} s",
             retry_after_s=_retry_after(wait),
             details={"queue_state": "paused_rate_limit"},
         )
+
+
+def sample_share(quotas: QuotasConfig) -> int:
+    """A user's fair share of a base model's pending samples: quotas.max_pending_samples_per_user (theirs, given
+    `quotas.for_user`), by default a quarter of quotas.max_pending_samples."""
+    share = quotas.max_pending_samples_per_user
+    return share if share is not None else max(1, quotas.max_pending_samples // 4)
+
+
+def admit_sample(services: Services, user: str, base_model: str) -> None:
+    """Hold one of `base_model`'s pending-sample slots for `user` (the caller sends the sample or releases it);
+    429 when the pool is full, or when `user` is past their fair share and the rest is the others'."""
+    quotas = services.config.quotas
+    limit, share = quotas.max_pending_samples, sample_share(quotas.for_user(user))
+    if services.samplers.admit(base_model, user, limit, share):
+        return
+    held = services.samplers.held(base_model, user)
+    reason = (
+        f"you hold {held} of them, past your share (quotas.max_pending_samples_per_user={share}), and the rest is "
+        "kept for other users"
+        if held >= share
+        else f"all {limit} are queued (quotas.max_pending_samples)"
+    )
+    raise Overloaded(
+        f"no room for another sample of {base_model}: {reason}; retry shortly",
+        retry_after_s=1,
+        details={"queue_state": "paused_capacity"},
+    )
 
 
 @dataclass

@@ -8,11 +8,11 @@ from dataclasses import replace
 from fastapi import APIRouter
 
 from app.api.deps import Services, ServicesDep, UserDep
-from app.api.quotas import check_sample_tokens
+from app.api.quotas import admit_sample, check_sample_tokens
 from app.api.user_caps import check_stability_room, stability_record_bytes
 from app.db.sampling_sessions import SamplingSession, sampling_session_id_for
 from app.db.stability import sequence_ids
-from app.errors import LimitExceeded, Overloaded, UserError
+from app.errors import LimitExceeded, UserError
 from app.protocol.wire import CreateSamplingSessionRequest, JoinSamplingSessionRequest, SampleRequest
 from app.request_log import log_request
 from app.sampling.params import sample_args
@@ -94,6 +94,15 @@ async def _check_record_room(services: Services, session_id: str, num_samples: i
         )
 
 
+async def _adapter_now(services: Services, session: SamplingSession, user: str) -> str | None:
+    """The adapter location to sample `session` with: its saved weights are looked up again as /v1 does on every
+    request (adapter_of), so a checkpoint deleted, or unpublished by another owner, stops serving at once."""
+    if session.model_path is None:  # the base model, or an ephemeral adapter (its session expires with it)
+        return session.adapter_location
+    _, location = await adapter_of(services, session.model_path, user)
+    return location
+
+
 @router.post("/asample")
 async def asample(body: SampleRequest, services: ServicesDep, user: UserDep) -> dict:
     session = await services.sampling_session(body.sampling_session_id, user)
@@ -102,24 +111,20 @@ async def asample(body: SampleRequest, services: ServicesDep, user: UserDep) -> 
         raise UserError(
             f"this sampler's base model {session.base_model!r} is no longer served here", field="sampling_session_id"
         )
+    adapter_location = await _adapter_now(services, session, user)
     args = replace(sample_args(body, services.config.limits, model), usage_session=session.session_id)
-    check_sample_tokens(services, user, args.num_samples * args.max_tokens)
+    check_sample_tokens(services, user, len(args.prompt) + args.num_samples * args.max_tokens)
     if body.record_stability_info:
         await _check_record_room(services, session.session_id, args.num_samples)
         nbytes = stability_record_bytes(len(args.prompt), args.max_tokens, args.num_samples)
         await check_stability_room(services, user, nbytes)
         args = replace(args, record_for_session=session.session_id)
-    limit = services.config.quotas.max_pending_samples
-    if not services.samplers.admit(session.base_model, limit):
-        raise Overloaded(
-            f"{limit} samples are already queued for {session.base_model} (quotas.max_pending_samples); retry shortly",
-            details={"queue_state": "paused_capacity"},
-        )
+    admit_sample(services, user, session.base_model)
     created = False
     try:
         request_id, created = await services.futures.create("sample", session.sampling_session_id, body.seq_id)
         if created:
-            services.samplers.sample(session.base_model, request_id, session.adapter_location, args, user)
+            services.samplers.sample(session.base_model, request_id, adapter_location, args, user)
         log_request(
             "queued" if created else "retried",
             op="sample",
@@ -130,5 +135,5 @@ async def asample(body: SampleRequest, services: ServicesDep, user: UserDep) -> 
         )
     finally:
         if not created:  # a retried submit (its sample already runs) or a failed create
-            services.samplers.release(session.base_model)
+            services.samplers.release(session.base_model, user)
     return {"request_id": request_id, "sample_sequence_ids": sequence_ids(request_id, args.num_samples)}

@@ -3,13 +3,9 @@ outcome."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import shutil
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +14,10 @@ import numpy as np
 from app.db.futures import PROTO_CONTENT_TYPE, FutureStore
 from app.db.stability import StabilityRecord, StabilityStore, sequence_ids
 from app.db.usage import UsageStore
-from app.errors import ServerError, TinkerServeError, UserError
+from app.errors import ServerError, TinkerServeError
 from app.metrics import server_metrics
 from app.request_log import log_request, outcome_of
+from app.sampling.adapter_cache import AdapterCache, LoadedAdapter
 from app.sampling.engine import SamplerEngine
 from app.sampling.openai import Answer, OpenAIServer, Route
 from app.sampling.params import SampleArgs
@@ -29,14 +26,7 @@ from app.storage.objects import ObjectStorage
 
 logger = logging.getLogger("tinker_serve.sampler")
 
-AdapterLoader = Callable[[str], Awaitable["LoadedAdapter"]]
-
-
-@dataclass(frozen=True)
-class LoadedAdapter:
-    location: str
-    directory: Path  # local files (a download, for object storage)
-    lora: Any  # the engine's handle (a vLLM LoRARequest)
+AdapterLoader = Callable[[str], Awaitable[LoadedAdapter]]
 
 
 class SamplerService:
@@ -56,31 +46,19 @@ class SamplerService:
         self._futures = futures
         self._stability = stability
         self._usage = usage
-        self._storage = storage
-        self._cache_dir = cache_dir
-        self._max_cached = max_cached
-        self._adapters: OrderedDict[str, LoadedAdapter] = OrderedDict()
+        self._adapters = AdapterCache(base_model, engine.load_adapter, storage, cache_dir, max_cached)
         self._openai: OpenAIServer = engine.openai_server(base_model)
 
     async def adapter(self, location: str) -> LoadedAdapter:
-        """The adapter stored at `location` (locations never change, so one load serves for good). Downloads
-        from object storage are kept for the `max_cached` most recently used adapters."""
-        loaded = self._adapters.get(location)
-        if loaded is not None:
-            self._adapters.move_to_end(location)
-            return loaded
-        try:
-            directory = await asyncio.to_thread(self._storage.fetch, location, self._cache_dir)
-        except FileNotFoundError:
-            raise UserError("these sampler weights no longer exist (deleted or expired)", field="model_path") from None
-        loaded = LoadedAdapter(location, directory, await self._engine.load_adapter(str(directory)))
-        server_metrics().adapter_loads.inc(tags={"base_model": self._base_model})
-        self._adapters[location] = loaded
-        while len(self._adapters) > self._max_cached:
-            _, evicted = self._adapters.popitem(last=False)
-            if not self._storage.is_local:  # vLLM reads the files again if it evicts the adapter itself
-                await asyncio.to_thread(shutil.rmtree, evicted.directory, ignore_errors=True)
-        return loaded
+        """The adapter stored at `location`, while its files exist (app.sampling.adapter_cache)."""
+        return await self._adapters.get(location)
+
+    async def _registered(self, location: str, register: AdapterLoader | None) -> LoadedAdapter:
+        """The adapter at `location`, `register` (Serve's multiplexing) told first. Asked of the cache even when
+        Serve holds it, so an adapter whose files are gone is not served from Serve's own cache."""
+        if register is not None:
+            await register(location)
+        return await self.adapter(location)
 
     async def openai_models(self) -> dict[str, Any]:
         return await self._openai.models()
@@ -92,7 +70,8 @@ class SamplerService:
         `adapter_location` (registered with Serve's multiplexing) or the base model's zero adapter."""
         started = time.monotonic()
         try:
-            lora = (await register(adapter_location)).lora if adapter_location else self._engine.base_adapter
+            base = self._engine.base_adapter
+            lora = (await self._registered(adapter_location, register)).lora if adapter_location else base
         except TinkerServeError as exc:
             return exc.status_code, exc.to_openai_body()
         answer = await self._openai.respond(route, body, lora)
@@ -131,9 +110,7 @@ class SamplerService:
     ) -> tuple[int, dict | None]:
         """(tokens sampled, None) once the future is complete, or (0, the error its future failed with)."""
         try:
-            if adapter_location and register is not None:
-                await register(adapter_location)
-            adapter = await self.adapter(adapter_location) if adapter_location else None
+            adapter = await self._registered(adapter_location, register) if adapter_location else None
             result = await self._engine.sample(args, adapter.lora if adapter else None)
             tokens = sum(len(s.tokens) for s in result.sequences)
             server_metrics().tokens.inc(tokens, tags={"name": self._base_model, "kind": "sampled"})

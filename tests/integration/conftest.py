@@ -96,6 +96,7 @@ def server_config(state_dir: Path, sharded: bool = False) -> dict:
         },
         "quotas": {
             "max_pending_samples": MAX_PENDING_SAMPLES,
+            "max_pending_samples_per_user": MAX_PENDING_SAMPLES,  # the suite samples as one user: the whole pool
             "max_stability_records_per_session": MAX_STABILITY_RECORDS,
             "max_live_models_per_user": 999,  # the suite's shared user keeps well over the default 32 loaded
             "users": {enrolled_owner(key): QUOTAS for key in QUOTA_KEYS},  # the users an unissued key stands for

@@ -271,3 +271,27 @@ def test_the_audit_log_shows_each_user_their_own_and_reads_of_theirs(
     ]
     checkpoints_only = tinker.AdminClient(base_url=base_url, api_key=ALICE).get_audit_log(event_type="checkpoints")
     assert {e.event.split("_")[0] for e in checkpoints_only.result().entries} == {"checkpoint"}
+
+
+def test_a_revoked_checkpoint_stops_serving_its_samplers(base_url: str, alice: tuple[httpx.Client, Objects]) -> None:
+    """Last (it unpublishes, then deletes): Bob's sampler on Alice's published weights answers as a missing checkpoint
+    once she unpublishes them, while hers still samples; once she deletes them, hers answers so too."""
+    alice_http, hers = alice
+    path = hers.checkpoints["sampler_weights/published"]
+    run, _, checkpoint_id = path.removeprefix("tinker://").partition("/")
+    checkpoint = f"/api/v1/training_runs/{run}/checkpoints/{checkpoint_id}"
+    prompt, params = types.ModelInput.from_ints([20, 21]), types.SamplingParams(max_tokens=2, temperature=0.0, seed=0)
+    bob, owner = (tinker.ServiceClient(base_url=base_url, api_key=key) for key in (BOB, ALICE))
+    try:
+        bobs, alices = (client.create_sampling_client(model_path=path).result() for client in (bob, owner))
+        assert bobs.sample(prompt, 1, params).result().sequences  # served, and cached on the sampler
+        assert alice_http.delete(f"{checkpoint}/publish").status_code == 200
+        with pytest.raises(tinker.NotFoundError, match="model_path"):
+            bobs.sample(prompt, 1, params).result()
+        assert alices.sample(prompt, 1, params).result().sequences
+        assert alice_http.delete(checkpoint).status_code == 200
+        with pytest.raises(tinker.NotFoundError, match="model_path"):
+            alices.sample(prompt, 1, params).result()
+    finally:
+        for client in (bob, owner):
+            client.close("success").result()
