@@ -44,7 +44,7 @@ def kind(node: LossNode, kinds: dict[str, Kind]) -> Kind:
     if node.target == "operator.getitem":
         indexed = _kind_of(node.args[0], kinds)
         if indexed == SHAPE:
-            return SHAPE if isinstance(node.args[1], dict) else NUMBER  # a slice, or one size
+            return SHAPE if isinstance(node.args[1], dict) and "slice" in node.args[1] else NUMBER  # or one size
         return TENSOR if indexed == TENSOR else None
     if node.target.startswith("math."):
         return NUMBER
