@@ -70,12 +70,12 @@ class LimitsConfig(Strict):
     )
     max_custom_loss_integer: int = Field(
         2**53,
-        ge=2**16,
+        ge=2**31,
         description=(
             "the magnitude of any integer in a custom loss: its literals, refused at create_custom_loss, and what its "
             "arithmetic on plain numbers (sizes read from shapes) computes, refused before a power computes past it "
             "and after any other node. Python's integers grow without end (7 ** 10**9 takes hours); 2^53 is the "
-            "largest a float64 holds exactly"
+            "largest a float64 holds exactly, and the journal holds 64 bits (a loss with more is refused)"
         ),
     )
     max_custom_loss_seconds: float = Field(
