@@ -75,6 +75,26 @@ class LimitsConfig(Strict):
             "each) past 64 datums"
         ),
     )
+    max_custom_loss_integer: int = Field(
+        2**53,
+        ge=2**31,
+        description=(
+            "the magnitude of any integer in a custom loss: its literals, refused at create_custom_loss, and what its "
+            "arithmetic on plain numbers (sizes read from shapes) computes, refused before a power computes past it "
+            "and after any other node. Python's integers grow without end (7 ** 10**9 takes hours); 2^53 is the "
+            "largest a float64 holds exactly, and the journal holds 64 bits (a loss with more is refused)"
+        ),
+    )
+    max_custom_loss_seconds: float = Field(
+        30.0,
+        gt=0,
+        description=(
+            "a custom loss's time on one rank for one request (its planning on the meta device and its nodes; the "
+            "model's passes not counted), checked between nodes: past it the operation fails as a user error and "
+            "the rank goes on serving. One node alone is bounded by max_custom_loss_elements, "
+            "max_custom_loss_flops_per_request and max_custom_loss_integer"
+        ),
+    )
     max_loss_input_cells_per_request: int = Field(
         2**25,
         ge=1,

@@ -25,7 +25,9 @@ async def create_custom_loss(body: CreateCustomLossRequest, services: ServicesDe
     await services.session(body.session_id, user)
     limits, quotas = services.config.limits, services.config.quotas
     loss_id = loss_id_for(body.session_id, body.custom_loss_seq_id)
-    program = validate_custom_loss(loss_id, body.name, body.inputs, body.graph, limits.max_custom_loss_nodes)
+    program = validate_custom_loss(
+        loss_id, body.name, body.inputs, body.graph, limits.max_custom_loss_nodes, limits.max_custom_loss_integer
+    )
     if await services.custom_losses.count(body.session_id) >= quotas.max_custom_losses_per_session:
         raise LimitExceeded(
             f"this session has {quotas.max_custom_losses_per_session} custom losses, "

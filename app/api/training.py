@@ -179,10 +179,7 @@ async def _custom_loss(services: Services, run: TrainingRun, config: dict[str, f
     if not isinstance(loss_id, str) or set(config) != {"loss_id"}:
         raise UserError('loss_fn "custom" takes loss_fn_config {"loss_id": <id>} only', field="loss_fn_config.loss_id")
     program = await services.custom_losses.get(run.session_id, loss_id)
-    limits = services.config.limits
-    return replace(
-        program, max_elements=limits.max_custom_loss_elements, max_flops=limits.max_custom_loss_flops_per_request
-    )
+    return program.under(services.config.limits)
 
 
 @router.post("/optim_step")

@@ -1,5 +1,7 @@
 """Custom losses made by create_custom_loss: validated programs stored by loss id, so every ingress replica
-resolves a `forward_backward(loss_fn="custom", loss_fn_config={"loss_id": ...})` the same way."""
+resolves a `forward_backward(loss_fn="custom", loss_fn_config={"loss_id": ...})` the same way. Each is one the
+journal can hold (a forward_backward journals its loss): checked before it is stored, and again as it is read (a
+row an earlier release stored)."""
 
 from __future__ import annotations
 
@@ -10,8 +12,9 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.caches import remember
+from app.db import journal_codec
 from app.db.schema import custom_losses
-from app.errors import NotFound
+from app.errors import NotFound, UserError
 from app.training_data.custom_losses import CustomLossProgram
 
 
@@ -25,7 +28,11 @@ class CustomLossStore:
         self._cache: dict[str, tuple[str, CustomLossProgram]] = {}  # stored losses never change
 
     async def add(self, session_id: str, program: CustomLossProgram) -> None:
-        """Store the program under its loss id; a retried request finds it stored already."""
+        """Store the program under its loss id; a retried request finds it stored already. A user error naming the
+        node the journal cannot hold."""
+        unjournaled = _unjournaled(program)
+        if unjournaled is not None:
+            raise UserError(unjournaled[1], field=unjournaled[0])
         row = {
             "loss_id": program.loss_id,
             "session_id": session_id,
@@ -52,6 +59,12 @@ class CustomLossStore:
                 row = (await conn.execute(select(custom_losses).where(custom_losses.c.loss_id == loss_id))).first()
             if row is not None:
                 program = CustomLossProgram.from_json(loss_id, row.program)
+                unjournaled = _unjournaled(program)
+                if unjournaled is not None and row.session_id == session_id:
+                    raise UserError(
+                        f"custom loss {loss_id!r} cannot run here: {unjournaled[1]}; create it again",
+                        field="loss_fn_config.loss_id",
+                    )
                 cached = remember(self._cache, loss_id, (row.session_id, program), limit=10_000)
         if cached is None or cached[0] != session_id:
             raise NotFound(
@@ -59,3 +72,14 @@ class CustomLossStore:
                 field="loss_fn_config.loss_id",
             )
         return cached[1]
+
+
+def _unjournaled(program: CustomLossProgram) -> tuple[str, str] | None:
+    """The field and the reason of the first node the journal cannot encode, if any (an integer past 64 bits)."""
+    for i, node in enumerate(program.nodes):
+        try:
+            journal_codec.encode_tree(node)
+        except (TypeError, ValueError, OverflowError) as exc:
+            field = f"graph.nodes[{i}]"
+            return field, f"{field} ({node.name!r}) cannot be journaled: {exc}"
+    return None

@@ -33,8 +33,9 @@ class LossStep:
         device: torch.device,
         batch: PackedBatch,
     ) -> None:
-        """`batch`: the whole request (every rank's datums), whose custom loss is checked against the limits here,
-        before any pass runs; every rank decides alike."""
+        """`batch`: the whole request (every rank's datums), whose custom loss is planned against the limits here,
+        before any pass runs; a refusal (or running out of limits.max_custom_loss_seconds) fails each pass's loss,
+        so every rank runs its passes alike."""
         self._planner = None if custom is None else _planner(custom, batch)
         self._loss_fn = loss_fn
         self._config = config

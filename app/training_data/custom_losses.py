@@ -3,7 +3,8 @@
 
 Nothing in a graph is ever unpickled, evaluated or executed here; the workers' interpreter
 (app.training.custom_loss.interpreter) later runs only what passed, binding each allowed name to its callable.
-Every rejection is a user error naming the node (`graph.nodes[i]`) or the input (`inputs[i]`).
+Every rejection is a user error naming the node (`graph.nodes[i]`) or the input (`inputs[i]`); integers are bounded
+(limits.max_custom_loss_integer) and arithmetic takes tensors and numbers only (app.training_data.custom_loss_operands).
 """
 
 from __future__ import annotations
@@ -11,11 +12,14 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
+from collections.abc import Collection
+from dataclasses import dataclass, replace
 from typing import Any
 
+from app.config import LimitsConfig
 from app.errors import LimitExceeded, UserError
 from app.training.custom_loss.ops import DTYPES, FUNCTIONS, GETATTR_ATTRIBUTES, HOST_METHODS, METHODS
+from app.training_data.custom_loss_operands import Kind, check_operands, kind
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _INPUT_NAME = re.compile(r"[a-z_][a-z0-9_]{0,63}")
@@ -49,10 +53,22 @@ class CustomLossProgram:
     name: str
     inputs: tuple[tuple[str, int], ...]
     nodes: tuple[LossNode, ...]
-    # limits.max_custom_loss_elements and max_custom_loss_flops_per_request (their defaults), set when the ingress
-    # resolves the loss (not stored)
+    # limits.max_custom_loss_elements, max_custom_loss_flops_per_request, max_custom_loss_integer and
+    # max_custom_loss_seconds (their defaults), set when the ingress resolves the loss (`under`; not stored)
     max_elements: int = 2**24
     max_flops: int = 2**40
+    max_integer: int = 2**53
+    max_seconds: float = 30.0
+
+    def under(self, limits: LimitsConfig) -> CustomLossProgram:
+        """The loss as it runs under these limits."""
+        return replace(
+            self,
+            max_elements=limits.max_custom_loss_elements,
+            max_flops=limits.max_custom_loss_flops_per_request,
+            max_integer=limits.max_custom_loss_integer,
+            max_seconds=limits.max_custom_loss_seconds,
+        )
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -70,8 +86,11 @@ class CustomLossProgram:
         return cls(loss_id, obj["name"], tuple((n, int(r)) for n, r in obj["inputs"]), nodes)
 
 
-def validate_custom_loss(loss_id: str, name: str, inputs: list[Any], graph: Any, max_nodes: int) -> CustomLossProgram:
-    """The program of a create_custom_loss request, or a user error naming what is not allowed."""
+def validate_custom_loss(
+    loss_id: str, name: str, inputs: list[Any], graph: Any, max_nodes: int, max_integer: int = 2**53
+) -> CustomLossProgram:
+    """The program of a create_custom_loss request, or a user error naming what is not allowed; `max_integer` is
+    limits.max_custom_loss_integer."""
     if not isinstance(name, str) or not 0 < len(name) <= 128:
         raise UserError("name must be a string of 1 to 128 characters", field="name")
     declared = _inputs(inputs)
@@ -82,10 +101,10 @@ def validate_custom_loss(loss_id: str, name: str, inputs: list[Any], graph: Any,
         raise LimitExceeded(
             f"graph has {len(raw)} nodes; limits.max_custom_loss_nodes is {max_nodes}", field="graph.nodes"
         )
-    seen: set[str] = set()
+    kinds: dict[str, Kind] = {}  # what each node gives, as far as the graph says
     nodes = []
     for i, obj in enumerate(raw):
-        node = _node(i, obj, seen)
+        node = _node(i, obj, kinds.keys(), max_integer)
         field = f"graph.nodes[{i}]"
         if i < len(declared):
             if node.op != "placeholder" or node.target != declared[i][0]:
@@ -99,8 +118,8 @@ def validate_custom_loss(loss_id: str, name: str, inputs: list[Any], graph: Any,
                 raise UserError(f"{field} ({node.name!r}): the last node must be the output", field=field)
             _check_output(field, node)
         else:
-            _check_call(field, node)
-        seen.add(node.name)
+            _check_call(field, node, kinds)
+        kinds[node.name] = kind(node, kinds)
         nodes.append(node)
     if len(nodes) <= len(declared):
         raise UserError("graph has no operations and no output", field="graph.nodes")
@@ -125,7 +144,7 @@ def _inputs(inputs: list[Any]) -> tuple[tuple[str, int], ...]:
     return tuple(out)
 
 
-def _node(i: int, obj: Any, seen: set[str]) -> LossNode:
+def _node(i: int, obj: Any, seen: Collection[str], max_integer: int) -> LossNode:
     field = f"graph.nodes[{i}]"
     if not isinstance(obj, dict):
         raise UserError(f"{field} must be an object", field=field)
@@ -145,18 +164,26 @@ def _node(i: int, obj: Any, seen: set[str]) -> LossNode:
         _check_length(f"{field} ({name!r}) {part}", f"{field}.{part}", items)
     for key, value in [*enumerate(args), *kwargs.items()]:
         part = "args" if isinstance(key, int) else "kwargs"
-        _check_arg(f"{field} ({name!r}) argument {key!r}", f"{field}.{part}", value, seen, 0)
+        _check_arg(f"{field} ({name!r}) argument {key!r}", f"{field}.{part}", value, seen, max_integer)
     if "out" in kwargs:
         raise UserError(f"{field} ({name!r}) writes into a tensor (out=); return new values instead", field=field)
     return LossNode(op, name, target, args, kwargs)
 
 
-def _check_arg(where: str, field: str, value: Any, seen: set[str], depth: int) -> None:
+def _check_arg(where: str, field: str, value: Any, seen: Collection[str], max_integer: int, depth: int = 0) -> None:
     """An encoded argument (of `field`): scalars, lists, and the SDK's one-key objects; a ref names an earlier
     node."""
     if depth > _MAX_DEPTH:
         raise UserError(f"{where} nests deeper than {_MAX_DEPTH}", field="graph")
-    if value is None or isinstance(value, (bool, int)):
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, int):
+        if abs(value) > max_integer:
+            raise LimitExceeded(
+                f"{where} is an integer of {value.bit_length()} bits; limits.max_custom_loss_integer is "
+                f"{max_integer} (2^{math.log2(max_integer):.4g})",
+                field=field,
+            )
         return
     if isinstance(value, float):
         if not math.isfinite(value):
@@ -169,7 +196,7 @@ def _check_arg(where: str, field: str, value: Any, seen: set[str], depth: int) -
     if isinstance(value, list):
         _check_length(where, field, value)
         for item in value:
-            _check_arg(where, field, item, seen, depth + 1)
+            _check_arg(where, field, item, seen, max_integer, depth + 1)
         return
     if not (isinstance(value, dict) and len(value) == 1):
         raise UserError(f"{where} is not an encoded argument: {str(value)[:80]}", field="graph")
@@ -180,11 +207,11 @@ def _check_arg(where: str, field: str, value: Any, seen: set[str], depth: int) -
     elif kind in ("tuple", "slice") and isinstance(inner, list) and (kind == "tuple" or len(inner) == 3):
         _check_length(where, field, inner)
         for item in inner:
-            _check_arg(where, field, item, seen, depth + 1)
+            _check_arg(where, field, item, seen, max_integer, depth + 1)
     elif kind == "dict" and isinstance(inner, dict):
         _check_length(where, field, inner)
         for item in inner.values():
-            _check_arg(where, field, item, seen, depth + 1)
+            _check_arg(where, field, item, seen, max_integer, depth + 1)
     elif (kind == "ellipsis" and inner is True) or (kind == "device" and isinstance(inner, str)):
         return  # a device always means the worker's own
     elif kind not in _CONSTANTS or inner not in _CONSTANTS[kind]:
@@ -198,7 +225,7 @@ def _check_length(where: str, field: str, items: list[Any] | dict[str, Any]) -> 
         )
 
 
-def _check_call(field: str, node: LossNode) -> None:
+def _check_call(field: str, node: LossNode, kinds: dict[str, Kind]) -> None:
     if node.op == "call_function":
         arity = FUNCTIONS.get(node.target)
         what = node.target
@@ -227,6 +254,8 @@ def _check_call(field: str, node: LossNode) -> None:
         )
     if node.target == "getattr" and not (isinstance(node.args[1], str) and node.args[1] in GETATTR_ATTRIBUTES):
         raise UserError(f"{field} ({node.name!r}) reads attribute {node.args[1]!r} of a tensor", field=field)
+    if node.op == "call_function" and node.target.startswith(("operator.", "math.")):
+        check_operands(field, node, kinds)  # tensors and numbers (app.training_data.custom_loss_operands)
 
 
 def _check_output(field: str, node: LossNode) -> None:

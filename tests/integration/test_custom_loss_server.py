@@ -111,3 +111,10 @@ def test_a_graph_the_allow_list_refuses_is_a_user_error_naming_the_node(base_url
     )
     assert response.status_code == 400, response.text
     assert f"graph.nodes[{i}]" in response.text and "torch.load" in response.text
+
+    node["target"], node["args"], node["kwargs"] = "operator.pow", [7, 10**9], {}  # planned on every rank, for hours
+    response = httpx.post(
+        f"{base_url}/api/v1/create_custom_loss", json=body, headers={"X-API-Key": "tml-integration-tests"}
+    )
+    assert response.status_code == 400, response.text
+    assert response.json()["field"] == f"graph.nodes[{i}]" and "only constant operands" in response.text

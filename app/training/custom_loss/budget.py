@@ -1,11 +1,15 @@
 """What a custom loss's operations cost, measured as torch runs them: the FLOPs of every aten op an operation
 dispatches (torch's own formulas for matrix products, else the elements it reads and writes) and the elements of
 its outputs. The interpreter (app.training.custom_loss.interpreter) runs each operation on the meta device first
-(shapes and dtypes, no data, no memory), so a node over the limits is refused before it runs for real.
+(shapes and dtypes, no data, no memory), so a node over the limits is refused before it runs for real. And the
+time it takes (`TimeBudget`), the last line: whatever the other bounds miss is stopped at the next node.
 """
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -46,3 +50,27 @@ def on_meta(value: Any) -> Any:
     """The value with each tensor replaced by a meta tensor of its shape, dtype and strides (no data, no copy)."""
     with torch.no_grad():
         return tree_map(lambda v: v.to("meta") if isinstance(v, torch.Tensor) else v, value)
+
+
+class TimeBudget:
+    """The seconds a custom loss may take on this rank for one request, counted only while its own code runs
+    (`running`: its planning, and its nodes in each pass; not the model's passes between them)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._left = seconds
+        self._since: float | None = None
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        self._since = time.monotonic()
+        try:
+            yield
+        finally:
+            self._left -= time.monotonic() - self._since
+            self._since = None
+
+    def spent(self) -> bool:
+        """Whether the loss has taken its seconds (once spent, spent for good)."""
+        running = 0.0 if self._since is None else time.monotonic() - self._since
+        return self._left - running < 0

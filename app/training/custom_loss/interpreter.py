@@ -5,13 +5,20 @@ else. Before a node runs for real, its shape and FLOPs are found on the meta dev
 for the whole request) and checked against the limits. Autograd flows through every node, so the summed loss's
 backward reaches the model. A loss that fails on the data (a shape mismatch, a non-scalar loss) is the user's
 error, naming the node.
+
+What bounds a request's loss on a rank: each tensor node's elements and the request's FLOPs (budget), each
+arithmetic node on plain numbers to bounded integers (host), and, as the last line, the loss's time
+(limits.max_custom_loss_seconds, checked before every node, planned or run): past it the loss fails as a user error
+like any other, so the rank's passes go on in step with the other ranks' and the worker keeps serving. One node
+alone is not interrupted; the bounds above keep each one short.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,8 +26,10 @@ import numpy as np
 import torch
 
 from app.errors import LimitExceeded, UserError
-from app.training.custom_loss.budget import elements, metered, on_meta
+from app.training.custom_loss import host
+from app.training.custom_loss.budget import TimeBudget, elements, metered, on_meta
 from app.training.custom_loss.ops import FUNCTIONS
+from app.training_data.custom_loss_operands import arithmetic
 from app.training_data.custom_losses import CustomLossProgram, LossNode
 
 _FIELD = "loss_fn_config.loss_id"
@@ -54,13 +63,20 @@ class Planner:
     """A request's custom loss planned per datum length on the meta device, before any node runs for real: each
     node's output against limits.max_custom_loss_elements, the request's FLOPs against
     limits.max_custom_loss_flops_per_request. A node whose shape depends on the data (a boolean mask, a value read
-    from a tensor) ends its plan; datums of that length are then checked node by node as they run."""
+    from a tensor) ends its plan; datums of that length are then checked node by node as they run. Planning and
+    every run with this planner share the request's limits.max_custom_loss_seconds.
+
+    A request the plan refuses is refused by each run (`running`), not here: the ranks construct their planners
+    outside any pass and must go on alike, and a rank out of time stops planning where another goes on to find a
+    node over a limit; in the passes a failed loss keeps them in step (app.training.engine)."""
 
     def __init__(self, program: CustomLossProgram, inputs: list[tuple[tuple[int, ...], torch.dtype]]) -> None:
         self._program = program
         self._inputs = inputs  # each input's shape per token and dtype, logprobs first
         self._plans: dict[int, _Plan] = {}
         self._flops_left = program.max_flops  # for the nodes no plan covers
+        self._time = TimeBudget(program.max_seconds)
+        self._refusal: LimitExceeded | None = None  # the plan's, raised by each run
         self.estimated_flops = 0  # the request's, once checked
 
     @classmethod
@@ -69,7 +85,15 @@ class Planner:
         return cls(program, [(tuple(t.shape[1:]), t.dtype) for t in tensors])
 
     def check(self, lengths: np.ndarray) -> None:
-        """Plan the datums of these lengths (a request's); refuse them if their FLOPs exceed the request's budget."""
+        """Plan the datums of these lengths (a request's); refuse them (in each run) if their FLOPs exceed the
+        request's budget, or a node its elements, or the planning the time budget."""
+        with self._time.running():
+            try:
+                self._check(lengths)
+            except LimitExceeded as exc:
+                self._refusal = exc
+
+    def _check(self, lengths: np.ndarray) -> None:
         program = self._program
         unique, counts = np.unique(lengths, return_counts=True)
         plans = [(self._plan(int(length)), int(count)) for length, count in zip(unique, counts, strict=True)]
@@ -83,9 +107,19 @@ class Planner:
             )
         self._flops_left = program.max_flops - sum(plan.flops * count for plan, count in plans if plan.complete)
 
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """Around a run of the loss: refused if the plan refused the request; its time counts against the
+        request's."""
+        if self._refusal is not None:
+            raise self._refusal
+        with self._time.running():
+            yield
+
     def call_for(self, length: int) -> Call:
-        """How a datum of this length runs its nodes: unchecked where its plan is complete, else checked."""
-        return _plain if self._plan(length).complete else self._guarded
+        """How a datum of this length runs its nodes: unchecked where its plan is complete, else checked; on time
+        both."""
+        return self._on_time if self._plan(length).complete else self._guarded
 
     def _plan(self, length: int) -> _Plan:
         if length not in self._plans:
@@ -94,6 +128,7 @@ class Planner:
 
             def planned(node: LossNode, fn: Callable[..., Any], a: list[Any], k: dict[str, Any]) -> Any:
                 nonlocal flops
+                self._check_time(node)
                 out, cost = metered(fn, a, k)
                 self._check_elements(node, out)
                 flops += cost
@@ -109,7 +144,12 @@ class Planner:
             self._plans[length] = _Plan(flops, complete)
         return self._plans[length]
 
+    def _on_time(self, node: LossNode, fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> Any:
+        self._check_time(node)
+        return fn(*args, **kwargs)
+
     def _guarded(self, node: LossNode, fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> Any:
+        self._check_time(node)
         try:
             out, cost = metered(fn, on_meta(args), on_meta(kwargs))
         except _FAILURES:  # data-dependent: allowed operations then make no more elements than they read
@@ -127,6 +167,15 @@ class Planner:
                 f"custom loss {self._program.name!r}: node {node.name!r} exceeds "
                 f"limits.max_custom_loss_flops_per_request ({self._program.max_flops:.3g} FLOPs) for this request: "
                 "send fewer or shorter datums per request, or a cheaper loss",
+                field=_FIELD,
+            )
+
+    def _check_time(self, node: LossNode) -> None:
+        if self._time.spent():
+            raise LimitExceeded(
+                f"custom loss {self._program.name!r} ran past limits.max_custom_loss_seconds "
+                f"({self._time.seconds:g} s on a worker for one request), stopped before node {node.name!r}: send "
+                "fewer or shorter datums per request, or a cheaper loss",
                 field=_FIELD,
             )
 
@@ -153,16 +202,19 @@ def run_custom_loss(
     if planner is None:
         planner = Planner.of_tensors(program, logprobs, inputs)
         planner.check(np.diff(offsets))
+    if logprobs.is_cuda:  # the model's pass, still queued, is not the loss's time
+        torch.cuda.synchronize(logprobs.device)
     total = logprobs.new_zeros(())
     sums: dict[str, float] = {}
     num_datums = len(offsets) - 1
-    for i in range(num_datums):
-        rows = slice(int(offsets[i]), int(offsets[i + 1]))
-        args = [logprobs[rows], *(inputs[name][rows] for name in program.input_names)]
-        loss, metrics = run_datum(program, args, planner.call_for(rows.stop - rows.start))
-        total = total + loss
-        for key, value in metrics.items():
-            sums[key] = sums.get(key, 0.0) + value
+    with planner.running():
+        for i in range(num_datums):
+            rows = slice(int(offsets[i]), int(offsets[i + 1]))
+            args = [logprobs[rows], *(inputs[name][rows] for name in program.input_names)]
+            loss, metrics = run_datum(program, args, planner.call_for(rows.stop - rows.start))
+            total = total + loss
+            for key, value in metrics.items():
+                sums[key] = sums.get(key, 0.0) + value
     return total, {key: (value, float(num_datums)) for key, value in sums.items()}
 
 
@@ -187,10 +239,6 @@ def _walk(program: CustomLossProgram, args: list[Any], call: Call) -> tuple[Loss
     raise UserError(f"custom loss {program.name!r} has no output", field=_FIELD)  # validation prevents this
 
 
-def _plain(node: LossNode, fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> Any:
-    return fn(*args, **kwargs)
-
-
 def _call(program: CustomLossProgram, node: LossNode, env: dict[str, Any], call: Call) -> Any:
     device = next(v for v in env.values() if isinstance(v, torch.Tensor)).device
     args = [_decode(a, env, device) for a in node.args]
@@ -198,13 +246,17 @@ def _call(program: CustomLossProgram, node: LossNode, env: dict[str, Any], call:
     where = f"custom loss {program.name!r}, node {node.name!r} ({node.target})"
     if node.op == "call_method" and not isinstance(args[0], torch.Tensor):
         raise UserError(f"{where} calls a tensor method on a {type(args[0]).__name__}", field=_FIELD)
-    if node.target.startswith("math.") and any(isinstance(a, torch.Tensor) for a in args):
-        raise UserError(f"{where} applies math to a tensor, which leaves autograd; use torch", field=_FIELD)
+    on_host = node.op == "call_function" and arithmetic(node.target)
+    if on_host:
+        host.check_operands(where, node.target, args, kwargs, program.max_integer)
     fn = getattr(type(args[0]), node.target) if node.op == "call_method" else BOUND[node.target]
     try:
-        return call(node, fn, args, kwargs)
+        out = call(node, fn, args, kwargs)
     except _FAILURES as exc:
         raise UserError(f"{where} failed: {exc}", field=_FIELD) from None
+    if on_host:
+        host.check_result(where, out, program.max_integer)
+    return out
 
 
 def _output(program: CustomLossProgram, node: LossNode, env: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
