@@ -6,8 +6,8 @@ sent without one, as soon as it passes the cap.
 
 Refused keys are throttled per client address (behind auth.trusted_proxies, the address they forwarded for), and
 only the refused ones: a key that authenticates is never refused for its address's failures (a NAT or a proxy
-shares one address among many users). Past the budget a refused attempt answers 429 instead of 401, and the same
-credential sent again from that address is refused without a lookup."""
+shares one address among many users). Past the budget a refused attempt answers 429 instead of 401, and a key that
+was refused before, or that the key index (app.api.key_index) does not hold, costs that address no key-store lookup."""
 
 from __future__ import annotations
 
@@ -18,10 +18,12 @@ from typing import Any
 
 from starlette.requests import Request
 
-from app.api.auth import HUB_PREFIX, LOOPBACK_MODE, SIGNED_PREFIXES, client_address
+from app.api.auth import HUB_PREFIX, LOOPBACK_MODE, SIGNED_PREFIXES, Authenticator, client_address, presented_key
 from app.api.error_responses import error_response
+from app.api.key_index import KeyIndex
 from app.api.quotas import check_request_rate
 from app.api.rates import RateLimiter
+from app.api.tokens import looks_like_jwt
 from app.caches import remember
 from app.config import LimitsConfig, QuotasConfig
 from app.errors import BodyTooLarge, Forbidden, Overloaded, TinkerServeError, Unauthorized
@@ -88,6 +90,7 @@ class RequestGate:
         self.app = app
         self._refused: dict[str, bool] = {}  # "client credential-digest" refused here before
         self._keyless: RateLimiter | None = None  # per client: signed links, key-less /hub (built on first use)
+        self._index: KeyIndex | None = None  # the keys that exist (built on first use)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -111,8 +114,10 @@ class RequestGate:
             check_loopback_origin(request)
         client = client_address(request, services.config.auth.trusted_proxies)
         refused = f"{client} {_credential(request)}"
-        if refused in self._refused and (wait := services.failed_auth_rate.waiting(client)):
-            raise _throttled(client, wait)  # refused before, and the address is past its budget: no lookup
+        if (wait := services.failed_auth_rate.waiting(client)) and (
+            refused in self._refused or not await self._may_exist(request, auth)
+        ):
+            raise _throttled(client, wait)  # past its budget, the address's made-up keys cost no key-store lookup
         try:
             record = await auth.authenticate(request)
         except Unauthorized:
@@ -126,6 +131,20 @@ class RequestGate:
             self._charge_keyless(client, services.config.quotas)
         state["key"] = record
         state["user"] = record.owner if record is not None else None
+
+    async def _may_exist(self, request: Request, auth: Authenticator) -> bool:
+        """Whether the request's key may authenticate, asking the key index (app.api.key_index) instead of the key
+        store where a lookup would read it: a plain key in the api_keys mode (any `tml-` key on loopback is
+        enrolled, a JWT is checked by its signature first, and a malformed key costs nothing)."""
+        try:
+            key = presented_key(request, auth.mode)
+        except Unauthorized:
+            return False
+        if key is None or auth.mode == LOOPBACK_MODE or looks_like_jwt(key):
+            return True
+        if self._index is None:
+            self._index = KeyIndex(auth.keys, auth.configured)
+        return await self._index.exists(key)
 
     def _charge_keyless(self, client: str, quotas: QuotasConfig) -> None:
         per_minute = quotas.keyless_requests_per_minute_per_client
