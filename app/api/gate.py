@@ -159,8 +159,8 @@ class RequestGate:
 
 
 def _credential(request: Request) -> str:
-    """A digest of what the request presents as its key, in any header that may carry one (64 bits: a valid key
-    that matched a refused one would only be looked up no more while its address is past the budget)."""
+    """A 64-bit digest of what the request presents as its key (X-API-Key and Authorization): what the gate keeps
+    of a refused one."""
     headers = request.headers
     presented = f"{headers.get('x-api-key')}\n{headers.get('authorization')}"
     return hashlib.sha256(presented.encode()).hexdigest()[:16]

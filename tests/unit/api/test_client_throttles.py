@@ -15,11 +15,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from pydantic import ValidationError
 from starlette.requests import Request
 
 from app.api.auth import client_address
 from app.api.key_index import KeyIndex
-from app.config import ServerConfig
+from app.config import AuthConfig, ServerConfig
 from app.db.checkpoints import CheckpointRecord
 from app.db.keys import key_hash
 from app.storage.paths import CheckpointPath
@@ -78,6 +79,12 @@ def _request(peer: str, forwarded: list[str]) -> Request:
 def test_the_client_is_the_right_most_untrusted_forwarded_address(peer: str, forwarded: list[str], client: str) -> None:
     assert client_address(_request(peer, forwarded), ["10.0.0.0/24"]) == client
     assert client_address(_request(peer, forwarded), []) == peer
+
+
+def test_trusted_proxies_are_addresses_or_networks() -> None:
+    assert AuthConfig(trusted_proxies=["10.0.0.5", "10.1.0.0/16", "fd00::/8"]).trusted_proxies[2] == "fd00::/8"
+    with pytest.raises(ValidationError, match=r"auth\.trusted_proxies: 'haproxy' is not an IP address or CIDR"):
+        AuthConfig(trusted_proxies=["haproxy"])
 
 
 def test_a_trusted_proxys_clients_are_throttled_apart(make_api: Callable[..., InProcessApi]) -> None:
