@@ -8,6 +8,7 @@ that checks them, the ingress, and by the build step that fails fast without the
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 from typing import Annotated, Literal
@@ -413,6 +414,21 @@ class AuthConfig(Strict):
         "those instead",
     )
     jwt_ttl_seconds: int = Field(900, ge=60, description="how long such a JWT is valid")
+    trusted_proxies: list[str] = Field(
+        default_factory=list,
+        description="addresses or CIDRs of the reverse proxies in front of the server (e.g. [10.0.0.5, 10.1.0.0/16]): "
+        "from these the client is the right-most X-Forwarded-For address not among them; any other peer's "
+        "X-Forwarded-For is ignored. Empty: the peer's address is the client's",
+    )
+
+    @model_validator(mode="after")
+    def _check_trusted_proxies(self) -> AuthConfig:
+        for proxy in self.trusted_proxies:
+            try:
+                ipaddress.ip_network(proxy, strict=False)
+            except ValueError:
+                raise ValueError(f"auth.trusted_proxies: {proxy!r} is not an IP address or CIDR") from None
+        return self
 
     def load_keys(self) -> frozenset[str]:
         """The configured keys: ${API_KEYS_ENV}'s and api_keys_file's, read now (I/O: never called while validating).

@@ -301,6 +301,12 @@ class QuotasConfig(Strict):
     failed_auth_per_minute_per_client: int = Field(
         600, ge=1, description="refused keys per client address and ingress replica; beyond it the client waits"
     )
+    keyless_requests_per_minute_per_client: int = Field(
+        600,
+        ge=1,
+        description="requests that need no key but read files (signed download and trace links; /hub without a key "
+        "on loopback), per client address and ingress replica; beyond it 429",
+    )
     max_custom_losses_per_session: int = Field(256, ge=1, description="create_custom_loss beyond it is refused")
     max_stability_records_per_session: int = Field(
         200_000, ge=1, description="live stability records; a recording asample beyond it is refused"

@@ -5,8 +5,10 @@ own. Revoked and expired keys are refused. Keys are compared and stored only as 
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from fastapi import Request
@@ -33,6 +35,35 @@ def _is_loopback(host: str | None) -> bool:
         return host is not None and ipaddress.ip_address(host).is_loopback
     except ValueError:
         return host == "localhost"
+
+
+@functools.lru_cache(maxsize=8)
+def _networks(proxies: tuple[str, ...]) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    return tuple(ipaddress.ip_network(p, strict=False) for p in proxies)
+
+
+def _trusted(host: str, networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]) -> bool:
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return any(address in network for network in networks)
+
+
+def client_address(request: Request, trusted_proxies: Sequence[str]) -> str:
+    """The caller's address: the peer's, or, when the peer is one of `trusted_proxies` (auth.trusted_proxies), the
+    right-most X-Forwarded-For address that is not (what the first trusted proxy saw; anything left of it is what
+    the client claimed). An untrusted peer's X-Forwarded-For is ignored. PROXY protocol is not read: Serve's
+    HTTP proxy (uvicorn) does not parse it."""
+    peer = request.client.host if request.client else "unknown"
+    networks = _networks(tuple(trusted_proxies))
+    if not networks or not _trusted(peer, networks):
+        return peer
+    hops = [h.strip() for v in request.headers.getlist("x-forwarded-for") for h in v.split(",") if h.strip()]
+    for hop in reversed(hops):
+        if not _trusted(hop, networks):
+            return hop
+    return hops[0] if hops else peer
 
 
 def check_mode_fits_bind(mode: str, host: str | None) -> None:

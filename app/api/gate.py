@@ -1,21 +1,31 @@
 """The ASGI layer in front of routing, run before any byte of a request's body is read: in the loopback mode the
-Host and Origin must name this machine (a web page rebound to 127.0.0.1 is refused), the key is checked (a client
-whose keys keep failing is throttled before its next lookup), the key's request rate is charged, and the body is
-capped by its route's class. Unauthenticated bodies are never read; a body over its cap is refused by its
-Content-Length, or, sent without one, as soon as it passes the cap."""
+Host and Origin must name this machine (a web page rebound to 127.0.0.1 is refused), the key is checked, the key's
+request rate is charged (or, for signed links and key-less /hub requests, the client's), and the body is capped by
+its route's class. Unauthenticated bodies are never read; a body over its cap is refused by its Content-Length, or,
+sent without one, as soon as it passes the cap.
+
+Refused keys are throttled per client address (behind auth.trusted_proxies, the address they forwarded for), and
+only the refused ones: a key that authenticates is never refused for its address's failures (a NAT or a proxy
+shares one address among many users). Past the budget a refused attempt answers 429 instead of 401, and a key that
+was refused before, or that the key index (app.api.key_index) does not hold, costs that address no key-store lookup."""
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from starlette.requests import Request
 
-from app.api.auth import LOOPBACK_MODE
+from app.api.auth import HUB_PREFIX, LOOPBACK_MODE, SIGNED_PREFIXES, Authenticator, client_address, presented_key
 from app.api.error_responses import error_response
+from app.api.key_index import KeyIndex
 from app.api.quotas import check_request_rate
-from app.config import LimitsConfig
+from app.api.rates import RateLimiter
+from app.api.tokens import looks_like_jwt
+from app.caches import remember
+from app.config import LimitsConfig, QuotasConfig
 from app.errors import BodyTooLarge, Forbidden, Overloaded, TinkerServeError, Unauthorized
 
 Scope = MutableMapping[str, Any]
@@ -26,6 +36,8 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 TRAINING_DATA_PATHS = frozenset({"/api/v1/forward_backward"})
 SAMPLING_PATHS = frozenset({"/api/v1/asample", "/v1/completions", "/v1/chat/completions"})
+REFUSED_REMEMBERED = 10_000  # (client, credential) pairs refused, per replica
+KEYLESS_CHARGED = (*SIGNED_PREFIXES, HUB_PREFIX)  # read files without a key: charged to the client's keyless rate
 
 
 def body_limit(path: str) -> str:
@@ -76,6 +88,9 @@ class RequestGate:
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+        self._refused: dict[str, bool] = {}  # "client credential-digest" refused here before
+        self._keyless: RateLimiter | None = None  # per client: signed links, key-less /hub (built on first use)
+        self._index: KeyIndex | None = None  # the keys that exist (built on first use)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -97,23 +112,66 @@ class RequestGate:
         auth = services.auth
         if auth.mode == LOOPBACK_MODE:
             check_loopback_origin(request)
-        client = request.client.host if request.client else "unknown"
-        wait = services.failed_auth_rate.waiting(client)
-        if wait:
-            raise Overloaded(
-                f"too many requests from {client} with keys that were refused "
-                f"(quotas.failed_auth_per_minute_per_client); retry in {wait:.0f} s",
-                retry_after_s=int(wait) + 1,
-            )
+        client = client_address(request, services.config.auth.trusted_proxies)
+        refused = f"{client} {_credential(request)}"
+        if (wait := services.failed_auth_rate.waiting(client)) and (
+            refused in self._refused or not await self._may_exist(request, auth)
+        ):
+            raise _throttled(client, wait)  # past its budget, the address's made-up keys cost no key-store lookup
         try:
             record = await auth.authenticate(request)
         except Unauthorized:
-            services.failed_auth_rate.take(client, 1)
+            remember(self._refused, refused, True, limit=REFUSED_REMEMBERED)
+            if wait := services.failed_auth_rate.take(client, 1):
+                raise _throttled(client, wait) from None
             raise
         if record is not None:
             check_request_rate(services, record.key_id)
+        elif request.url.path.startswith(KEYLESS_CHARGED):
+            self._charge_keyless(client, services.config.quotas)
         state["key"] = record
         state["user"] = record.owner if record is not None else None
+
+    async def _may_exist(self, request: Request, auth: Authenticator) -> bool:
+        """Whether the request's key may authenticate, asking the key index (app.api.key_index) instead of the key
+        store where a lookup would read it: a plain key in the api_keys mode (any `tml-` key on loopback is
+        enrolled, a JWT is checked by its signature first, and a malformed key costs nothing)."""
+        try:
+            key = presented_key(request, auth.mode)
+        except Unauthorized:
+            return False
+        if key is None or auth.mode == LOOPBACK_MODE or looks_like_jwt(key):
+            return True
+        if self._index is None:
+            self._index = KeyIndex(auth.keys, auth.configured)
+        return await self._index.exists(key)
+
+    def _charge_keyless(self, client: str, quotas: QuotasConfig) -> None:
+        per_minute = quotas.keyless_requests_per_minute_per_client
+        if self._keyless is None:
+            self._keyless = RateLimiter(per_minute)
+        if wait := self._keyless.take(client, 1, per_minute=per_minute):
+            raise Overloaded(
+                f"too many requests without a key (signed links, /hub) from {client} "
+                f"(quotas.keyless_requests_per_minute_per_client={per_minute}); retry in {wait:.0f} s",
+                retry_after_s=int(wait) + 1,
+            )
+
+
+def _credential(request: Request) -> str:
+    """A 64-bit digest of what the request presents as its key (X-API-Key and Authorization): what the gate keeps
+    of a refused one."""
+    headers = request.headers
+    presented = f"{headers.get('x-api-key')}\n{headers.get('authorization')}"
+    return hashlib.sha256(presented.encode()).hexdigest()[:16]
+
+
+def _throttled(client: str, wait: float) -> Overloaded:
+    return Overloaded(
+        f"too many requests from {client} with keys that were refused "
+        f"(quotas.failed_auth_per_minute_per_client); retry in {wait:.0f} s",
+        retry_after_s=int(wait) + 1,
+    )
 
 
 async def _capped(request: Request, receive: Receive, limit: str, limits: LimitsConfig) -> Receive:

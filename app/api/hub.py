@@ -17,6 +17,7 @@ from pathlib import Path
 from fastapi import APIRouter, Request, Response
 
 from app.api.deps import Services, ServicesDep
+from app.caches import remember
 from app.errors import NotFound
 from app.models.hub_cache import REGISTERED_FILES, registered_files, revision
 
@@ -36,15 +37,36 @@ class HubNotFound(NotFound):
 
 
 @dataclass(frozen=True)
+class HubFile:
+    path: Path
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True)
 class HubRepo:
     repo_id: str
     commit: str
-    files: dict[str, tuple[Path, str]]  # name -> (path, sha256)
+    files: dict[str, HubFile]  # by name
+
+
+Stats = tuple[tuple[str, int, int], ...]  # (path, mtime_ns, size) of each file
+_read: dict[tuple[str, Path], tuple[Stats, HubRepo]] = {}  # (repo id, directory) -> its files' stats and contents
 
 
 def _read_repo(repo_id: str, directory: Path) -> HubRepo:
+    """The repo of `directory`'s files, read and hashed again only when a file's path, mtime or size changed (a
+    listing or a resolve costs a stat per file, not a read and two hashes of every file)."""
     files = registered_files(directory)
-    return HubRepo(repo_id, revision(files), {f.name: (f, hashlib.sha256(f.read_bytes()).hexdigest()) for f in files})
+    stats = tuple((str(f), (st := f.stat()).st_mtime_ns, st.st_size) for f in files)
+    cached = _read.get((repo_id, directory))
+    if cached is not None and cached[0] == stats:
+        return cached[1]
+    hashed = {
+        f.name: HubFile(f, hashlib.sha256(f.read_bytes()).hexdigest(), size) for f, (_, _, size) in zip(files, stats)
+    }
+    repo = HubRepo(repo_id, revision(files), hashed)
+    return remember(_read, (repo_id, directory), (stats, repo), limit=1024)[1]
 
 
 def _model_directory(path: str) -> Path | None:
@@ -81,10 +103,11 @@ async def resolve(
     repo = await _repo(services, repo_id, revision_asked)
     if filename not in repo.files:
         raise HubNotFound(f"{repo.repo_id!r} serves only {sorted(repo.files)}, not {filename!r}", "EntryNotFound")
-    path, sha256 = repo.files[filename]
-    body = await asyncio.to_thread(path.read_bytes)
-    headers = {"x-repo-commit": repo.commit, "etag": f'"{sha256}"', "content-length": str(len(body))}
-    return Response(b"" if request.method == "HEAD" else body, headers=headers, media_type="application/octet-stream")
+    file = repo.files[filename]
+    body = b"" if request.method == "HEAD" else await asyncio.to_thread(file.path.read_bytes)
+    size = file.size if request.method == "HEAD" else len(body)
+    headers = {"x-repo-commit": repo.commit, "etag": f'"{file.sha256}"', "content-length": str(size)}
+    return Response(body, headers=headers, media_type="application/octet-stream")
 
 
 def _info(repo: HubRepo) -> dict:
@@ -112,10 +135,7 @@ async def tree(repo_id: str, revision_asked: str, services: ServicesDep, path: s
     repo = await _repo(services, repo_id, revision_asked)
     if path.strip("/"):
         raise HubNotFound(f"{repo.repo_id!r} has no folder {path!r}", "EntryNotFound")
-    return [
-        {"type": "file", "path": name, "size": p.stat().st_size, "oid": sha}
-        for name, (p, sha) in sorted(repo.files.items())
-    ]
+    return [{"type": "file", "path": name, "size": f.size, "oid": f.sha256} for name, f in sorted(repo.files.items())]
 
 
 @router.get("/api/models/{repo_id:path}")

@@ -109,6 +109,11 @@ class KeyStore:
             row = (await conn.execute(select(api_keys).where(api_keys.c.key_hash == key_hash(secret)))).first()
         return None if row is None else _record(row)
 
+    async def hashes(self) -> set[str]:
+        """The hash of every key, revoked and expired ones included (app.api.key_index keeps them per replica)."""
+        async with self._db.connect() as conn:
+            return set((await conn.execute(select(api_keys.c.key_hash))).scalars())
+
     async def by_id(self, key_id: int) -> KeyRecord | None:
         async with self._db.connect() as conn:
             row = (await conn.execute(select(api_keys).where(api_keys.c.key_id == key_id))).first()

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from app.api.auth import presented_key
 from app.api.main import create_api
 from app.api.rates import RateLimiter
-from app.config import LimitsConfig
+from app.config import AuthConfig, LimitsConfig
 from app.console import STATIC
 
 
@@ -26,7 +26,7 @@ class _KeysRefused:
 
 def client() -> TestClient:
     api = create_api()
-    config = SimpleNamespace(limits=LimitsConfig())
+    config = SimpleNamespace(limits=LimitsConfig(), auth=AuthConfig())
     api.state.services = SimpleNamespace(auth=_KeysRefused(), config=config, failed_auth_rate=RateLimiter(600))
     return TestClient(api, client=("10.1.2.3", 40000))
 
