@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 from app.api.deps import Services, ServicesDep, UserDep
 from app.api.error_responses import validation_message
 from app.api.quotas import pending_admission
+from app.db import journal_codec
 from app.db.metadata import TrainingRun
 from app.db.outcomes import Pending
 from app.errors import ServerError, TinkerServeError, UserError
@@ -75,7 +76,7 @@ async def _sequence(
         log_request("retried", op=kind, model_id=model_id, seq_id=seq_id, tinker_request_id=request_id)
         return {"request_id": request_id, "model_id": model_id}
     try:
-        op, error = await _build_or_skip(build_op, request_id, run)
+        op, encoded, error = await _build_or_skip(build_op, request_id, run)
         if error is not None:
             await services.futures.fail(request_id, error)
         log_request(
@@ -88,8 +89,9 @@ async def _sequence(
             outcome=outcome_of(error),
         )
         if created:  # one commit: the journal before the trainer has it (a restart reruns it), and usage
-            await asyncio.gather(services.journal.append(model_id, seq_id, op), _count_usage(services, run, op))
-        elif await services.journal.append(model_id, seq_id, op):
+            appended = services.journal.append(model_id, seq_id, op, encoded)
+            await asyncio.gather(appended, _count_usage(services, run, op))
+        elif await services.journal.append(model_id, seq_id, op, encoded):
             await _count_usage(services, run, op)
         services.trainers.submit(run.trainer, model_id, seq_id, op, user)
     except BaseException as exc:  # the future must not stay pending: a retry would find it and wait forever
@@ -146,16 +148,20 @@ async def forward_backward(request: Request, services: ServicesDep, user: UserDe
 
 async def _build_or_skip(
     build_op: Callable[[str, TrainingRun], Awaitable[SequencedOp]], request_id: str, run: TrainingRun
-) -> tuple[SequencedOp, dict | None]:
-    """The operation, or, when it cannot be built, a Skip (the model's later seq_ids must not wait for it) and the
-    error its future fails with: a user error as it is, anything else as a server error naming it."""
+) -> tuple[SequencedOp, bytes, dict | None]:
+    """The operation and its journal entry (encoded off the event loop: a batch's is as large as its body), or, when
+    it cannot be built or journaled, a Skip (the model's later seq_ids must not wait for it) and the error its
+    future fails with: a user error as it is, anything else as a server error naming it."""
     try:
-        return await build_op(request_id, run), None
+        op = await build_op(request_id, run)
+        return op, await asyncio.to_thread(journal_codec.encode, op), None
     except TinkerServeError as exc:
-        return Skip(request_id), exc.to_body()
+        error = exc.to_body()
     except Exception as exc:
         logger.exception("building %s failed", request_id)
-        return Skip(request_id), ServerError(f"the request could not be prepared: {exc!r}").to_body()
+        error = ServerError(f"the request could not be prepared: {exc!r}").to_body()
+    skip = Skip(request_id)
+    return skip, journal_codec.encode(skip), error
 
 
 async def _count_usage(services: Services, run: TrainingRun, op: SequencedOp) -> None:

@@ -49,13 +49,16 @@ class JournalStore:
         self._db = db
         self._writes = group_commit(db)
 
-    async def append(self, model_id: str, seq_id: int, op: CreateModel | SequencedOp) -> bool:
-        """Record an accepted operation; False when (model_id, seq_id) is recorded already (a retry)."""
+    async def append(
+        self, model_id: str, seq_id: int, op: CreateModel | SequencedOp, encoded: bytes | None = None
+    ) -> bool:
+        """Record an accepted operation (`encoded`: its journal_codec encoding, when the caller made it); False when
+        (model_id, seq_id) is recorded already (a retry)."""
         row = {
             "model_id": model_id,
             "seq_id": seq_id,
             "request_id": op.request_id,
-            "op": journal_codec.encode(op),
+            "op": journal_codec.encode(op) if encoded is None else encoded,
             "created_at": time.time(),
         }
         try:  # shares a commit with the process's other writes of the moment
