@@ -235,6 +235,9 @@ class UserQuotas(Strict):
         None, ge=1, description="quotas.max_pending_bytes_per_user, for this user"
     )
     max_long_polls_per_user: int | None = Field(None, ge=1, description="quotas.max_long_polls_per_user, for this user")
+    max_concurrent_decodes_per_user: int | None = Field(
+        None, ge=1, description="quotas.max_concurrent_decodes_per_user, for this user"
+    )
     sample_tokens_per_minute_per_user: int | None = Field(
         None, ge=1, description="quotas.sample_tokens_per_minute_per_user, for this user"
     )

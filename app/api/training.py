@@ -96,7 +96,7 @@ async def forward_backward(request: Request, services: ServicesDep, user: UserDe
     ctype, encoding = request.headers.get("content-type", ""), request.headers.get("content-encoding")
     bounds, json_body = Bounds.of(services.config.limits), is_json(ctype)
     decoders = decoders_of(services.config.quotas)
-    async with decoders.turn(user):
+    async with decoders.turn(user, services.config.quotas.for_user(user).max_concurrent_decodes_per_user):
         plain, header = await asyncio.to_thread(_open, body, encoding, bounds.max_body_bytes, json_body)
         if header is not None and header[0]:
             await services.training_run(header[0], user)  # another user's model answers as missing, unread
