@@ -108,6 +108,7 @@ def test_another_users_healthz_and_step_while_hostile_bodies_arrive(
         trainer.forward_backward(data, "cross_entropy").result()
         trainer.optim_step(types.AdamParams(learning_rate=1e-3)).result()
 
+    step()  # before the load too: the ingress's decoding processes are started by then
     latencies, took = under_hostile_load(hostile_senders(base_url), step, f"{base_url}/api/v1/healthz")
     print(f"\nhealthz under hostile load: max {max(latencies) * 1000:.0f} ms of {len(latencies)} probes, {took:.1f} s")
     assert max(latencies) < HEALTHZ_LIMIT_S, [round(x * 1000) for x in latencies]
