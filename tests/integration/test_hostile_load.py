@@ -74,9 +74,10 @@ def hostile_senders(base_url: str) -> list[Callable[[], None]]:
 
 def under_hostile_load(
     senders: list[Callable[[], None]], work: Callable[[], None], probe_url: str
-) -> tuple[list[float], float]:
+) -> tuple[list[float], float, list[BaseException]]:
     """Run every sender SENDS_PER_KIND times concurrently with `work` (another user's), probing `probe_url` PROBES
-    times spread over the load: the probes' latencies and the seconds the load took."""
+    times spread over the load: the probes' latencies, the seconds the load took, and what the senders and the
+    work raised."""
     latencies: list[float] = []
     started = time.monotonic()
     with ThreadPoolExecutor(len(senders) * SENDS_PER_KIND + 1) as pool:
@@ -88,9 +89,8 @@ def under_hostile_load(
                 assert http.get(probe_url).status_code == 200
                 latencies.append(time.monotonic() - before)
                 time.sleep(0.2)
-        for future in [*sent, worked]:
-            future.result()
-    return latencies, time.monotonic() - started
+        raised = [error for future in [*sent, worked] if (error := future.exception()) is not None]
+    return latencies, time.monotonic() - started, raised
 
 
 def test_another_users_healthz_and_step_while_hostile_bodies_arrive(
@@ -109,6 +109,7 @@ def test_another_users_healthz_and_step_while_hostile_bodies_arrive(
         trainer.optim_step(types.AdamParams(learning_rate=1e-3)).result()
 
     step()  # before the load too: the ingress's decoding processes are started by then
-    latencies, took = under_hostile_load(hostile_senders(base_url), step, f"{base_url}/api/v1/healthz")
+    latencies, took, raised = under_hostile_load(hostile_senders(base_url), step, f"{base_url}/api/v1/healthz")
     print(f"\nhealthz under hostile load: max {max(latencies) * 1000:.0f} ms of {len(latencies)} probes, {took:.1f} s")
     assert max(latencies) < HEALTHZ_LIMIT_S, [round(x * 1000) for x in latencies]
+    assert not raised, raised
