@@ -107,6 +107,27 @@ class LimitsConfig(Strict):
     max_sparse_input_width: int = Field(
         1024, ge=1, description="the K of an (N, K) loss input sent as sparse CSR (top-k inputs: K is small)"
     )
+    # forward(_backward) counts, checked from the wire before anything is built from them (app.protocol.bounds)
+    max_chunks_per_datum: int = Field(
+        2**16, ge=1, description="model_input chunks of one forward(_backward) datum (one per token still fits 64k)"
+    )
+    max_chunks_per_request: int = Field(
+        2**18, ge=1, description="model_input chunks of all datums of one forward(_backward) request"
+    )
+    max_loss_fn_inputs_per_datum: int = Field(
+        64, ge=1, description="loss_fn_inputs entries of one forward(_backward) datum (the built-in losses take <= 4)"
+    )
+    max_loss_fn_config_entries: int = Field(
+        64, ge=1, description="loss_fn_config entries (with loss_fn_config_v2's) of one forward(_backward) request"
+    )
+    max_provenance_spans_per_request: int = Field(
+        2**16, ge=1, description="provenance spans (model_input_spans and loss_fn_input_spans) of one request"
+    )
+    max_distinct_sequence_ids_per_request: int = Field(
+        2**14,
+        ge=1,
+        description="distinct sequence ids one request's provenance spans name: each is a stability record read",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -260,6 +281,9 @@ class UserQuotas(Strict):
         None, ge=1, description="quotas.max_stability_record_bytes_per_user, for this user"
     )
     max_long_polls_per_user: int | None = Field(None, ge=1, description="quotas.max_long_polls_per_user, for this user")
+    max_concurrent_decodes_per_user: int | None = Field(
+        None, ge=1, description="quotas.max_concurrent_decodes_per_user, for this user"
+    )
     sample_tokens_per_minute_per_user: int | None = Field(
         None, ge=1, description="quotas.sample_tokens_per_minute_per_user, for this user"
     )
@@ -280,6 +304,17 @@ class QuotasConfig(Strict):
     )
     max_checkpoint_bytes_per_user: int = Field(
         2**40, ge=1, description="bytes of the user's live checkpoints; a save beyond it is refused"
+    )
+    decode_processes: int = Field(
+        2,
+        ge=1,
+        description="processes of each ingress replica that decode forward(_backward) bodies, off its event loop",
+    )
+    max_concurrent_decodes_per_user: int = Field(
+        1,
+        ge=1,
+        description="forward(_backward) bodies of one user decoded at once in an ingress replica (more wait their "
+        "turn); below decode_processes, so that no one user fills the decoders",
     )
     max_pending_requests_per_user: int = Field(
         1024, ge=1, description="the user's training operations queued or running"

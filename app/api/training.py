@@ -16,6 +16,7 @@ from typing import TypeVar
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ValidationError
 
+from app.api.decoding import decoders as decoders_of
 from app.api.deps import Services, ServicesDep, UserDep
 from app.api.error_responses import validation_message
 from app.api.quotas import pending_admission
@@ -28,7 +29,8 @@ from app.operations import operation
 from app.operations.forward_backward import ForwardBackward
 from app.operations.optim_step import OptimStep
 from app.protocol import wire
-from app.protocol.codec import decode_forward_backward, peek_sequence
+from app.protocol.codec import Bounds, decompress, is_json, valid_sequence
+from app.protocol.skeleton import read_header
 from app.request_log import log_request, outcome_of
 from app.training_data.custom_losses import CustomLossProgram
 from app.training_data.losses import CUSTOM, get_loss
@@ -103,25 +105,23 @@ async def _sequence(
 
 @router.post("/forward_backward")
 async def forward_backward(request: Request, services: ServicesDep, user: UserDep) -> dict:
+    """Decoded in this order: the body decompressed and (protobuf) its model_id and seq_id read, the model's owner
+    checked, then the rest decoded off the event loop (app.api.decoding); every count bounded before it is built."""
     body = await request.body()
     ctype, encoding = request.headers.get("content-type", ""), request.headers.get("content-encoding")
-    limits = services.config.limits
-    max_bytes = limits.max_request_bytes
-    try:
-        decoded = decode_forward_backward(
-            body,
-            ctype,
-            encoding,
-            max_body_bytes=max_bytes,
-            max_datums=limits.max_datums_per_request,
-            max_cells=limits.max_loss_input_cells_per_request,
-            max_sparse_width=limits.max_sparse_input_width,
-        )
-    except UserError as exc:
-        sequence = peek_sequence(body, ctype, encoding, max_body_bytes=max_bytes)
-        if sequence is None:
-            raise
-        rejection = exc  # `exc` is unbound when the except clause ends; the closure keeps its own name
+    bounds, json_body = Bounds.of(services.config.limits), is_json(ctype)
+    decoders = decoders_of(services.config.quotas)
+    async with decoders.turn(user, services.config.quotas.for_user(user).max_concurrent_decodes_per_user):
+        plain, header = await asyncio.to_thread(_open, body, encoding, bounds.max_body_bytes, json_body)
+        if header is not None and header[0]:
+            await services.training_run(header[0], user)  # another user's model answers as missing, unread
+        outcome = await decoders.decode(plain, json_body, bounds)
+    decoded = outcome.decoded
+    if decoded is None:
+        sequence = valid_sequence(*header) if header is not None else outcome.sequence
+        if sequence is None or outcome.error is None:
+            raise outcome.error or ServerError("the body was neither decoded nor refused")
+        rejection = outcome.error
 
         async def reject(_: str, __: TrainingRun) -> SequencedOp:
             raise rejection
@@ -135,7 +135,8 @@ async def forward_backward(request: Request, services: ServicesDep, user: UserDe
         )
         batch = decoded.batch
         if get_loss(loss.name).needs_provenance:  # the sampler's logprobs, from the records the spans name
-            records = await services.stability.get(run.session_id, referenced_sequences(decoded))
+            wanted, most = referenced_sequences(decoded), services.config.limits.max_distinct_sequence_ids_per_request
+            records = await services.stability.get(run.session_id, wanted, most)
             server_side = behaviour_inputs(decoded, records)
             user_side = {k: v for k, v in batch.loss_inputs.items() if k != "logprobs"}  # not used: records rule
             batch = replace(batch, loss_inputs={**user_side, **server_side})
@@ -144,6 +145,14 @@ async def forward_backward(request: Request, services: ServicesDep, user: UserDe
 
     nbytes = decoded.batch.nbytes
     return await sequenced(services, user, "forward_backward", decoded.model_id, decoded.seq_id, build, nbytes)
+
+
+def _open(
+    body: bytes, encoding: str | None, max_body_bytes: int, json_body: bool
+) -> tuple[bytes, tuple[str, int] | None]:
+    """The decompressed body and, for protobuf, its (model_id, seq_id) as sent (JSON's come with its decode)."""
+    plain = decompress(body, encoding, max_body_bytes)
+    return plain, None if json_body else read_header(plain)
 
 
 async def _build_or_skip(

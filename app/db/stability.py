@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.schema import sessions, stability_records
 
-_IDS_PER_QUERY = 500  # a query's bound parameters stay well under SQLite's and PostgreSQL's limits
+_IDS_PER_QUERY = 4096  # a query's bound parameters stay under SQLite's (32766) and PostgreSQL's (32767) limits
 
 
 def sequence_ids(request_id: str, num_samples: int) -> list[str]:
@@ -78,9 +78,13 @@ class StabilityStore:
                 await conn.execute(delete(stability_records).where(stability_records.c.sequence_id.in_(ids)))
                 await conn.execute(insert(stability_records), rows)
 
-    async def get(self, session_id: str, sequence_ids: Iterable[str]) -> dict[str, StabilityRecord]:
-        """The session's live records among `sequence_ids` (another session's are absent); reading keeps them."""
+    async def get(self, session_id: str, sequence_ids: Iterable[str], max_ids: int) -> dict[str, StabilityRecord]:
+        """The session's live records among `sequence_ids` (another session's are absent); reading keeps them.
+        At most `max_ids` ids (limits.max_distinct_sequence_ids_per_request), read in two statements per
+        _IDS_PER_QUERY of them: more is a ValueError before any statement (the codec refuses them first)."""
         wanted, found = sorted(set(sequence_ids)), dict[str, StabilityRecord]()
+        if len(wanted) > max_ids:
+            raise ValueError(f"{len(wanted)} sequence ids asked for at once, over {max_ids}")
         async with self._db.begin() as conn:
             for start in range(0, len(wanted), _IDS_PER_QUERY):
                 batch = wanted[start : start + _IDS_PER_QUERY]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -19,16 +20,28 @@ from google.protobuf.message import DecodeError
 
 from app.config import LimitsConfig
 from app.errors import LimitExceeded, UserError
-from app.protocol.bounds import CellBudget, check_datum_count
+from app.protocol.bounds import (
+    CellBudget,
+    Counter,
+    CountLimits,
+    check_config_entries,
+    check_datum_count,
+)
 from app.protocol.chunks import TEXT, not_text
 from app.protocol.proto import pb
 from app.protocol.provenance import collect, provenance_from_json, provenance_from_proto
+from app.protocol.skeleton import scan_counts
 from app.protocol.wire import INT64_MAX
 from app.training_data.batch import ForwardBackwardInput, PackedBatch
 
 __all__ = [
+    "Bounds",
+    "Outcome",
     "decode_forward_backward",
-    "peek_sequence",
+    "decode_plain",
+    "decompress",
+    "is_json",
+    "valid_sequence",
 ]
 
 # Wire dtype of each proto DType; INT32 and BFLOAT16 (raw uint16) are widened after reading.
@@ -41,6 +54,7 @@ _PROTO_DTYPES: dict[int, np.dtype] = {
 _JSON_DTYPES = {"float32": np.float32, "int64": np.int64, "int32": np.int64}
 _INT_INPUTS = frozenset({"target_tokens"})
 _LIMITS = LimitsConfig()  # the defaults of the bounds a caller leaves out
+_COUNTS = CountLimits.of(_LIMITS)
 
 
 def _err(field: str, message: str) -> UserError:
@@ -65,6 +79,82 @@ def _decompress_zstd(body: bytes, max_body_bytes: int) -> bytes:
     return out
 
 
+@dataclass(frozen=True)
+class Bounds:
+    """Every bound the decoder applies (LimitsConfig's fields; `of` reads them)."""
+
+    max_body_bytes: int = _LIMITS.max_request_bytes
+    max_datums: int = _LIMITS.max_datums_per_request
+    max_cells: int = _LIMITS.max_loss_input_cells_per_request
+    max_sparse_width: int = _LIMITS.max_sparse_input_width
+    counts: CountLimits = _COUNTS
+
+    @classmethod
+    def of(cls, limits: LimitsConfig) -> Bounds:
+        return cls(
+            limits.max_request_bytes,
+            limits.max_datums_per_request,
+            limits.max_loss_input_cells_per_request,
+            limits.max_sparse_input_width,
+            CountLimits.of(limits),
+        )
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A decoded body, or the user error it was refused with and, when the body named them, its (model_id,
+    seq_id) (so the caller can fail that seq_id's future); what a decoding process sends back."""
+
+    decoded: ForwardBackwardInput | None
+    error: UserError | None = None
+    sequence: tuple[str, int] | None = None
+
+
+def decompress(body: bytes, content_encoding: str | None, max_body_bytes: int) -> bytes:
+    """The body as sent (raw or zstd), bounded by max_body_bytes before and after decompression."""
+    if len(body) > max_body_bytes:
+        raise LimitExceeded(f"body exceeds {max_body_bytes} bytes", field="body")
+    encoding = (content_encoding or "identity").strip().lower()
+    if encoding == "zstd":
+        return _decompress_zstd(body, max_body_bytes)
+    if encoding not in ("identity", ""):
+        raise _err("body", f"has unsupported Content-Encoding {content_encoding!r} (use zstd or none)")
+    return body
+
+
+def is_json(content_type: str) -> bool:
+    """Whether a body of `content_type` is JSON (older SDKs); anything else is read as protobuf."""
+    mime = (content_type or "").split(";", 1)[0].strip().lower()
+    return mime == "application/json" or mime.endswith("+json")
+
+
+def valid_sequence(model_id: object, seq_id: object) -> tuple[str, int] | None:
+    """(model_id, seq_id) when they can name a future: a non-empty id and a seq_id in [1, INT64_MAX]."""
+    if isinstance(model_id, str) and model_id and type(seq_id) is int and 1 <= seq_id <= INT64_MAX:
+        return model_id, seq_id
+    return None
+
+
+def decode_plain(plain: bytes, json_body: bool, bounds: Bounds = Bounds()) -> Outcome:
+    """Decode a decompressed body: protobuf, after its counts are scanned from the wire (its model_id and seq_id
+    are read by app.protocol.skeleton.read_header, before this), or JSON, whose sequence comes back with an error."""
+    budget = CellBudget(bounds.max_cells, bounds.max_sparse_width)
+    if not json_body:
+        try:
+            scan_counts(plain, bounds.max_datums, bounds.counts)
+            return Outcome(_decode_proto(plain, bounds.max_datums, budget, bounds.counts))
+        except UserError as exc:
+            return Outcome(None, exc)
+    try:
+        obj = _parse_json(plain)
+    except UserError as exc:
+        return Outcome(None, exc)
+    try:
+        return Outcome(_decode_json(obj, bounds.max_datums, budget, bounds.counts))
+    except UserError as exc:
+        return Outcome(None, exc, valid_sequence(obj.get("model_id"), obj.get("seq_id")))
+
+
 def decode_forward_backward(
     body: bytes,
     content_type: str,
@@ -74,47 +164,21 @@ def decode_forward_backward(
     max_datums: int = _LIMITS.max_datums_per_request,
     max_cells: int = _LIMITS.max_loss_input_cells_per_request,
     max_sparse_width: int = _LIMITS.max_sparse_input_width,
+    counts: CountLimits = _COUNTS,
 ) -> ForwardBackwardInput:
-    """Decode a forward_backward body: protobuf (or JSON from older SDKs), optionally zstd-compressed.
+    """Decode a forward_backward body: protobuf (or JSON from older SDKs), optionally zstd-compressed; a UserError
+    when it is refused.
 
     max_body_bytes bounds the raw and the decompressed body; before any datum is decoded, max_datums bounds their
-    number, max_cells the cells of all loss inputs (CSR ones densified) and max_sparse_width a CSR tensor's width.
+    number, max_cells the cells of all loss inputs (CSR ones densified), max_sparse_width a CSR tensor's width and
+    `counts` every other count the body carries.
     """
-    if len(body) > max_body_bytes:
-        raise LimitExceeded(f"body exceeds {max_body_bytes} bytes", field="body")
-    encoding = (content_encoding or "identity").strip().lower()
-    if encoding == "zstd":
-        body = _decompress_zstd(body, max_body_bytes)
-    elif encoding not in ("identity", ""):
-        raise _err("body", f"has unsupported Content-Encoding {content_encoding!r} (use zstd or none)")
-    mime = (content_type or "").split(";", 1)[0].strip().lower()
-    if mime == "application/json" or mime.endswith("+json"):
-        return _decode_json(body, max_datums, CellBudget(max_cells, max_sparse_width))
-    return _decode_proto(body, max_datums, CellBudget(max_cells, max_sparse_width))
-
-
-def peek_sequence(
-    body: bytes, content_type: str, content_encoding: str | None, *, max_body_bytes: int
-) -> tuple[str, int] | None:
-    """(model_id, seq_id) of a body whose datums failed to decode, or None when even those are unreadable.
-
-    Lets the server fail that seq_id's future and keep the model's order moving instead of leaving a gap.
-    """
-    try:
-        if (content_encoding or "").strip().lower() == "zstd":
-            body = _decompress_zstd(body, max_body_bytes)
-        mime = (content_type or "").split(";", 1)[0].strip().lower()
-        if mime == "application/json" or mime.endswith("+json"):
-            obj = json.loads(body)
-            model_id, seq_id = obj.get("model_id"), obj.get("seq_id")
-        else:
-            msg = pb.ForwardBackwardRequest.FromString(body)
-            model_id, seq_id = msg.model_id, msg.seq_id
-    except (UserError, DecodeError, ValueError, AttributeError, RecursionError):
-        return None
-    if isinstance(model_id, str) and model_id and isinstance(seq_id, int) and 1 <= seq_id <= INT64_MAX:
-        return model_id, seq_id
-    return None
+    bounds = Bounds(max_body_bytes, max_datums, max_cells, max_sparse_width, counts)
+    outcome = decode_plain(decompress(body, content_encoding, max_body_bytes), is_json(content_type), bounds)
+    if outcome.decoded is None:
+        assert outcome.error is not None
+        raise outcome.error
+    return outcome.decoded
 
 
 def _pack(datums: list[tuple[np.ndarray, dict[str, np.ndarray]]]) -> PackedBatch:
@@ -227,7 +291,7 @@ def _proto_bounds(req: pb.ForwardBackwardRequest, max_datums: int, budget: CellB
                 budget.add_dense(field, len(t.dense) // _PROTO_DTYPES[t.dtype].itemsize)
 
 
-def _decode_proto(body: bytes, max_datums: int, budget: CellBudget) -> ForwardBackwardInput:
+def _decode_proto(body: bytes, max_datums: int, budget: CellBudget, counts: CountLimits) -> ForwardBackwardInput:
     req = pb.ForwardBackwardRequest()
     try:
         req.ParseFromString(body)
@@ -257,7 +321,7 @@ def _decode_proto(body: bytes, max_datums: int, budget: CellBudget) -> ForwardBa
         config[k] = float(v.number) if arm == "number" else str(v.text)
     batch = _pack(datums)
     return ForwardBackwardInput(
-        req.model_id, int(req.seq_id), req.loss_fn, config, bool(req.forward_only), batch, collect(provenance)
+        req.model_id, int(req.seq_id), req.loss_fn, config, bool(req.forward_only), batch, collect(provenance, counts)
     )
 
 
@@ -277,16 +341,37 @@ def _json_values(data: Any) -> int:
     return len(data) * (len(data[0]) if isinstance(data[0], list) else 1)
 
 
-def _json_bounds(data: list[Any], max_datums: int, budget: CellBudget) -> None:
-    """The datum count and every loss input's cells, before any is converted; malformed ones are left to the
-    decoder, which names them."""
+def _json_counts(i: int, d: Any, counter: Counter) -> None:
+    """Datum i's chunks, loss inputs and spans (lists of another type are left to the decoder, which names them)."""
+    counter.next_datum()
+    if not isinstance(d, dict):
+        return
+    model_input = d.get("model_input")
+    chunks = model_input.get("chunks") if isinstance(model_input, dict) else None
+    counter.add_chunks(i, len(chunks) if isinstance(chunks, list) else 0)
+    inputs = d.get("loss_fn_inputs")
+    counter.add_inputs(i, len(inputs) if isinstance(inputs, dict) else 0)
+    for name in ("model_input_spans", "loss_fn_input_spans"):
+        spans = d.get(name)
+        counter.add_spans(f"data[{i}].{name}", len(spans) if isinstance(spans, list) else 0)
+
+
+def _json_bounds(data: list[Any], max_datums: int, budget: CellBudget, counts: CountLimits) -> None:
+    """The datum count, every other count and every loss input's cells, before any is converted; malformed ones are
+    left to the decoder, which names them."""
     check_datum_count(len(data), max_datums)
+    counter = Counter(counts)
+    for i, d in enumerate(data):
+        _json_counts(i, d, counter)
     for i, d in enumerate(data):
         inputs = d.get("loss_fn_inputs") if isinstance(d, dict) else None
         for name, obj in inputs.items() if isinstance(inputs, dict) else ():
             if not isinstance(obj, dict):
                 continue
             field = f"data[{i}].loss_fn_inputs.{name}"
+            shape = obj.get("shape")
+            if isinstance(shape, list) and len(shape) > 2:
+                raise _err(field, f"has a shape of {len(shape)} dimensions; only (N,) or (N, K) is supported")
             if not _json_sparse(obj):
                 budget.add_dense(field, _json_values(obj.get("data")))
                 continue
@@ -345,13 +430,17 @@ def _json_datum(i: int, d: Any) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     return tokens, {k: _json_tensor(f"data[{i}].loss_fn_inputs.{k}", k, v, len(tokens)) for k, v in raw_inputs.items()}
 
 
-def _decode_json(body: bytes, max_datums: int, budget: CellBudget) -> ForwardBackwardInput:
+def _parse_json(body: bytes) -> dict[str, Any]:
     try:
         obj = json.loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise _err("body", f"is not valid JSON: {exc}") from exc
     if not isinstance(obj, dict):
         raise _err("body", "must be a JSON object")
+    return obj
+
+
+def _decode_json(obj: dict[str, Any], max_datums: int, budget: CellBudget, counts: CountLimits) -> ForwardBackwardInput:
     fbi = obj.get("forward_backward_input")
     inner = fbi if isinstance(fbi, dict) else obj
     model_id, seq_id, loss_fn = obj.get("model_id"), obj.get("seq_id") or 0, inner.get("loss_fn")
@@ -364,10 +453,11 @@ def _decode_json(body: bytes, max_datums: int, budget: CellBudget) -> ForwardBac
     data = inner.get("data")
     if not isinstance(data, list):
         raise _err("data", "must be a list of datums")
-    _json_bounds(data, max_datums, budget)
+    _json_bounds(data, max_datums, budget, counts)
     raw_config = inner.get("loss_fn_config") or {}
     if not isinstance(raw_config, dict):
         raise _err("loss_fn_config", "must be an object")
+    check_config_entries(len(raw_config), counts)
     config: dict[str, float | str] = {}
     for k, v in raw_config.items():
         if isinstance(v, bool) or not isinstance(v, (int, float, str)):
@@ -378,5 +468,5 @@ def _decode_json(body: bytes, max_datums: int, budget: CellBudget) -> ForwardBac
             raise _err(f"loss_fn_config.{k}", "is out of the float range") from exc
     forward_only = bool(obj.get("forward_only", inner.get("forward_only", False)))
     batch = _pack([_json_datum(i, d) for i, d in enumerate(data)])
-    provenance = collect([provenance_from_json(i, d) for i, d in enumerate(data)])  # datums are dicts: checked above
+    provenance = collect([provenance_from_json(i, d) for i, d in enumerate(data)], counts)  # datums: dicts (checked)
     return ForwardBackwardInput(model_id, seq_id, loss_fn, config, forward_only, batch, provenance)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.errors import UserError
+from app.protocol.bounds import CountLimits, check_distinct_ids
 from app.training_data.batch import Provenance, Span
 
 _ARMS = {"prompt_tokens": False, "sampled_tokens": True}
@@ -71,6 +72,15 @@ def provenance_from_json(i: int, datum: dict[str, Any]) -> Provenance | None:
     return _pair(f"data[{i}]", lists[0] or (), lists[1] or (), (lists[0] is not None, lists[1] is not None))
 
 
-def collect(provenance: list[Provenance | None]) -> tuple[Provenance | None, ...]:
-    """Each datum's provenance, or () when no datum has any."""
+def collect(provenance: list[Provenance | None], counts: CountLimits) -> tuple[Provenance | None, ...]:
+    """Each datum's provenance, or () when no datum has any; refused when the spans name more distinct sequence ids
+    than limits.max_distinct_sequence_ids_per_request (each one is a stability record to read)."""
+    ids: set[str] = set()
+    for i, p in enumerate(provenance):
+        named = (("model_input_spans", p.model_input), ("loss_fn_input_spans", p.loss_fn_inputs)) if p else ()
+        for name, spans in named:
+            for j, span in enumerate(spans):
+                if span.sequence_id not in ids:
+                    ids.add(span.sequence_id)
+                    check_distinct_ids(f"data[{i}].{name}[{j}].sequence_id", len(ids), counts)
     return tuple(provenance) if any(p is not None for p in provenance) else ()

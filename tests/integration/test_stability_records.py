@@ -25,7 +25,7 @@ def _records(state_dir: Path, session_id: str, sequence_ids: list[str]) -> dict[
     async def read() -> dict[str, StabilityRecord]:
         db: AsyncEngine = connect(f"sqlite+aiosqlite:///{state_dir / 'tinker_serve.db'}")
         try:
-            return await StabilityStore(db).get(session_id, sequence_ids)
+            return await StabilityStore(db).get(session_id, sequence_ids, len(sequence_ids))
         finally:
             await db.dispose()
 
