@@ -63,7 +63,7 @@ class _Lenient(BaseModel):
 
 
 class CreateSessionRequest(_Lenient):
-    """`tags` and `user_metadata` are bounded together by limits.max_user_metadata_bytes (app.api.service)."""
+    """`tags` and `user_metadata` are each bounded by limits.max_user_metadata_bytes as JSON."""
 
     tags: Annotated[list[str], Limit("max_user_metadata_bytes", "json_bytes")] = Field(default_factory=list)
     user_metadata: Metadata | None = None

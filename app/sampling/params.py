@@ -41,14 +41,6 @@ class SampleArgs:
         return self.prompt_logprobs or self.topk_prompt_logprobs > 0
 
 
-def _too_long(tokens: int, context: int) -> LimitExceeded:
-    return LimitExceeded(
-        f"the prompt has {tokens} tokens; the model's context length is {context}, which must leave room for one "
-        "new token",
-        field="prompt",
-    )
-
-
 def prompt_tokens(prompt: dict, context: int) -> tuple[int, ...]:
     """The tokens of a ModelInput JSON; only text chunks are served. Chunks and tokens are counted against the
     model's `context` length before their contents are read."""
@@ -68,8 +60,12 @@ def prompt_tokens(prompt: dict, context: int) -> tuple[int, ...]:
         ids = chunk.get("tokens")
         tokens_field = f"prompt.chunks[{i}].tokens"
         require(isinstance(ids, list), f"{tokens_field} must be a list of integers", field=tokens_field)
-        if len(tokens) + len(ids) >= context:
-            raise _too_long(len(tokens) + len(ids), context)
+        if (total := len(tokens) + len(ids)) >= context:
+            raise LimitExceeded(
+                f"the prompt has {total} tokens; the model's context length is {context}, which must leave room for "
+                "one new token",
+                field="prompt",
+            )
         require(
             all(isinstance(t, int) and not isinstance(t, bool) for t in ids),
             f"{tokens_field} must be a list of integers",
