@@ -128,6 +128,34 @@ class LimitsConfig(Strict):
         ge=1,
         description="distinct sequence ids one request's provenance spans name: each is a stability record read",
     )
+    # request fields bounded while the body is validated (app.protocol.field_limits), before a handler runs
+    max_stop_sequences: int = Field(
+        64,
+        ge=1,
+        description="stop strings or stop token ids of one sample (asample sampling_params.stop; /v1/: stop, "
+        "stop_token_ids) and /v1/ bad_words: the sampler checks each after every token",
+    )
+    max_stop_chars: int = Field(
+        4096, ge=1, description="characters of one sample's stop strings together (and of /v1/ bad_words)"
+    )
+    max_logit_bias_entries: int = Field(
+        1024, ge=1, description="/v1/ logit_bias and allowed_token_ids entries (each is applied at every token)"
+    )
+    max_structured_output_bytes: int = Field(
+        65536,
+        ge=64,
+        description="/v1/ structured outputs (response_format, structured_outputs, guided_json, guided_regex, "
+        "guided_grammar, guided_choice), as JSON: the schema, regex or grammar the sampler compiles",
+    )
+    max_search_terms: int = Field(
+        32,
+        ge=1,
+        le=256,  # SQLite refuses an expression deeper than 1000
+        description="sessions/search: display_name words, user_metadata pairs, statuses (each is one filter)",
+    )
+    max_retrieved_request_ids: int = Field(
+        65536, ge=1, description="retrieve_futures retrieved_request_ids (the SDK acknowledges its results)"
+    )
 
     @model_validator(mode="before")
     @classmethod

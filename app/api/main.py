@@ -28,6 +28,7 @@ from app.api import (
 )
 from app.api.error_responses import error_response, register_exception_handlers
 from app.api.gate import RequestGate
+from app.api.limits_context import LimitsContext
 from app.console import install as install_console
 from app.errors import Unavailable
 
@@ -58,6 +59,7 @@ def create_api() -> FastAPI:
     ):
         api.include_router(router)
     register_exception_handlers(api)
+    api.add_middleware(LimitsContext)  # request bodies are validated against the app's limits
     api.add_middleware(RequestGate)  # before routing: Host/Origin, key, rate, body size (app.api.gate)
     install_console(api)
 

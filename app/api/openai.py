@@ -5,7 +5,7 @@ through vLLM's own OpenAI serving layer (app.sampling.openai), whose JSON or SSE
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any, cast
+from typing import Annotated, Any, cast
 
 from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
@@ -15,35 +15,62 @@ from app.api.deps import Services, ServicesDep, UserDep
 from app.api.quotas import admit_sample, check_sample_tokens
 from app.api.sampling import adapter_of
 from app.errors import LimitExceeded, NotFound, Relayed, UserError
+from app.protocol.field_limits import Limit
+from app.protocol.wire import INT64_MAX, Int64, Stop, TinkerPath
 from app.sampling.openai import Route
 from app.sampling.params import check_sampling_ranges
 
 router = APIRouter(prefix="/v1")
 
 
+Count = Annotated[int, Field(ge=1, le=INT64_MAX)]  # then checked against the limits (_check_limits)
+TopK = Annotated[int, Field(ge=0, le=INT64_MAX)]
+# what the sampler checks at every token: bounded like asample's stop (limits.max_stop_*, limits.max_logit_bias_*)
+Words = Annotated[list[str], Limit("max_stop_sequences", "items"), Limit("max_stop_chars", "total_chars")]
+TokenIds = Annotated[list[Int64], Limit("max_stop_sequences", "items")]
+TokenBias = Annotated[dict[Annotated[str, Field(max_length=20)], float], Limit("max_logit_bias_entries", "items")]
+AllowedIds = Annotated[list[Int64], Limit("max_logit_bias_entries", "items")]
+# a JSON schema, regex, grammar or choice list the sampler compiles before the first token
+Structured = Annotated[str | list[str] | dict[str, Any], Limit("max_structured_output_bytes", "json_bytes")]
+
+
 class _Request(BaseModel):
-    """The fields the ingress checks; every other field goes to vLLM as sent (vLLM validates the whole body)."""
+    """The fields the ingress checks; every other field goes to vLLM as sent (vLLM validates the whole body). Those
+    vLLM applies at every token or compiles first (stops, banned words, biases, structured outputs) are bounded here."""
 
     model_config = ConfigDict(extra="allow")
 
-    model: str
-    n: int = Field(1, ge=1)
-    max_tokens: int | None = Field(None, ge=1)
+    model: TinkerPath  # a base model name or a tinker:// checkpoint path
+    n: Count = 1
+    max_tokens: Count | None = None
     stream: bool = False
     temperature: float | None = None  # checked with asample's ranges (app.sampling.params)
-    top_k: int | None = None
+    top_k: Int64 | None = None
     top_p: float | None = None
+    stop: Stop | None = None
+    stop_token_ids: TokenIds | None = None
+    bad_words: Words | None = None
+    logit_bias: TokenBias | None = None
+    allowed_token_ids: AllowedIds | None = None
+    response_format: Structured | None = None
+    structured_outputs: Structured | None = None
+    guided_json: Structured | None = None
+    guided_regex: Structured | None = None
+    guided_grammar: Structured | None = None
+    guided_choice: Structured | None = None
 
 
 class CompletionRequest(_Request):
+    # the body is capped by limits.max_sample_request_bytes; prompts x n by limits.max_num_samples (_check_limits)
+    # and each prompt's tokens by the model's context (vLLM)
     prompt: str | list[str] | list[int] | list[list[int]]
-    logprobs: int | None = Field(None, ge=0)
+    logprobs: TopK | None = None
 
 
 class ChatRequest(_Request):
-    messages: list[dict[str, Any]]
-    max_completion_tokens: int | None = Field(None, ge=1)
-    top_logprobs: int | None = Field(None, ge=0)
+    messages: list[dict[str, Any]]  # capped by limits.max_sample_request_bytes; its tokens by the context (vLLM)
+    max_completion_tokens: Count | None = None
+    top_logprobs: TopK | None = None
 
 
 async def _model(services: Services, model: str, user: str) -> tuple[str, str | None]:

@@ -83,7 +83,8 @@ def _newest_first(query: Select) -> Select:
 
 def _sql_filters(q: SessionQuery) -> list:
     filters = [] if q.owner is None else [visible_to(q.owner)]
-    words = [_LIKE_SPECIALS.sub(r"\\\g<0>", word) for word in (q.display_name or "").split()]
+    # each distinct word once: the request bounded their count (limits.max_search_terms)
+    words = [_LIKE_SPECIALS.sub(r"\\\g<0>", word) for word in dict.fromkeys((q.display_name or "").split())]
     by_name = [session_labels.c.display_name.ilike(f"%{word}%", escape="\\") for word in words]
     if q.session_id is not None and by_name:
         filters.append(or_(sessions.c.session_id == q.session_id, and_(*by_name)))

@@ -41,22 +41,35 @@ class SampleArgs:
         return self.prompt_logprobs or self.topk_prompt_logprobs > 0
 
 
-def prompt_tokens(prompt: dict) -> tuple[int, ...]:
-    """The tokens of a ModelInput JSON; only text chunks are served."""
+def prompt_tokens(prompt: dict, context: int) -> tuple[int, ...]:
+    """The tokens of a ModelInput JSON; only text chunks are served. Chunks and tokens are counted against the
+    model's `context` length before their contents are read."""
     chunks = prompt.get("chunks", [])
     require(
         isinstance(chunks, list) and len(chunks) > 0, "prompt.chunks must be a non-empty list", field="prompt.chunks"
     )
+    if len(chunks) >= context:  # a chunk that fits holds a token
+        raise LimitExceeded(
+            f"prompt.chunks has {len(chunks)} chunks; the model's context length is {context}", field="prompt.chunks"
+        )
     tokens: list[int] = []
     for i, chunk in enumerate(chunks):
         kind = chunk.get("type", "encoded_text") if isinstance(chunk, dict) else None
         if kind != TEXT:
             raise not_text(f"prompt.chunks[{i}]", kind)
         ids = chunk.get("tokens")
+        tokens_field = f"prompt.chunks[{i}].tokens"
+        require(isinstance(ids, list), f"{tokens_field} must be a list of integers", field=tokens_field)
+        if (total := len(tokens) + len(ids)) >= context:
+            raise LimitExceeded(
+                f"the prompt has {total} tokens; the model's context length is {context}, which must leave room for "
+                "one new token",
+                field="prompt",
+            )
         require(
-            isinstance(ids, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in ids),
-            f"prompt.chunks[{i}].tokens must be a list of integers",
-            field=f"prompt.chunks[{i}].tokens",
+            all(isinstance(t, int) and not isinstance(t, bool) for t in ids),
+            f"{tokens_field} must be a list of integers",
+            field=tokens_field,
         )
         tokens.extend(ids)
     require(bool(tokens), "prompt has no tokens", field="prompt")
@@ -108,15 +121,9 @@ def check_sampling_ranges(
 
 def sample_args(req: SampleRequest, limits: LimitsConfig, model: ModelLimits) -> SampleArgs:
     """Validate an asample request; returns what the sampler needs."""
-    tokens = prompt_tokens(req.prompt)
+    tokens = prompt_tokens(req.prompt, model.max_context_length)
     bad = [t for t in tokens if not 0 <= t < model.vocab_size]
     require(not bad, f"prompt token ids {bad[:5]} are outside the vocabulary [0, {model.vocab_size})", field="prompt")
-    if len(tokens) >= model.max_context_length:
-        raise LimitExceeded(
-            f"the prompt has {len(tokens)} tokens; the model's context length is "
-            f"{model.max_context_length}, which must leave room for one new token",
-            field="prompt",
-        )
     if not 1 <= req.num_samples <= limits.max_num_samples:
         raise LimitExceeded(
             f"num_samples {req.num_samples} must be in [1, limits.max_num_samples={limits.max_num_samples}]",
