@@ -74,13 +74,11 @@ def admit_sample(services: Services, user: str, base_model: str) -> None:
 
 @dataclass
 class Admitting:
-    """A user's training operations admitted on this replica whose journal rows are not written yet: the database
-    does not count them, so the checks take turns (`lock`) and count these in (`count`, `nbytes`). `present`: the
-    requests between their arrival and their end, checked or waiting (the entry goes with the last)."""
+    """A user's training operations being admitted on this replica: one at a time (`lock`), from the quota check to
+    its journal row, so each check counts every operation admitted before it. `present`: the requests holding or
+    waiting for the lock (the entry goes with the last)."""
 
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    count: int = 0
-    nbytes: int = 0
     present: int = 0
 
 
@@ -88,29 +86,22 @@ class Admitting:
 async def pending_admission(
     services: Services, user: str, model_id: str, seq_id: int, nbytes: int = 0
 ) -> AsyncIterator[None]:
-    """check_pending_requests, then hold the operation's place until the block ends (its journal row written): a
-    burst of concurrent requests is checked one at a time, each counting the ones admitted before it."""
+    """check_pending_requests, holding the user's turn until the block ends (the operation's future and journal row
+    written, so the database counts it): a burst of concurrent requests is admitted one at a time."""
     admitting = services.admitting.setdefault(user, Admitting())
     admitting.present += 1
-    admitted = False
     try:
         async with admitting.lock:
-            await check_pending_requests(services, user, model_id, seq_id, nbytes, (admitting.count, admitting.nbytes))
-            admitting.count, admitting.nbytes, admitted = admitting.count + 1, admitting.nbytes + nbytes, True
-        yield
+            await check_pending_requests(services, user, model_id, seq_id, nbytes)
+            yield
     finally:
-        if admitted:
-            admitting.count, admitting.nbytes = admitting.count - 1, admitting.nbytes - nbytes
         admitting.present -= 1
         if not admitting.present:
             services.admitting.pop(user, None)
 
 
-async def check_pending_requests(
-    services: Services, user: str, model_id: str, seq_id: int, nbytes: int = 0, admitting: tuple[int, int] = (0, 0)
-) -> None:
-    """Room for one more of `user`'s training operations, holding `nbytes` (a forward_backward's batch) until it runs;
-    `admitting`: the count and bytes of the user's operations admitted but not journaled yet (pending_admission).
+async def check_pending_requests(services: Services, user: str, model_id: str, seq_id: int, nbytes: int = 0) -> None:
+    """Room for one more of `user`'s training operations, holding `nbytes` (a forward_backward's batch) until it runs.
     Past the limits, only the seq_id the model's pending operations wait for is admitted (the SDK sends a
     forward_backward's first chunk after the others): refusing it would stall them. Any other seq_id, also one
     before every pending one (a count down from a far seq_id), is refused."""
@@ -122,7 +113,6 @@ async def check_pending_requests(
             field="data",
         )
     count, held = await services.quotas.pending(user)
-    count, held = count + admitting[0], held + admitting[1]
     full = count >= quotas.max_pending_requests_per_user
     if full or held + nbytes > quotas.max_pending_bytes_per_user:
         if seq_id == await services.quotas.awaited_seq(model_id):

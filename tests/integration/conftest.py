@@ -38,7 +38,7 @@ QUOTAS = {  # test_quotas' users' own (quotas.users): tight, so each limit is re
     "max_pending_requests_per_user": 3,
     "sample_tokens_per_minute_per_user": 40,
 }
-QUOTA_KEYS = ("tml-quota-sizes", "tml-quota-other", "tml-quota-rates", "tml-quota-sdk")
+QUOTA_KEYS = ("tml-quota-sizes", "tml-quota-other", "tml-quota-rates", "tml-quota-sdk", "tml-hostile-countdown")
 
 
 SHARDED = {"sharding": "fsdp", "activation_checkpointing": True}  # what auto gives a real model, on the tiny one
