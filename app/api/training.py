@@ -40,6 +40,7 @@ from app.training_data.validation import validate_forward_backward
 logger = logging.getLogger("tinker_serve.api")
 router = APIRouter(prefix="/api/v1")
 _P = TypeVar("_P", bound=BaseModel)
+OpBuilder = Callable[[str, TrainingRun], Awaitable[SequencedOp]]  # (request_id, run) -> the operation
 
 
 async def sequenced(
@@ -48,7 +49,7 @@ async def sequenced(
     kind: str,
     model_id: str,
     seq_id: int,
-    build_op: Callable[[str, TrainingRun], Awaitable[SequencedOp]],
+    build_op: OpBuilder,
     nbytes: int = 0,
 ) -> dict:
     """Create (or find, for a retry) the future of (model_id, seq_id) of `user`'s model and queue its operation,
@@ -60,19 +61,12 @@ async def sequenced(
     ignores an operation it already holds."""
     run = await services.training_run(model_id, user)
     async with pending_admission(services, user, model_id, seq_id, nbytes):
-        return await _sequence(services, user, kind, model_id, seq_id, build_op, run)
+        return await _queue(services, user, run, kind, seq_id, build_op)
 
 
-async def _sequence(
-    services: Services,
-    user: str,
-    kind: str,
-    model_id: str,
-    seq_id: int,
-    build_op: Callable[[str, TrainingRun], Awaitable[SequencedOp]],
-    run: TrainingRun,
-) -> dict:
+async def _queue(services: Services, user: str, run: TrainingRun, kind: str, seq_id: int, build_op: OpBuilder) -> dict:
     """`sequenced`'s work once the operation is admitted: its future, journal row, usage and hand-over."""
+    model_id = run.model_id
     request_id, created = await services.futures.create(kind, model_id, seq_id)
     if not created and not isinstance(await services.futures.get(request_id), Pending):
         log_request("retried", op=kind, model_id=model_id, seq_id=seq_id, tinker_request_id=request_id)
@@ -156,7 +150,7 @@ def _open(
 
 
 async def _build_or_skip(
-    build_op: Callable[[str, TrainingRun], Awaitable[SequencedOp]], request_id: str, run: TrainingRun
+    build_op: OpBuilder, request_id: str, run: TrainingRun
 ) -> tuple[SequencedOp, bytes, dict | None]:
     """The operation and its journal entry (encoded off the event loop: a batch's is as large as its body), or, when
     it cannot be built or journaled, a Skip (the model's later seq_ids must not wait for it) and the error its

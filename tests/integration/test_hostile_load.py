@@ -24,6 +24,7 @@ from tinker import types
 
 from tests.integration.conftest import BASE_MODEL, QUOTAS
 from tests.integration.helpers import future_result, new_client, raw_client
+from tests.unit.protocol.test_count_bounds import _varint
 
 HOSTILE_KEY = "tml-hostile-load"
 COUNTDOWN_KEY = "tml-hostile-countdown"  # its pending quota is QUOTAS' (3)
@@ -33,14 +34,6 @@ EMPTY_CHUNKS = 4_000_000  # a 16 MB body, ~1.6 KB as zstd: refused at limits.max
 SENDS_PER_KIND = 4
 PROBES = 10
 HEALTHZ_LIMIT_S = 0.1
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    return bytes(out + bytes([n]))
 
 
 def _empty_chunks_body(model_id: str, seq_id: int) -> bytes:
