@@ -2,9 +2,10 @@
 
 Decompressing a body and reading its model_id and seq_id (upb skips the datums unread) run in a thread; the full
 decode, whose cost grows with the body (upb's parse, json.loads and numpy hold the GIL for all of it), runs in a
-small pool of processes of the ingress replica (`quotas.decode_processes`), so the event loop answers other users
-meanwhile. A user has at most `quotas.max_concurrent_decodes_per_user` bodies decoding at once; their others wait
-their turn, and the other users' bodies are decoded by the processes they leave free.
+small pool of processes of the ingress replica (`quotas.decode_processes`, dying with it: app.orphans), so the
+event loop answers other users meanwhile. A user has at most `quotas.max_concurrent_decodes_per_user` bodies
+decoding at once; their others wait their turn, and the other users' bodies are decoded by the processes they leave
+free.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from contextlib import asynccontextmanager
 
 from app.config import QuotasConfig
 from app.errors import ServerError
+from app.orphans import die_with_parent
 from app.protocol.codec import Bounds, Outcome, decode_plain
 
 __all__ = ["Decoders", "decoders"]
@@ -62,7 +64,9 @@ class Decoders:
     def _submit(self, plain: bytes, json_body: bool, bounds: Bounds) -> Future[Outcome]:
         with self._lock:
             if self._pool is None:
-                self._pool = ProcessPoolExecutor(self.processes, mp_context=multiprocessing.get_context("spawn"))
+                self._pool = ProcessPoolExecutor(
+                    self.processes, mp_context=multiprocessing.get_context("spawn"), initializer=die_with_parent
+                )
             return self._pool.submit(decode_plain, plain, json_body, bounds)
 
 

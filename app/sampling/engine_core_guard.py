@@ -6,19 +6,16 @@ replica itself, but a replica that Serve started to replace a killed one sits ou
 stopping the server (SIGTERM to the group, SIGKILL later) ended the replica with its raylet and left its engine core
 an orphan holding its KV cache and weights (0.9 GB for the 0.6B shape; reproduced: tests/integration/
 test_bare_serve_run.py). `guard_engine_cores()`, called in the parent before the engine
-starts, makes each engine core it spawns watch its parent: once the parent is gone (the child is handed to another
-process), the child kills itself within a second.
+starts, makes each engine core it spawns watch its parent (app.orphans): once the parent is gone, the child kills
+itself within a second.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import threading
-import time
 from typing import Any
 
-_POLL_S = 1.0
+from app.orphans import die_with_parent
+
 _original: Any = None  # vLLM's entry point, once replaced here (a forked child inherits it; a spawned one has none)
 
 
@@ -36,13 +33,6 @@ def run_engine_core(*args: Any, **kwargs: Any) -> None:
     """The spawned child's entry point (importable by name, as spawn needs): watch the parent, then run vLLM's."""
     from vllm.v1.engine.core import EngineCoreProc
 
-    parent = os.getppid()
-    threading.Thread(target=_exit_when_orphaned, args=(parent,), daemon=True, name="engine-core-guard").start()
+    die_with_parent()
     original = _original or EngineCoreProc.__dict__["run_engine_core"]  # spawned: vLLM imported afresh, unpatched
     original.__func__(*args, **kwargs)
-
-
-def _exit_when_orphaned(parent: int) -> None:
-    while os.getppid() == parent:
-        time.sleep(_POLL_S)
-    os.kill(os.getpid(), signal.SIGKILL)
