@@ -18,6 +18,7 @@ from urllib.parse import quote
 import pytest
 import tinker
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -71,11 +72,20 @@ def screenshot(driver: WebDriver, name: str, full_page: bool = False) -> None:
 
 
 def wait_for(check: Callable[[], Any], what: str, timeout_s: float = 30, every_s: float = 0.05) -> Any:
+    """`check()`'s first truthy answer; an element the page re-rendered between its finding and its reading (stale)
+    counts as not yet."""
     deadline = time.monotonic() + timeout_s
-    while not (found := check()):
+    while not (found := _stale_as_none(check)):
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(every_s)
     return found
+
+
+def _stale_as_none(check: Callable[[], Any]) -> Any:
+    try:
+        return check()
+    except StaleElementReferenceException:  # the page replaced the element (a table re-rendered as it refreshed)
+        return None
 
 
 def sign_in(driver: WebDriver, base_url: str, key: str, hash_route: str = "") -> None:
