@@ -9,12 +9,12 @@ from dataclasses import replace
 
 from fastapi import APIRouter
 
-from app.api.deps import Services, ServicesDep, UserDep, check_metadata_size
+from app.api.deps import Services, ServicesDep, UserDep
 from app.api.models import optimizer_of, register_model
 from app.api.quotas import check_checkpoint_bytes
 from app.api.training import sequenced
 from app.api.user_caps import check_ephemeral_room
-from app.config import LimitsConfig, RetentionConfig
+from app.config import RetentionConfig
 from app.db.checkpoints import CheckpointRecord, already_exists
 from app.db.metadata import TrainingRun
 from app.db.sampling_sessions import SamplingSession, sampling_session_id_for
@@ -43,13 +43,12 @@ def checkpoint_expiry(retention: RetentionConfig, ttl_seconds: int | None) -> fl
     return time.time() + ttl_seconds
 
 
-def _user_metadata(limits: LimitsConfig, metadata: dict | None) -> dict[str, str]:
+def _user_metadata(metadata: dict | None) -> dict[str, str]:
     for key, value in (metadata or {}).items():
         if not isinstance(value, str):
             raise UserError(
                 f"user_metadata values must be strings; {key!r} is {type(value).__name__}", field=f"user_metadata.{key}"
             )
-    check_metadata_size(limits, "user_metadata", metadata or {})
     return dict(metadata or {})
 
 
@@ -74,7 +73,7 @@ async def _new_checkpoint(
         0.0,
         checkpoint_expiry(services.config.retention, ttl_seconds),
         False,
-        _user_metadata(services.config.limits, user_metadata),
+        _user_metadata(user_metadata),
     )
     if not overwrite and await services.checkpoints.find(path) is not None:
         raise already_exists(path)

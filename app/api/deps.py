@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Annotated
@@ -13,7 +12,7 @@ from app.api.auth import Authenticator
 from app.api.backends import ReplicaCounts, SamplerClient, TrainerClient
 from app.api.rates import RateLimiter
 from app.caches import remember
-from app.config import BaseModelConfig, LimitsConfig, ServerConfig
+from app.config import BaseModelConfig, ServerConfig
 from app.db.audit import AuditLog
 from app.db.checkpoints import CheckpointRecord, CheckpointStore
 from app.db.copies import CopyLog
@@ -28,7 +27,7 @@ from app.db.session_views import SessionViews
 from app.db.stability import StabilityStore
 from app.db.traces import TraceStore
 from app.db.usage import UsageStore
-from app.errors import LimitExceeded, NotFound, UserError
+from app.errors import NotFound, UserError
 from app.protocol.wire import INT64_MAX
 from app.storage.objects import ObjectStorage
 from app.storage.paths import KINDS, parse_tinker_path
@@ -46,16 +45,6 @@ _PURPOSES = {
     "tinker_path": "weights_info",
     "checkpoint_id": "download",
 }
-
-
-def check_metadata_size(limits: LimitsConfig, field: str, value: object) -> None:
-    """Refuse user-supplied metadata (`field`: user_metadata, tags) over limits.max_user_metadata_bytes as JSON."""
-    size = len(json.dumps(value).encode())
-    if size > limits.max_user_metadata_bytes:
-        raise LimitExceeded(
-            f"{field} is {size} bytes as JSON, over limits.max_user_metadata_bytes={limits.max_user_metadata_bytes}",
-            field=field,
-        )
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Body
 
-from app.api.deps import ServicesDep, UserDep, check_metadata_size
+from app.api.deps import ServicesDep, UserDep
 from app.api.sessions import unload_session_models
 from app.api.user_caps import check_session_room
 from app.errors import Gone
@@ -47,8 +47,6 @@ async def capabilities(services: ServicesDep) -> dict:
 
 @router.post("/create_session")
 async def create_session(body: CreateSessionRequest, services: ServicesDep, user: UserDep) -> dict:
-    check_metadata_size(services.config.limits, "tags", body.tags)
-    check_metadata_size(services.config.limits, "user_metadata", body.user_metadata or {})
     await check_session_room(services, user, body.tags, body.user_metadata or {})
     session_id = await services.metadata.create_session(
         body.sdk_version, body.tags, body.user_metadata or {}, body.project_id, body.display_name, owner=user

@@ -50,7 +50,7 @@ def _measure(value: Any, measure: Measure) -> int:
         return sum(len(s) for s in strings if isinstance(s, str))
     if measure == "words":
         return len(value.split()) if isinstance(value, str) else 0
-    return len(json.dumps(value).encode())  # as app.api.deps.check_metadata_size measures
+    return len(json.dumps(value).encode())
 
 
 @dataclass(frozen=True)

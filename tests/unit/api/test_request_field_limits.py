@@ -146,3 +146,14 @@ def test_openai_extension_fields_at_the_limits_get_past_them(api: InProcessApi) 
     over = {**at_limits, "logit_bias": {str(i): 1.0 for i in range(1025)}}
     refused(api.post("/v1/completions", {"model": BASE_MODEL, "prompt": "hi", **over}), "logit_bias")
     refused(api.post("/v1/completions", {"model": BASE_MODEL, "prompt": "hi", **at_limits}), "temperature")
+
+
+def test_metadata_over_its_bytes_is_refused_while_the_body_is_validated(api: InProcessApi) -> None:
+    """Tags and user_metadata over limits.max_user_metadata_bytes (as JSON) are refused by the request models' bound
+    (the routes check no second time)."""
+    big = "x" * LIMITS.max_user_metadata_bytes
+    for body, field in (({"tags": [big]}, "tags"), ({"user_metadata": {"k": big}}, "user_metadata")):
+        body = refused(api.post("/api/v1/create_session", body), field)
+        assert "limits.max_user_metadata_bytes" in body["error"], body
+    save = {"model_id": "m", "seq_id": 1, "path": "p", "user_metadata": {"k": big}}
+    assert "limits.max_user_metadata_bytes" in refused(api.post("/api/v1/save_weights", save), "user_metadata")["error"]
