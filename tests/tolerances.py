@@ -13,9 +13,10 @@ backward pass mirrors the forward one). The bound used is
 where `magnitude` is the size of the terms summed: a sum that nearly cancels keeps the rounding of its large terms,
 so an element is judged against its tensor's scale (its largest magnitude, the default), not only its own value.
 SAFETY = 32 covers the largest difference seen where the same test ran on three machines of one kind (a mixed pass's
-gradients: 6e-5 of the tensor's scale on one, 2e-6 and 4e-6 on the others and under other kernels or thread counts
-here; the bound there is 3e-4) and stays below a real error: a wrong row, datum or adapter moves a value by O(1) of
-its scale, and a change of 1e-3 of the scale in one element is still caught (the tests here were checked so).
+gradients: 6e-5 of the tensor's scale on one; 2e-6 to 4e-6 on another under MKL's and ATen's AVX-512, AVX2 and
+baseline kernels, MKL_CBWR=COMPATIBLE and one thread; the bound there is 3e-4) and stays below a real error: a wrong
+row, datum or adapter moves a value by O(1) of its scale, and 1e-3 of the scale added to one element is still caught
+(checked on every gradient tensor of test_mixed_pass and on test_cpu_gdn's outputs).
 Where the code promises bit-for-bit equality (a replay of the same passes, a recovery, a codec round trip, a load of
 the same bytes) the tests compare exactly and say why; this module is for everything else.
 """
