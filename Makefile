@@ -19,7 +19,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export RAY_TRAIN_V2_ENABLED := 1
 
-.PHONY: setup lock model serve lint test unit bench bench-peer sdk-compat postgres browser tcmalloc clean
+.PHONY: setup lock model serve lint test unit quick bench bench-peer sdk-compat postgres browser tcmalloc clean
 
 setup: $(STAMP) tcmalloc
 
@@ -103,6 +103,10 @@ lint: setup
 
 unit: setup
 	$(PY) -m pytest tests/unit -q
+
+# The inner loop: the linters, then the unit tests (no Serve app, no vLLM engine; minutes on 2 cores). `make test`
+# runs everything.
+quick: lint model unit
 
 # The oldest SDK we support, in its own venv: tests/integration/test_sdk_versions.py drives the server with it.
 OLD_SDK_VENV := .venv-sdk-0.25

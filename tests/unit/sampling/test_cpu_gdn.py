@@ -9,8 +9,14 @@ import torch
 from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
 
 from app.sampling.cpu_gdn import _chunked, _recurrent
+from tests.tolerances import assert_sums_close
 
 K_HEADS, V_HEADS, K_DIM, V_DIM = 2, 4, 16, 8
+
+
+def _terms(tokens: int) -> int:
+    """The delta rule's chain of sums (tests/tolerances.py): each token's key contraction into the running state."""
+    return tokens * K_DIM
 
 
 def _inputs(tokens: int) -> tuple[torch.Tensor, ...]:
@@ -41,10 +47,10 @@ def test_chunked_is_transformers(tokens: int) -> None:
     q, k, v, g, beta, state = _inputs(tokens)
     out, final = _reference(q, k, v, g, beta, state)
     ours, our_final = _chunked(None, q, k, v, g[None], beta[None], state)
-    torch.testing.assert_close(ours, out, rtol=0, atol=1e-6)
-    torch.testing.assert_close(our_final, final, rtol=0, atol=1e-6)
+    assert_sums_close(ours, out, _terms(tokens))
+    assert_sums_close(our_final, final, _terms(tokens))
     _, zero_final = _reference(q, k, v, g, beta, torch.zeros_like(state))
-    torch.testing.assert_close(_chunked(None, q, k, v, g[None], beta[None], None)[1], zero_final, rtol=0, atol=1e-6)
+    assert_sums_close(_chunked(None, q, k, v, g[None], beta[None], None)[1], zero_final, _terms(tokens))
 
 
 def test_recurrent_steps_are_the_chunked_rule() -> None:
@@ -56,8 +62,8 @@ def test_recurrent_steps_are_the_chunked_rule() -> None:
             None, q[:, t : t + 1], k[:, t : t + 1], v[:, t : t + 1], g[t][None], beta[t][None], state
         )
         steps.append(step)
-    torch.testing.assert_close(torch.cat(steps, 1), out, rtol=0, atol=1e-5)
-    torch.testing.assert_close(state, final, rtol=0, atol=1e-5)
+    assert_sums_close(torch.cat(steps, 1), out, _terms(20))
+    assert_sums_close(state, final, _terms(20))
 
 
 def test_qwen3_5_maps_trainer_adapter_names() -> None:

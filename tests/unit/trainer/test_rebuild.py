@@ -129,6 +129,7 @@ def test_an_interrupted_snapshot_is_never_restored_and_the_rebuild_is_exact(tmp_
         assert await rebuild(fresh, journal, "m") == 4  # from snapshot 4: operations 5-8 replayed
         expected, got = _by_layer(live.engine), _by_layer(fresh.engine)  # (the first try made adapter m0, then m1)
         assert expected.keys() == got.keys()
+        # exact: a rebuild replays the same operations on the snapshot's bytes, the same arithmetic (recovery's promise)
         assert all(torch.equal(expected[k], got[k]) for k in expected)
 
     run_on_db(tmp_path / "meta.db", body)
@@ -171,7 +172,7 @@ def test_models_whose_steps_ran_as_one_pass_are_rebuilt_bit_for_bit(tmp_path: Pa
         fresh = InProcessGroup(storage)
         for model_id in sorted(models):
             assert await rebuild(fresh, journal, model_id) == 6
-        for model_id in models:
+        for model_id in models:  # exact: each model's mixed passes replayed with their recorded layouts
             expected, got = _by_layer(live.engine, model_id), _by_layer(fresh.engine, model_id)
             assert expected.keys() == got.keys() and all(torch.equal(expected[k], got[k]) for k in expected), model_id
 

@@ -68,6 +68,7 @@ def test_round_trip_with_and_without_optimizer(engine: TrainingEngine, spec: Ada
     source, full, weights_only = (
         engine.adapter_state(m) for m in (f"{prefix}-src", f"{prefix}-full", f"{prefix}-weights")
     )
+    # exact here and below: a load restores the saved bytes, and the same step on the same bytes is the same arithmetic
     assert [torch.equal(a, b) for a, b in zip(source.values(), full.values())] == [True] * len(source)
     assert [torch.equal(a, b) for a, b in zip(source.values(), weights_only.values())] == [True] * len(source)
 
@@ -107,4 +108,5 @@ def test_a_checkpoint_saved_before_adamw_was_fused_restores_fused_and_steps_the_
     engine.load_state("foreach-restored", tmp_path / "old", with_optimizer=True)
     restored = engine._models["foreach-restored"].optimizer
     assert [(g["fused"], g["foreach"]) for g in restored.param_groups] == [(True, None)]
+    # exact: both step with the fused AdamW from the same restored moments, the same arithmetic
     np.testing.assert_array_equal(step(engine, "foreach-restored", False), step(engine, "foreach-src", False))

@@ -191,7 +191,7 @@ def test_cross_entropy_is_minus_weighted_sum(
     lp.requires_grad_(True)
     loss, elementwise = LOSS_FUNCTIONS["cross_entropy"](lp, inputs, {}, torch.zeros(n, dtype=torch.long))
     loss.backward()
-    assert torch.equal(lp.grad, -w)
+    assert torch.equal(lp.grad, -w)  # exact here and below: elementwise, each entry one product, no sum
     assert torch.equal(elementwise.detach(), -w * lp.detach())
     expected = -(w.double() * lp.detach().double()).sum().item()
     scale = (w.double() * lp.detach().double()).abs().sum().item()
