@@ -18,6 +18,7 @@ from typing import Any
 
 from app.config import LimitsConfig
 from app.errors import LimitExceeded, UserError
+from app.training_data.custom_loss_nodes import LossNode
 from app.training_data.custom_loss_operands import Kind, check_operands, kind
 from app.training_data.custom_loss_ops import DTYPES, FUNCTIONS, GETATTR_ATTRIBUTES, HOST_METHODS, METHODS
 
@@ -34,15 +35,6 @@ _CONSTANTS = {
     "layout": frozenset({"strided"}),
     "memory_format": frozenset({"contiguous_format", "preserve_format"}),
 }
-
-
-@dataclass(frozen=True)
-class LossNode:
-    op: str  # placeholder, call_function, call_method or output
-    name: str
-    target: str
-    args: list[Any]  # encoded as the SDK sends them ({"ref": name}, {"tuple": [...]}, ...)
-    kwargs: dict[str, Any]
 
 
 @dataclass(frozen=True)

@@ -28,9 +28,10 @@ import torch
 from app.errors import LimitExceeded, UserError
 from app.training.custom_loss import host
 from app.training.custom_loss.budget import TimeBudget, elements, metered, on_meta
+from app.training_data.custom_loss_nodes import LossNode
 from app.training_data.custom_loss_operands import arithmetic
 from app.training_data.custom_loss_ops import FUNCTIONS
-from app.training_data.custom_losses import CustomLossProgram, LossNode
+from app.training_data.custom_losses import CustomLossProgram
 
 _FIELD = "loss_fn_config.loss_id"
 _ROOTS: dict[str, Any] = {"torch": torch, "math": math, "operator": operator}
