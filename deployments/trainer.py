@@ -18,11 +18,11 @@ from app.db.outcomes import Written
 from app.db.schema import connect
 from app.db.statement_metrics import count_statements
 from app.messages import CreateModel, SequencedOp
+from app.models.model_config import read_model_config
 from app.models.precision import DTYPE_BYTES, resolve_dtype
 from app.storage.objects import ObjectStorage
-from app.trainer.memory_estimate import read_model_config
 from app.trainer.pass_sizing import PassSizing
-from app.trainer.service import TrainerService
+from app.trainer.service import TrainerDeps, TrainerService
 from app.trainer.worker_group import RayTrainWorkerGroup, worker_bundles
 from deployments.logs import route_app_logs
 
@@ -78,10 +78,7 @@ class Trainer:
         if sizing.unsplit:
             logger.warning("trainer %s: datums run whole on one rank each: %s", trainer, sizing.unsplit)
         self._futures = FutureStore(db)
-        self._service = TrainerService(
-            trainer,
-            cfg.timeouts,
-            cfg.engine,
+        deps = TrainerDeps(
             group,
             self._futures,
             MetadataStore(db),
@@ -89,10 +86,13 @@ class Trainer:
             ObjectStorage(cfg.checkpoint_uri),
             JournalStore(db),
             HistoryStore(db, cfg.retention.max_history_points_per_run),
+            cfg.timeouts,
+            cfg.engine,
             shape,
             sizing,
-            metrics=cfg.metrics,
+            cfg.metrics,
         )
+        self._service = TrainerService(trainer, deps)
         await self._service.start()
         logger.info("trainer %s ready in %.1f s", trainer, time.monotonic() - started)
 

@@ -31,7 +31,8 @@ from app.messages import (
 from app.operations import OPERATIONS
 from app.storage.paths import CheckpointPath
 from app.training_data.batch import PackedBatch
-from app.training_data.custom_losses import CustomLossProgram, LossNode
+from app.training_data.custom_loss_nodes import LossNode
+from app.training_data.custom_losses import CustomLossProgram
 
 MAGIC = b"TSJ"
 FORMAT = 1  # the format byte this release writes

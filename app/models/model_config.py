@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from app.models.families import ALIASES
 
@@ -42,6 +42,25 @@ class ModelShape:
             return None
         blocks = cache_bytes // (VLLM_CPU_BLOCK_TOKENS * self.kv_values_per_token * dtype_bytes) - 1
         return max(0, blocks) * VLLM_CPU_BLOCK_TOKENS
+
+
+def read_model_config(path: str) -> dict[str, Any] | None:
+    """The config.json of the base model at `path` (a local directory, or a Hugging Face id already in the local
+    cache: nothing is downloaded); None when there is none to read."""
+    try:
+        if Path(path).is_dir():
+            local = Path(path) / "config.json"
+        else:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(path, "config.json")
+            if not isinstance(cached, str):
+                return None
+            local = Path(cached)
+        config: dict[str, Any] = json.loads(local.read_text())
+    except (OSError, ValueError):  # no file, no JSON, or not a hub id (HFValidationError is a ValueError)
+        return None
+    return config
 
 
 def model_shape(path: str) -> ModelShape:

@@ -12,12 +12,12 @@ import ray.train
 import torch
 
 from app.config import WorkerGroupConfig
+from app.link.mailbox import Answer, Message, Stop
+from app.models.model_config import read_model_config
 from app.models.precision import resolve_dtype
 from app.ranks.execute import execute_message
 from app.ranks.snapshots import SnapshotWriter
 from app.storage.objects import ObjectStorage
-from app.trainer.mailbox import Answer, Message, Stop
-from app.trainer.memory_estimate import read_model_config
 from app.training.base_model import TORCH_DTYPES, load_base_model, recompute_activations
 from app.training.datum_layout import sequence_parallel_size
 from app.training.engine import TrainingEngine

@@ -12,6 +12,7 @@ from typing import assert_never
 import torch
 
 from app.errors import NotFound, ServerError, TinkerServeError
+from app.link.shipping import Shipped, StoredForwardBackward
 from app.messages import (
     CommandError,
     CreateModelCommand,
@@ -27,7 +28,6 @@ from app.messages import (
 )
 from app.ranks.snapshots import SnapshotWriter
 from app.storage.objects import ObjectStorage
-from app.trainer.shipping import Shipped, StoredForwardBackward
 from app.training.engine import TrainingEngine
 
 logger = logging.getLogger("tinker_serve.worker")

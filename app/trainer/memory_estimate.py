@@ -21,8 +21,6 @@ allocator's slack are left out: it says how much to cut, not what a rank will ho
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 _LOGIT_BUFFERS_FORWARD = 2  # float32 buffers the size of the logits: the float32 copy, the softmax
@@ -50,22 +48,3 @@ def estimate_activation_bytes(
         kept, logit_buffers = layers * one_layer + 2 * hidden, _LOGIT_BUFFERS_BACKWARD
     per_token = kept * dtype_bytes + int(text["vocab_size"]) * (dtype_bytes + 4 * logit_buffers)
     return tokens * per_token
-
-
-def read_model_config(path: str) -> dict[str, Any] | None:
-    """The config.json of the base model at `path` (a local directory, or a Hugging Face id already in the local
-    cache: nothing is downloaded); None when there is none to read."""
-    try:
-        if Path(path).is_dir():
-            local = Path(path) / "config.json"
-        else:
-            from huggingface_hub import try_to_load_from_cache
-
-            cached = try_to_load_from_cache(path, "config.json")
-            if not isinstance(cached, str):
-                return None
-            local = Path(cached)
-        config: dict[str, Any] = json.loads(local.read_text())
-    except (OSError, ValueError):  # no file, no JSON, or not a hub id (HFValidationError is a ValueError)
-        return None
-    return config

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from app.config import WorkerGroupConfig
+from app.models.model_config import read_model_config
 from app.models.precision import DTYPE_BYTES, resolve_dtype
-from app.trainer.memory_estimate import estimate_activation_bytes, read_model_config
+from app.trainer.memory_estimate import estimate_activation_bytes
 
 REPLICATE_AT_MOST_BYTES = 512 * 2**20
 PLAIN_PASS_AT_MOST_BYTES = 2 * 2**30

@@ -7,12 +7,10 @@ writes each future's outcome to the store, so results survive an ingress restart
 from __future__ import annotations
 
 import asyncio
-import inspect
-import itertools
 import logging
 import time
 from collections.abc import Awaitable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import cast
 
 from app.config import EngineConfig, MetricsConfig, TimeoutsConfig, WorkerGroupConfig
@@ -37,6 +35,7 @@ from app.operations import CheckpointCommitter, Reply, changes_model, fair_share
 from app.request_log import log_request, outcome_of
 from app.storage.objects import ObjectStorage
 from app.trainer.history import HistoryRecorder
+from app.trainer.in_flight import InFlight
 from app.trainer.memory_refusal import memory_refusal
 from app.trainer.mixing import MixPolicy, mixed_message
 from app.trainer.pass_sizing import PassSizing
@@ -48,7 +47,6 @@ from app.trainer.recovery import (
     creation_commands,
     rebuild_all,
     record_snapshot,
-    resend,
     run_commands,
     unfinished,
 )
@@ -76,60 +74,57 @@ class _PlannedRun:
 _REBUILD_ATTEMPTS = 3  # restarts of the group while its models are being rebuilt, before they are given up
 
 
+@dataclass(frozen=True)
+class TrainerDeps:
+    """What a TrainerService runs on: its worker group, the stores it writes, the blob storage, and its settings.
+    `shape`: the worker group's config: the fair share's dispatch depth and op cost, the snapshot policy. `sizing`:
+    what an operation asks of a rank's memory on this group and base (app.trainer.pass_sizing, of the same shape); by
+    default the shape's without the base's config.json: datums run whole, nothing is estimated. `metrics`: whether
+    the queue-depth metric names each model (by default its models are summed)."""
+
+    group: WorkerGroup
+    futures: FutureStore
+    metadata: MetadataStore
+    checkpoints: CheckpointStore
+    storage: ObjectStorage
+    journal: JournalStore
+    history: HistoryStore
+    timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    shape: WorkerGroupConfig = field(default_factory=WorkerGroupConfig)
+    sizing: PassSizing | None = None
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+
+
 class TrainerService:
-    def __init__(
-        self,
-        name: str,
-        timeouts: TimeoutsConfig,
-        engine: EngineConfig,
-        group: WorkerGroup,
-        futures: FutureStore,
-        metadata: MetadataStore,
-        checkpoints: CheckpointStore,
-        storage: ObjectStorage,
-        journal: JournalStore,
-        history: HistoryStore,
-        shape: WorkerGroupConfig | None = None,
-        sizing: PassSizing | None = None,
-        metrics: MetricsConfig | None = None,
-    ) -> None:
-        """`shape`: the worker group's config: the fair share's dispatch depth and op cost, the snapshot policy.
-        `sizing`: what an operation asks of a rank's memory on this group and base (app.trainer.pass_sizing, of the
-        same shape); by default the shape's without the base's config.json: datums run whole, nothing is estimated.
-        `metrics`: whether the queue-depth metric names each model (by default its models are summed)."""
-        shape = shape or WorkerGroupConfig()
-        self._sizing = sizing or PassSizing.of(shape, group.world_size, None)
+    def __init__(self, name: str, deps: TrainerDeps) -> None:
+        shape, group = deps.shape, deps.group
+        self._sizing = deps.sizing or PassSizing.of(shape, group.world_size, None)
         self.name = name
-        self._queue_depths = QueueDepths(name, LabelValues.models(metrics or MetricsConfig()))
-        self._metadata = metadata
-        self._journal = journal
-        self._history = HistoryRecorder(history)
-        self._storage = storage
+        self._queue_depths = QueueDepths(name, LabelValues.models(deps.metrics))
+        self._metadata = deps.metadata
+        self._journal = deps.journal
+        self._history = HistoryRecorder(deps.history)
+        self._storage = deps.storage
         self._snapshots = SnapshotPolicy(shape.snapshot_every_steps, shape.snapshot_every_seconds)
-        self._committer = CheckpointCommitter(checkpoints, storage)
-        self._max_models = engine.max_models_per_base
-        self._deaths = WorkerDeaths(journal, futures, timeouts, self._sizing)
+        self._committer = CheckpointCommitter(deps.checkpoints, deps.storage)
+        self._max_models = deps.engine.max_models_per_base
+        self._deaths = WorkerDeaths(deps.journal, deps.futures, deps.timeouts, self._sizing)
         self._group = group
-        self._futures = futures
+        self._futures = deps.futures
         self._fixed_op_cost = shape.fixed_op_cost_tokens
         self._mix_policy = MixPolicy(shape, group.world_size)
         self._scheduler: SeqScheduler[Queued] = SeqScheduler(
             self._dispatch,
-            gap_timeout_s=timeouts.seq_gap_timeout_seconds,
+            gap_timeout_s=deps.timeouts.seq_gap_timeout_seconds,
             max_dispatched_runs=shape.max_dispatched_runs,
             cost=self._cost,
             extra_credit=shape.fixed_op_cost_tokens,  # an optim_step leaves with its forward_backward
             mixes=self._mixes,
         )
         self._models: set[str] = set()
-        self._running: dict[str, tuple[str, SequencedOp]] = {}  # id -> (model_id, op) sent, outcome not written
-        self._cancelled: set[str] = set()  # of those, the cancelled ones: their outcome is discarded
+        self._in_flight = InFlight()  # runs sent and not answered, operations sent and not written: what recovery needs
         self._writes: set[asyncio.Task] = set()  # runs' outcomes being written (strong references)
-        # runs sent to the workers and not answered, by dispatch number: a restarted group gets them again, in order
-        self._dispatch_numbers = itertools.count()
-        self._unanswered: dict[int, list[WorkerCommand]] = {}
-        self._sent: dict[int, tuple[Awaitable[Replies] | None, int]] = {}  # (latest sending, the recovery before)
-        self._generation = 0  # recoveries started: a run sent before the latest one is resent by it
         self._recovery: asyncio.Task | None = None
         self._resumed: set[asyncio.Task] = set()  # journaled operations rerun after a trainer restart
         self._single_flight = SingleFlight()  # creates and submits by request id: a repeated call waits
@@ -189,8 +184,7 @@ class TrainerService:
         except Exception:
             if not self._down_for_good:
                 self._down_for_good = True
-                running = await self._group.running()
-                self._cancelled |= await self._deaths.charge(self._unanswered.values(), running, self._running)
+                await self._in_flight.charge(self._deaths, await self._group.running())
             raise
 
     async def stop(self) -> None:
@@ -282,9 +276,9 @@ class TrainerService:
     async def cancel(self, model_id: str, seq_id: int, request_id: str) -> None:
         """A cancelled operation (its future already failed) never runs if it has not started; one that runs
         finishes and its outcome is discarded. Later seq_ids go on either way."""
-        if self._scheduler.cancel(model_id, seq_id, (seq_id, Skip(request_id))) or request_id not in self._running:
+        skipped = self._scheduler.cancel(model_id, seq_id, (seq_id, Skip(request_id)))  # it had not started
+        if skipped or not self._in_flight.cancel(request_id):
             return
-        self._cancelled.add(request_id)
         dropped = await self._group.cancel(request_id)
         log_request(
             "cancelled",
@@ -310,13 +304,9 @@ class TrainerService:
         its run's futures to await."""
         planned = [self._plan(model_id, run) for model_id, run in runs]
         message, positions = mixed_message([p.commands for p in planned])
-        number = next(self._dispatch_numbers)
-        if message:
-            self._unanswered[number] = message
-            pending = self._group.send(message) if self._recovery is None and not self._stopping else None
-            self._sent[number] = (pending, self._generation)
+        send = self._group.send if self._recovery is None and not self._stopping else None
+        number = self._in_flight.dispatch(message, send, ((p.model_id, op) for p in planned for _, op in p.work))
         for p in planned:
-            self._running.update((op.request_id, (p.model_id, op)) for _, op in p.work)
             self._queue_depths.set(p.model_id, self._scheduler.waiting(p.model_id))
         return self._replies(planned, positions, number)
 
@@ -330,17 +320,12 @@ class TrainerService:
     ) -> list[Awaitable[None]]:
         started = time.monotonic()
         try:
-            replies = await self._answers(number) if number in self._sent else []
+            replies = await self._answers(number) if self._in_flight.has_message(number) else []
         except Exception:
-            ids = {op.request_id for p in planned for _, op in p.work}
-            self._running = {request_id: sent for request_id, sent in self._running.items() if request_id not in ids}
-            self._cancelled -= ids
+            self._in_flight.abandon({op.request_id for p in planned for _, op in p.work})
             raise
         finally:
-            self._unanswered.pop(number, None)
-            dropped, _ = self._sent.pop(number, (None, 0))
-            if inspect.iscoroutine(dropped):  # resent by a recovery that then failed: never awaited
-                dropped.close()
+            self._in_flight.answered(number)
         seconds = time.monotonic() - started
         writes: list[Awaitable[None]] = []
         for p, where in zip(planned, positions, strict=True):
@@ -357,12 +342,12 @@ class TrainerService:
     async def _answers(self, number: int) -> Replies:
         """The replies to run `number`: through any restarts of the group, after which the recovery resends it."""
         while True:
-            pending, generation = self._sent.pop(number)
+            pending, generation = self._in_flight.take_sending(number)
             if pending is not None:
                 try:
                     return await pending
                 except GroupRestarted as exc:
-                    if generation == self._generation:  # no recovery since this was sent: start one
+                    if generation == self._in_flight.generation:  # no recovery since this was sent: start one
                         self._start_recovery(exc.running)
                 except Exception:
                     if not self._stopping:
@@ -373,8 +358,7 @@ class TrainerService:
                 await asyncio.shield(self._recovery)
 
     def _start_recovery(self, running: Collection[str] = ()) -> None:
-        self._generation += 1
-        self._recovery = asyncio.create_task(self._recover(self._generation, running))
+        self._recovery = asyncio.create_task(self._recover(self._in_flight.new_generation(), running))
 
     async def _recover(self, generation: int, running: Collection[str]) -> None:
         """Charge the death to the operations that were `running`, rebuild every model on the restarted workers, then
@@ -384,7 +368,7 @@ class TrainerService:
         replayed = 0
         try:
             logger.warning("trainer %s: its workers are new; rebuilding %d models", self.name, len(self._models))
-            self._cancelled |= await self._deaths.charge(self._unanswered.values(), running, self._running)
+            await self._in_flight.charge(self._deaths, running)
             await asyncio.gather(*self._writes, return_exceptions=True)  # what finished is in the journal's states
             for attempt in range(1, _REBUILD_ATTEMPTS + 1):
                 await self._group.wait_ready()
@@ -399,7 +383,7 @@ class TrainerService:
                 self._lose_model(model_id, exc)
             raise
         finally:
-            self._sent.update({n: (sent, generation) for n, sent in resend(self._group, self._unanswered).items()})
+            self._in_flight.resend(self._group, generation)
             self._recovery = None
         seconds = time.monotonic() - started
         server_metrics().recoveries.observe(seconds, tags={"trainer": self.name})
@@ -416,9 +400,7 @@ class TrainerService:
     async def _write_outcomes(self, model_id: str, work: Sequence[Queued], replies: Replies, seconds: float) -> None:
         self._record([op for _, op in work], seconds)
         for i, (seq_id, op) in enumerate(work):
-            self._running.pop(op.request_id, None)
-            if op.request_id in self._cancelled:  # its future says cancelled already
-                self._cancelled.discard(op.request_id)
+            if not self._in_flight.finish(op.request_id):  # cancelled: its future says so already
                 continue
             try:
                 error = await self._write_outcome(model_id, seq_id, op, [rank_replies[i] for rank_replies in replies])

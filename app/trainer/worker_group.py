@@ -24,9 +24,9 @@ import ray
 from app.allocator import preload_tcmalloc
 from app.config import WorkerGroupConfig
 from app.errors import ServerError
+from app.link.mailbox import Mailbox
+from app.link.shipping import ship
 from app.messages import PingCommand, Replies, WorkerCommand
-from app.trainer.mailbox import Mailbox
-from app.trainer.shipping import ship
 
 if TYPE_CHECKING:
     from ray.train.v2.api.config import ScalingConfig

@@ -10,12 +10,10 @@ What each node gives is known here only as far as the graph says (`kind`): a sha
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from app.errors import UserError
-
-if TYPE_CHECKING:
-    from app.training_data.custom_losses import LossNode
+from app.training_data.custom_loss_nodes import LossNode
 
 TENSOR, SHAPE, NUMBER = "tensor", "shape", "number"
 Kind = str | None  # None: unknown here

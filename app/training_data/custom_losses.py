@@ -1,5 +1,5 @@
 """A custom loss as the SDK traces it (`tinker.types.CustomLossGraph`), checked node by node against the allow-list
-(app.training.custom_loss.ops) before it is stored. No torch here: the ingress runs this.
+(app.training_data.custom_loss_ops) before it is stored. No torch here: the ingress runs this.
 
 Nothing in a graph is ever unpickled, evaluated or executed here; the workers' interpreter
 (app.training.custom_loss.interpreter) later runs only what passed, binding each allowed name to its callable.
@@ -18,8 +18,9 @@ from typing import Any
 
 from app.config import LimitsConfig
 from app.errors import LimitExceeded, UserError
-from app.training.custom_loss.ops import DTYPES, FUNCTIONS, GETATTR_ATTRIBUTES, HOST_METHODS, METHODS
+from app.training_data.custom_loss_nodes import LossNode
 from app.training_data.custom_loss_operands import Kind, check_operands, kind
+from app.training_data.custom_loss_ops import DTYPES, FUNCTIONS, GETATTR_ATTRIBUTES, HOST_METHODS, METHODS
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _INPUT_NAME = re.compile(r"[a-z_][a-z0-9_]{0,63}")
@@ -34,15 +35,6 @@ _CONSTANTS = {
     "layout": frozenset({"strided"}),
     "memory_format": frozenset({"contiguous_format", "preserve_format"}),
 }
-
-
-@dataclass(frozen=True)
-class LossNode:
-    op: str  # placeholder, call_function, call_method or output
-    name: str
-    target: str
-    args: list[Any]  # encoded as the SDK sends them ({"ref": name}, {"tuple": [...]}, ...)
-    kwargs: dict[str, Any]
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Runs a validated custom loss (CustomLossProgram) in torch on the workers, one datum at a time, node by node.
 
-Each allowed name of app.training.custom_loss.ops is bound here to its callable once; a node can call nothing
+Each allowed name of app.training_data.custom_loss_ops is bound here to its callable once; a node can call nothing
 else. Before a node runs for real, its shape and FLOPs are found on the meta device (Planner: per datum length,
 for the whole request) and checked against the limits. Autograd flows through every node, so the summed loss's
 backward reaches the model. A loss that fails on the data (a shape mismatch, a non-scalar loss) is the user's
@@ -28,9 +28,10 @@ import torch
 from app.errors import LimitExceeded, UserError
 from app.training.custom_loss import host
 from app.training.custom_loss.budget import TimeBudget, elements, metered, on_meta
-from app.training.custom_loss.ops import FUNCTIONS
+from app.training_data.custom_loss_nodes import LossNode
 from app.training_data.custom_loss_operands import arithmetic
-from app.training_data.custom_losses import CustomLossProgram, LossNode
+from app.training_data.custom_loss_ops import FUNCTIONS
+from app.training_data.custom_losses import CustomLossProgram
 
 _FIELD = "loss_fn_config.loss_id"
 _ROOTS: dict[str, Any] = {"torch": torch, "math": math, "operator": operator}

@@ -29,7 +29,8 @@ from app.operations.save_checkpoint import SaveCheckpoint
 from app.operations.save_for_sampler import SaveForSampler
 from app.storage.paths import CheckpointPath
 from app.training_data.batch import PackedBatch
-from app.training_data.custom_losses import CustomLossProgram, LossNode
+from app.training_data.custom_loss_nodes import LossNode
+from app.training_data.custom_losses import CustomLossProgram
 from tests.conftest import run_on_db
 
 FIXTURE = Path(__file__).parent / "journal_fixture" / "release-0004.json"

@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from app.link import shipping
+from app.link.shipping import INLINE_BATCH_BYTES, StoredForwardBackward, ship
 from app.messages import (
     CommandError,
     ForwardBackwardArgs,
@@ -23,8 +25,6 @@ from app.messages import (
 from app.ranks.execute import execute
 from app.ranks.snapshots import SnapshotWriter
 from app.storage.objects import ObjectStorage
-from app.trainer import shipping
-from app.trainer.shipping import INLINE_BATCH_BYTES, StoredForwardBackward, ship
 from app.training_data.batch import PackedBatch
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from app.trainer.memory_estimate import estimate_activation_bytes, read_model_config
+from app.models.model_config import read_model_config
+from app.trainer.memory_estimate import estimate_activation_bytes
 from tests.conftest import TINY_MODEL
 
 LLAMA_8B = {  # Llama-3-8B's config.json, the keys the estimate reads

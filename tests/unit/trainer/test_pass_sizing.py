@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 
 from app.config import WorkerGroupConfig
-from app.trainer.memory_estimate import estimate_activation_bytes, read_model_config
+from app.models.model_config import read_model_config
+from app.trainer.memory_estimate import estimate_activation_bytes
 from app.trainer.pass_sizing import ActivationBytes, PassSizing
 from app.training.datum_layout import DatumLayout
 from tests.conftest import TINY_MODEL

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.config import EngineConfig, TimeoutsConfig, WorkerGroupConfig
+from app.config import WorkerGroupConfig
 from app.db.checkpoints import CheckpointStore
 from app.db.futures import Completed, Failed, FutureStore
 from app.db.history import HistoryStore
@@ -36,7 +36,7 @@ from app.messages import (
 from app.operations.forward_backward import ForwardBackward
 from app.operations.optim_step import OptimStep
 from app.storage.objects import ObjectStorage
-from app.trainer.service import TrainerService
+from app.trainer.service import TrainerDeps, TrainerService
 from app.trainer.worker_deaths import blamed, too_large
 from app.trainer.worker_group import WorkerGroup
 from app.training.base_model import load_base_model
@@ -137,11 +137,9 @@ def _service(
     journal: JournalStore,
     **options: Any,
 ) -> TrainerService:
-    """Trainer "t" over `group`, on the database's stores; `options`: TrainerService's keyword arguments."""
-    return TrainerService(
-        "t", TimeoutsConfig(), EngineConfig(), group, futures, MetadataStore(db), CheckpointStore(db), storage, journal,
-        HistoryStore(db, 100), **options,
-    )  # fmt: skip
+    """Trainer "t" over `group`, on the database's stores; `options`: TrainerDeps' settings."""
+    stores = (futures, MetadataStore(db), CheckpointStore(db), storage, journal, HistoryStore(db, 100))
+    return TrainerService("t", TrainerDeps(group, *stores, **options))
 
 
 def test_an_operation_that_kills_the_workers_fails_and_everything_else_goes_on(tmp_path: Path) -> None:

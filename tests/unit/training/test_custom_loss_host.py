@@ -19,7 +19,8 @@ from app.training.base_model import load_base_model
 from app.training.custom_loss.interpreter import run_custom_loss
 from app.training.engine import TrainingEngine
 from app.training_data.batch import PackedBatch
-from app.training_data.custom_losses import CustomLossProgram, LossNode, validate_custom_loss
+from app.training_data.custom_loss_nodes import LossNode
+from app.training_data.custom_losses import CustomLossProgram, validate_custom_loss
 from tests.conftest import TINY_MODEL
 from tests.unit.training.custom_loss_graphs import program, request
 

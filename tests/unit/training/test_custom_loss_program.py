@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from app.errors import LimitExceeded, UserError
-from app.training.custom_loss.ops import FUNCTIONS, METHODS
+from app.training_data.custom_loss_ops import FUNCTIONS, METHODS
 from app.training_data.custom_losses import CustomLossProgram, validate_custom_loss
 from tests.unit.training.custom_loss_graphs import clipped_pg, request
 

@@ -19,8 +19,8 @@ import logging
 from dataclasses import dataclass
 
 from app.errors import GroupRestarted
+from app.link.shipping import Shipped
 from app.messages import RankReply, Replies, WorkerCommand
-from app.trainer.shipping import Shipped
 
 logger = logging.getLogger("tinker_serve.trainer")
 Message = tuple[int, list[Shipped]]  # (msg_id, its commands)

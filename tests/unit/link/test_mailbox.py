@@ -8,8 +8,8 @@ import pickle
 import pytest
 
 from app.errors import GroupRestarted
+from app.link.mailbox import Mailbox, Stop
 from app.messages import AdamParams, OptimStepCommand, PingCommand, RemoveModelCommand, SnapshotCommand
-from app.trainer.mailbox import Mailbox, Stop
 
 
 def _msg(name: str) -> list[RemoveModelCommand]:
@@ -80,7 +80,7 @@ def test_calls_run_out_of_order_still_queue_messages_in_msg_id_order() -> None:
 
 
 def test_a_message_that_never_comes_holds_up_the_next_only_for_a_while(monkeypatch) -> None:
-    monkeypatch.setattr("app.trainer.mailbox.MESSAGE_GAP_TIMEOUT_S", 0.05)
+    monkeypatch.setattr("app.link.mailbox.MESSAGE_GAP_TIMEOUT_S", 0.05)
 
     async def main() -> None:
         box = await _registered(1)
