@@ -153,7 +153,7 @@ class TrainerService:
         for model_id, queued in unfinished_ops.items():
             for seq_id, op in queued:
                 self._in_background(self.submit(model_id, seq_id, op))
-        rerun = sum(not isinstance(op, Skip) for queued in unfinished_ops.values() for _, op in queued)
+        rerun = sum(operation(op).traits.runs for queued in unfinished_ops.values() for _, op in queued)
         logger.info(
             "trainer %s: rebuilding %d models; %d unfinished operations rerun", self.name, len(self._models), rerun
         )
@@ -321,7 +321,7 @@ class TrainerService:
         return self._replies(planned, positions, number)
 
     def _plan(self, model_id: str, run: list[Queued]) -> _PlannedRun:
-        work = [(seq_id, op) for seq_id, op in run if not isinstance(op, Skip)]
+        work = [(seq_id, op) for seq_id, op in run if operation(op).traits.runs]
         snapshot = self._snapshots.plan(model_id, [seq_id for seq_id, _ in work], [op for _, op in work])
         return _PlannedRun(model_id, len(run), work, snapshot, run_commands(model_id, [op for _, op in work], snapshot))
 
