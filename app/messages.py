@@ -9,15 +9,12 @@ or a CommandError.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeGuard
+from typing import Any, ClassVar, Literal, Protocol, TypeGuard
 
 import numpy as np
 
 from app.training_data.batch import PackedBatch
 from app.training_data.custom_losses import CustomLossProgram
-
-if TYPE_CHECKING:
-    from app.operations.load_checkpoint import LoadCheckpoint
 
 
 @dataclass(frozen=True)
@@ -88,15 +85,6 @@ class Skip(SequencedOp):
     """A seq_id whose request was rejected at the ingress (its future already failed); it only advances order."""
 
 
-@dataclass(frozen=True)
-class CreateModel:
-    """Create a model (its seq_id 0); with `load`, fill it from a checkpoint in the same step."""
-
-    request_id: str
-    spec: AdapterSpec
-    load: LoadCheckpoint | None = None
-
-
 # ---- Trainer -> workers: commands every rank runs, in the order sent ----
 # Each command's `name` is how logs and errors call it. `request_id`: the future a command serves, set on an
 # operation's command when the Trainer dispatches it (a cancelled one is dropped while no rank has taken it; a death of
@@ -122,13 +110,14 @@ class _ServesNoRequest(_Command):
 
 
 @dataclass(frozen=True)
-class CreateModelCommand(_ServesNoRequest):
+class CreateModelCommand(_Command):
     """Add the model's adapter (and value head, for a critic) on the shared base. Reply: None."""
 
     forward_pass: ClassVar[bool] = False
     name: ClassVar[str] = "create_model"
     model_id: str
     spec: AdapterSpec
+    request_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -235,8 +224,8 @@ class PingCommand(_ServesNoRequest):
 
 
 # What an operation sends (app.operations); the Trainer sets its request_id.
-OperationCommand = ForwardBackwardCommand | OptimStepCommand | SaveCommand | LoadStateCommand
-WorkerCommand = CreateModelCommand | RemoveModelCommand | OperationCommand | SnapshotCommand | PingCommand
+OperationCommand = CreateModelCommand | ForwardBackwardCommand | OptimStepCommand | SaveCommand | LoadStateCommand
+WorkerCommand = RemoveModelCommand | OperationCommand | SnapshotCommand | PingCommand
 
 
 class PassCommand(Protocol):

@@ -32,7 +32,7 @@ def _posts(*names: str) -> tuple[Op, ...]:
 
 
 # Operations answering {"request_id": ..., "model_id": ...}: a future of a model's operation.
-MODEL_FUTURES = _posts("create_model", *call_traits())
+MODEL_FUTURES = _posts(*call_traits())
 TAKES_REQUEST_ID = _posts("retrieve_future", "cancel_future")
 # Besides the sequenced operations whose route's model requires a model_id (`takes_model_id`).
 TAKES_MODEL_ID = _posts("get_info", "unload_model")

@@ -1,4 +1,4 @@
-"""The sequenced operations (forward_backward, optim_step, the saves and loads, and the Skip that only
+"""The sequenced operations (create_model, forward_backward, optim_step, the saves and loads, and the Skip that only
 advances order), one module each, and the registry that every part of the server asks about them: the gate's body
 caps, the OpenAPI document, the futures' JSON views, the Trainer's commands and replies, recovery (what a rebuild
 replays, when to snapshot), mixing and worker deaths (which ones are forward passes), the fair share's costs, run
@@ -18,7 +18,7 @@ import inspect
 import pkgutil
 from typing import Any
 
-from app.messages import CreateModel, SequencedOp
+from app.messages import SequencedOp
 from app.operations.base import CheckpointCommitter, HistoryStep, Operation, Reply, Traits
 
 __all__ = [
@@ -69,9 +69,9 @@ def operation(op: SequencedOp) -> Operation[Any, Any]:
     return OPERATIONS[type(op)]
 
 
-def changes_model(op: CreateModel | SequencedOp) -> bool:
+def changes_model(op: SequencedOp) -> bool:
     """Whether running `op` changes the model's weights, optimizer state or gradients (what a rebuild replays)."""
-    return False if isinstance(op, CreateModel) else operation(op).changes_model(op)
+    return operation(op).changes_model(op)
 
 
 def fair_share_cost(op: SequencedOp, fixed_cost: int) -> int:

@@ -13,7 +13,6 @@ import logging
 import time
 from collections.abc import Awaitable, Collection, Sequence
 from dataclasses import dataclass
-from typing import cast
 
 from app.config import EngineConfig, MetricsConfig, TimeoutsConfig, WorkerGroupConfig
 from app.db.checkpoints import CheckpointStore
@@ -23,7 +22,6 @@ from app.db.journal import JournalStore
 from app.db.metadata import MetadataStore
 from app.errors import GroupRestarted, LimitExceeded, ServerError, TinkerServeError
 from app.messages import (
-    CreateModel,
     RankReply,
     RemoveModelCommand,
     Replies,
@@ -34,6 +32,7 @@ from app.messages import (
 )
 from app.metrics import LabelValues, QueueDepths, server_metrics
 from app.operations import CheckpointCommitter, Reply, changes_model, fair_share_cost, operation
+from app.operations.create_model import CreateModel
 from app.request_log import log_request, outcome_of
 from app.storage.objects import ObjectStorage
 from app.trainer.history import HistoryRecorder
@@ -169,7 +168,7 @@ class TrainerService:
             logger.info("trainer %s: model %s is still being created", self.name, model_id)
             return None
         for entry in plan.given_up:
-            await self._deaths.give_up(model_id, cast(SequencedOp, entry.op), entry.worker_deaths)
+            await self._deaths.give_up(model_id, entry.op, entry.worker_deaths)
         self._models.add(model_id)
         await self._history.resume(model_id)
         self._scheduler.open(model_id, next_seq=plan.next_seq)
@@ -224,11 +223,7 @@ class TrainerService:
                 await self._group.call([RemoveModelCommand(model_id)])
                 await self._futures.fail(create.request_id, failed[1])
                 return
-            reply = (
-                Reply.json({"model_id": model_id, "type": "create_model"})
-                if create.load is None
-                else await operation(create.load).reply(model_id, create.load, [r[1] for r in replies], self._committer)
-            )
+            reply = await operation(create).reply(model_id, create, [r[-1] for r in replies], self._committer)
         except TinkerServeError as exc:
             await self._futures.fail(create.request_id, exc.to_body())
             return

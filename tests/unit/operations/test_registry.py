@@ -21,6 +21,7 @@ from app.db.checkpoints import CheckpointRecord, CheckpointStore
 from app.db.futures import PROTO_CONTENT_TYPE
 from app.messages import (
     AdamParams,
+    AdapterSpec,
     ForwardBackwardArgs,
     OptimStepCommand,
     PingCommand,
@@ -42,6 +43,7 @@ from app.operations import (
     operation,
 )
 from app.operations.base import CONTROL
+from app.operations.create_model import CreateModel
 from app.operations.forward_backward import ForwardBackward
 from app.operations.load_checkpoint import LoadCheckpoint
 from app.operations.optim_step import OptimStep
@@ -72,8 +74,8 @@ def _all_subclasses(cls: type) -> set[type]:
 
 
 def test_every_sequenced_message_has_one_operation() -> None:
-    """Skip included: nothing asks about an operation outside the registry."""
-    assert set(OPERATIONS) == _all_subclasses(SequencedOp) and Skip in OPERATIONS
+    """Skip and CreateModel included: nothing asks about an operation outside the registry."""
+    assert set(OPERATIONS) == _all_subclasses(SequencedOp) and {Skip, CreateModel} <= set(OPERATIONS)
     assert all(isinstance(op, Operation) and type(op).message is message for message, op in OPERATIONS.items())
 
 
@@ -126,6 +128,7 @@ EXPECTED: list[tuple[SequencedOp, tuple[Any, ...]]] = [
     (SaveCheckpoint("r", _checkpoint()), ("save_weights", False, False, FIXED, None, 0, 0)),
     (SaveForSampler("r", "s", "loc"), ("save_weights_for_sampler", False, False, FIXED, None, 0, 0)),
     (LoadCheckpoint("r", "tinker://m/weights/c", "loc", True), ("load_weights", True, True, FIXED, None, 0, 0)),
+    (CreateModel("r", AdapterSpec(rank=4, seed=0)), ("create_model", False, False, FIXED, None, 0, 0)),
     (Skip("r"), ("skip", False, False, 0, None, 0, 0)),
 ]
 
@@ -155,6 +158,7 @@ def test_the_api_calls_answering_with_an_operations_future() -> None:
     assert api_calls() == tuple(dict.fromkeys(call for op in OPERATIONS.values() for call in op.calls)) and set(
         api_calls()
     ) == {
+        "create_model",
         "forward_backward",
         "optim_step",
         "save_weights",
