@@ -9,15 +9,12 @@ or a CommandError.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol, TypeGuard
 
 import numpy as np
 
 from app.training_data.batch import PackedBatch
 from app.training_data.custom_losses import CustomLossProgram
-
-if TYPE_CHECKING:
-    from app.operations.load_checkpoint import LoadCheckpoint
 
 
 @dataclass(frozen=True)
@@ -88,38 +85,46 @@ class Skip(SequencedOp):
     """A seq_id whose request was rejected at the ingress (its future already failed); it only advances order."""
 
 
-@dataclass(frozen=True)
-class CreateModel:
-    """Create a model (its seq_id 0); with `load`, fill it from a checkpoint in the same step."""
-
-    request_id: str
-    spec: AdapterSpec
-    load: LoadCheckpoint | None = None
-
-
 # ---- Trainer -> workers: commands every rank runs, in the order sent ----
 # Each command's `name` is how logs and errors call it. `request_id`: the future a command serves, set on an
 # operation's command when the Trainer dispatches it (a cancelled one is dropped while no rank has taken it; a death of
 # the workers is charged to it); "" on one that serves no request. Each command's reply is named in its docstring.
 
 
-class _ServesNoRequest:
+class _Command:
+    """What the sites that treat forward passes apart key on (`runs_a_pass`): the trainer ships a large batch by
+    reference (app.trainer.shipping), blames a death of the workers on the passes first (app.trainer.worker_deaths)
+    and puts several models' passes in one message (app.trainer.mixing); a rank runs those together and ends when one
+    fails mid-pass (app.ranks.execute). A command class that does not declare it does not load."""
+
+    forward_pass: ClassVar[bool]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "forward_pass" not in cls.__dict__ and not cls.__name__.startswith("_"):
+            raise TypeError(f"command {cls.__name__} does not declare forward_pass")
+
+
+class _ServesNoRequest(_Command):
     request_id: ClassVar[str] = ""
 
 
 @dataclass(frozen=True)
-class CreateModelCommand(_ServesNoRequest):
+class CreateModelCommand(_Command):
     """Add the model's adapter (and value head, for a critic) on the shared base. Reply: None."""
 
+    forward_pass: ClassVar[bool] = False
     name: ClassVar[str] = "create_model"
     model_id: str
     spec: AdapterSpec
+    request_id: str = ""
 
 
 @dataclass(frozen=True)
 class RemoveModelCommand(_ServesNoRequest):
     """Drop the model, if the rank has it. Reply: None."""
 
+    forward_pass: ClassVar[bool] = False
     name: ClassVar[str] = "remove_model"
     model_id: str
 
@@ -143,10 +148,11 @@ class PassLayout:
 
 
 @dataclass(frozen=True)
-class ForwardBackwardCommand:
+class ForwardBackwardCommand(_Command):
     """Run the rank's shard of the batch. Reply: a ShardOutput. Consecutive ones of distinct models in a message run
     as one pass where they can (app.ranks.execute). `replay`: rerun it as it ran in that mixed pass (a rebuild)."""
 
+    forward_pass: ClassVar[bool] = True
     name: ClassVar[str] = "forward_backward"
     model_id: str
     args: ForwardBackwardArgs
@@ -155,9 +161,10 @@ class ForwardBackwardCommand:
 
 
 @dataclass(frozen=True)
-class OptimStepCommand:
+class OptimStepCommand(_Command):
     """Step the model's optimizer on its accumulated gradients. Reply: the step's metrics."""
 
+    forward_pass: ClassVar[bool] = False
     name: ClassVar[str] = "optim_step"
     model_id: str
     params: OptimParams
@@ -170,10 +177,11 @@ SavedParts = Literal["adapter", "state", "export"]
 
 
 @dataclass(frozen=True)
-class SaveCommand:
+class SaveCommand(_Command):
     """Write the model's `what` at the storage `location` (rank 0 writes). Reply: the bytes written (0 on the other
     ranks)."""
 
+    forward_pass: ClassVar[bool] = False
     model_id: str
     location: str
     what: SavedParts
@@ -185,10 +193,11 @@ class SaveCommand:
 
 
 @dataclass(frozen=True)
-class LoadStateCommand:
+class LoadStateCommand(_Command):
     """Fill the model from the training state stored at `location`, its optimizer state too `with_optimizer`.
     Reply: None."""
 
+    forward_pass: ClassVar[bool] = False
     name: ClassVar[str] = "load_state"
     model_id: str
     location: str
@@ -200,6 +209,7 @@ class LoadStateCommand:
 class SnapshotCommand(_ServesNoRequest):
     """Rank 0 copies the model's adapter and optimizer state and writes it to `location` on a thread. Reply: None."""
 
+    forward_pass: ClassVar[bool] = False
     name: ClassVar[str] = "snapshot"
     model_id: str
     location: str
@@ -209,12 +219,32 @@ class SnapshotCommand(_ServesNoRequest):
 class PingCommand(_ServesNoRequest):
     """Nothing to run (also what a cancelled or given-up command becomes). Reply: the rank's process id."""
 
+    forward_pass: ClassVar[bool] = False
     name: ClassVar[str] = "ping"
 
 
 # What an operation sends (app.operations); the Trainer sets its request_id.
-OperationCommand = ForwardBackwardCommand | OptimStepCommand | SaveCommand | LoadStateCommand
-WorkerCommand = CreateModelCommand | RemoveModelCommand | OperationCommand | SnapshotCommand | PingCommand
+OperationCommand = CreateModelCommand | ForwardBackwardCommand | OptimStepCommand | SaveCommand | LoadStateCommand
+WorkerCommand = RemoveModelCommand | OperationCommand | SnapshotCommand | PingCommand
+
+
+class PassCommand(Protocol):
+    """What a command that runs a forward pass (`forward_pass`) has: the ranks run its batch (`args`) with the other
+    models' passes of a message, and the trainer ships that batch by reference when it is large."""
+
+    @property
+    def model_id(self) -> str: ...
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def args(self) -> ForwardBackwardArgs: ...
+
+
+def runs_a_pass(command: WorkerCommand) -> TypeGuard[PassCommand]:
+    """Whether `command` runs a forward pass over a batch: its class's declared `forward_pass`."""
+    return command.forward_pass
 
 
 @dataclass(frozen=True)

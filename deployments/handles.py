@@ -23,7 +23,8 @@ from app.api.sample_slots import SampleSlots
 from app.db.futures import FutureStore, Pending
 from app.db.outcomes import Completed, Failed
 from app.errors import ServerError, UserError
-from app.messages import CreateModel, SequencedOp
+from app.messages import SequencedOp
+from app.operations.create_model import CreateModel
 from app.retry import NO_RETRIES, RetryPolicy, call_with_retries
 from app.sampling.openai import Answer, Route
 from app.sampling.params import SampleArgs

@@ -17,9 +17,10 @@ from app.db.migrate import migrate
 from app.db.outcomes import Written
 from app.db.schema import connect
 from app.db.statement_metrics import count_statements
-from app.messages import CreateModel, SequencedOp
+from app.messages import SequencedOp
 from app.models.model_config import read_model_config
 from app.models.precision import DTYPE_BYTES, resolve_dtype
+from app.operations.create_model import CreateModel
 from app.storage.objects import ObjectStorage
 from app.trainer.pass_sizing import PassSizing
 from app.trainer.service import TrainerDeps, TrainerService

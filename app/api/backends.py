@@ -7,7 +7,8 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from app.messages import CreateModel, SequencedOp
+from app.messages import SequencedOp
+from app.operations.create_model import CreateModel
 from app.sampling.openai import Answer, Route
 from app.sampling.params import SampleArgs
 

@@ -13,13 +13,17 @@ from app.api.quotas import long_poll_slot
 from app.db.completions import Target
 from app.db.futures import PROTO_CONTENT_TYPE, Completed, Failed, Pending, future_not_found
 from app.errors import UserError
-from app.protocol.results import forward_backward_json_from_proto
+from app.operations import call_traits
 from app.protocol.wire import CancelFutureRequest, RetrieveFutureRequest, RetrieveFuturesRequest
 from app.request_log import log_request
 from app.sampling.response import sample_json_from_proto
 
 router = APIRouter(prefix="/api/v1")
-_JSON_VIEWS = {"forward_backward": forward_backward_json_from_proto, "sample": sample_json_from_proto}
+# A protobuf result's JSON, by its future's kind: a sample's, and each operation's that declares one (its traits).
+_JSON_VIEWS = {
+    "sample": sample_json_from_proto,
+    **{call: traits.json_view for call, traits in call_traits().items() if traits.json_view is not None},
+}
 
 
 @router.post("/retrieve_future")

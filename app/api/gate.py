@@ -27,6 +27,7 @@ from app.api.tokens import looks_like_jwt
 from app.caches import remember
 from app.config import LimitsConfig, QuotasConfig
 from app.errors import BodyTooLarge, Forbidden, Overloaded, TinkerServeError, Unauthorized
+from app.operations import call_traits
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -34,7 +35,8 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-TRAINING_DATA_PATHS = frozenset({"/api/v1/forward_backward"})
+# the calls of the operations that carry training data (their declared traits: app.operations)
+TRAINING_DATA_PATHS = frozenset(f"/api/v1/{call}" for call, traits in call_traits().items() if traits.carries_batch)
 SAMPLING_PATHS = frozenset({"/api/v1/asample", "/v1/completions", "/v1/chat/completions"})
 REFUSED_REMEMBERED = 10_000  # (client, credential) pairs refused, per replica
 KEYLESS_CHARGED = (*SIGNED_PREFIXES, HUB_PREFIX)  # read files without a key: charged to the client's keyless rate

@@ -17,7 +17,8 @@ from app.config import ROLES, BaseModelConfig
 from app.db.metadata import TrainingRun, model_id_for
 from app.db.outcomes import Pending
 from app.errors import LimitExceeded, UserError
-from app.messages import AdapterSpec, CreateModel
+from app.messages import AdapterSpec
+from app.operations.create_model import CreateModel
 from app.operations.load_checkpoint import LoadCheckpoint
 from app.protocol.wire import CreateModelRequest, GetInfoRequest, UnloadModelRequest
 from app.request_log import log_request

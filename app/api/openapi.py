@@ -2,7 +2,8 @@
 
 - links from the operations that create an id (sessions, models, sampling sessions, futures, checkpoints) to the
   operations that take it, so clients and fuzzers can chain calls;
-- forward_backward's body, which the route decodes itself: protobuf (or JSON from older SDKs), optionally zstd;
+- the bodies that routes decode themselves (forward_backward's: protobuf, or JSON from older SDKs, optionally zstd),
+  as their operations declare them (app.operations' traits);
 - the constraints that come from the server's configuration: the served base models and the largest LoRA rank.
 """
 
@@ -15,7 +16,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from app.config import ServerConfig
-from app.operations import api_calls
+from app.operations import call_traits
 
 Op = tuple[str, str]  # (method, path) as the schema writes it
 
@@ -24,7 +25,6 @@ CREATE_MODEL: Op = ("post", "/api/v1/create_model")
 CREATE_SAMPLER: Op = ("post", "/api/v1/create_sampling_session")
 RUN_CHECKPOINTS: Op = ("get", "/api/v1/training_runs/{run_id}/checkpoints")
 CHECKPOINT = "/api/v1/training_runs/{run_id}/checkpoints/{checkpoint_id}"
-FORWARD_BACKWARD: Op = ("post", "/api/v1/forward_backward")
 
 
 def _posts(*names: str) -> tuple[Op, ...]:
@@ -32,11 +32,10 @@ def _posts(*names: str) -> tuple[Op, ...]:
 
 
 # Operations answering {"request_id": ..., "model_id": ...}: a future of a model's operation.
-MODEL_FUTURES = _posts("create_model", *api_calls())
+MODEL_FUTURES = _posts(*call_traits())
 TAKES_REQUEST_ID = _posts("retrieve_future", "cancel_future")
-TAKES_MODEL_ID = _posts(
-    "get_info", "unload_model", "optim_step", "save_weights", "save_weights_for_sampler", "save_weights_external"
-)
+# Besides the sequenced operations whose route's model requires a model_id (`takes_model_id`).
+TAKES_MODEL_ID = _posts("get_info", "unload_model")
 TAKES_RUN_ID: tuple[Op, ...] = (
     ("get", "/api/v1/training_runs/{run_id}"),
     RUN_CHECKPOINTS,
@@ -79,13 +78,36 @@ def _path(**parameters: str) -> dict[str, Any]:
     return {"parameters": {f"path.{name}": expression for name, expression in parameters.items()}}
 
 
-def links() -> list[tuple[Op, Op, dict[str, Any]]]:
-    """(source, target, how the target takes the source's answer) for every id an operation creates."""
+def self_decoded() -> dict[Op, dict[str, Any]]:
+    """The requestBody of each operation's call whose route decodes its body itself (its declared openapi_body)."""
+    return {
+        ("post", f"/api/v1/{call}"): traits.openapi_body
+        for call, traits in call_traits().items()
+        if traits.openapi_body is not None
+    }
+
+
+def takes_model_id(schema: dict[str, Any]) -> tuple[Op, ...]:
+    """The operations a model's id goes into: TAKES_MODEL_ID, and every sequenced operation's call whose body is
+    its route's model (in `schema`, FastAPI's) and requires a model_id."""
+    components = schema["components"]["schemas"]
+    taken = list(TAKES_MODEL_ID)
+    for method, path in _posts(*call_traits()):
+        body = schema["paths"][path][method].get("requestBody", {}).get("content", {}).get("application/json", {})
+        model = components.get(body.get("schema", {}).get("$ref", "").rpartition("/")[2], {})
+        if (method, path) not in self_decoded() and "model_id" in model.get("required", []):
+            taken.append((method, path))
+    return tuple(taken)
+
+
+def links(schema: dict[str, Any]) -> list[tuple[Op, Op, dict[str, Any]]]:
+    """(source, target, how the target takes the source's answer) for every id an operation creates (`schema`:
+    FastAPI's, which says which bodies require a model_id)."""
     session, sampler = "$response.body#/session_id", "$response.body#/sampling_session_id"
     model, request = "$response.body#/model_id", "$response.body#/request_id"
     table = [(CREATE_SESSION, t, _body("session_id", session)) for t in TAKES_SESSION_ID_BODY]
     table += [(CREATE_SESSION, t, _path(session_id=session)) for t in TAKES_SESSION_ID_PATH]
-    table += [(CREATE_MODEL, t, _body("model_id", model)) for t in TAKES_MODEL_ID]
+    table += [(CREATE_MODEL, t, _body("model_id", model)) for t in takes_model_id(schema)]
     table += [(CREATE_MODEL, t, _path(run_id=model)) for t in TAKES_RUN_ID]
     table += [
         (s, t, _body("request_id", request)) for s in (*MODEL_FUTURES, *_posts("asample")) for t in TAKES_REQUEST_ID
@@ -104,38 +126,17 @@ def links() -> list[tuple[Op, Op, dict[str, Any]]]:
     return table
 
 
-FORWARD_BACKWARD_BODY = {
-    "required": True,
-    "description": "A tinker ForwardBackwardRequest: protobuf (the SDK's), or JSON from older SDKs; "
-    "Content-Encoding zstd or none.",
-    "content": {
-        "application/x-protobuf": {"schema": {"type": "string", "format": "binary"}},
-        "application/json": {
-            "schema": {
-                "type": "object",
-                "required": ["model_id", "seq_id", "forward_backward_input"],
-                "properties": {
-                    "model_id": {"type": "string"},
-                    "seq_id": {"type": "integer", "minimum": 1},
-                    "forward_backward_input": {"type": "object"},
-                },
-            }
-        },
-    },
-}
-
-
 def describe(schema: dict[str, Any], config: ServerConfig) -> dict[str, Any]:
-    """`schema` (FastAPI's) with links, forward_backward's body and the configured constraints added."""
+    """`schema` (FastAPI's) with links, the self-decoded bodies and the configured constraints added."""
     schema = copy.deepcopy(schema)
     paths = schema["paths"]
     operation_ids = {(m, p): op["operationId"] for p, ops in paths.items() for m, op in ops.items()}
-    for (method, path), target, link in links():
+    for (method, path), target, link in links(schema):
         response = paths[path][method]["responses"].setdefault("200", {"description": "Successful Response"})
         name = operation_ids[target]
         response.setdefault("links", {})[name] = {"operationId": name, **link}
-    method, path = FORWARD_BACKWARD
-    paths[path][method]["requestBody"] = FORWARD_BACKWARD_BODY
+    for (method, path), body in self_decoded().items():
+        paths[path][method]["requestBody"] = body
     components = schema["components"]["schemas"]
     served = [m.name for m in config.base_models]
     for model in ("CreateModelRequest", "CreateSamplingSessionRequest", "LoadWeightsRequest"):

@@ -169,7 +169,7 @@ async def _build_or_skip(
 
 async def _count_usage(services: Services, run: TrainingRun, op: SequencedOp) -> None:
     """The tokens the operation counts as the session's training usage (its operation's `usage_tokens`)."""
-    tokens = 0 if isinstance(op, Skip) else operation(op).usage_tokens(op)
+    tokens = operation(op).usage_tokens(op)
     if tokens:
         await services.usage.record(run.session_id, run.base_model, {"training": tokens})
 

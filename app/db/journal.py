@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.db import journal_codec
 from app.db.group_commit import group_commit
 from app.db.schema import futures, journal, snapshots
-from app.messages import CreateModel, PassLayout, SequencedOp
+from app.messages import PassLayout, SequencedOp
 
 KEPT_SNAPSHOTS = 2
 
@@ -31,7 +31,7 @@ KEPT_SNAPSHOTS = 2
 class JournalEntry:
     seq_id: int
     request_id: str
-    op: CreateModel | SequencedOp
+    op: SequencedOp
     state: str  # its future's: pending | completed | failed
     worker_deaths: int = 0  # how often the training workers died while it ran
     layout: PassLayout | None = None  # the mixed pass it ran in, if it ran in one (what replays it)
@@ -49,9 +49,7 @@ class JournalStore:
         self._db = db
         self._writes = group_commit(db)
 
-    async def append(
-        self, model_id: str, seq_id: int, op: CreateModel | SequencedOp, encoded: bytes | None = None
-    ) -> bool:
+    async def append(self, model_id: str, seq_id: int, op: SequencedOp, encoded: bytes | None = None) -> bool:
         """Record an accepted operation (`encoded`: its journal_codec encoding, when the caller made it); False when
         (model_id, seq_id) is recorded already (a retry)."""
         row = {

@@ -20,13 +20,11 @@ from app.db.checkpoints import CheckpointRecord
 from app.messages import (
     AdamParams,
     AdapterSpec,
-    CreateModel,
     DimuonParams,
     ForwardBackwardArgs,
     PassLayout,
     PassMember,
     SequencedOp,
-    Skip,
 )
 from app.operations import OPERATIONS
 from app.storage.paths import CheckpointPath
@@ -44,7 +42,6 @@ RECORD_TYPES: dict[str, type] = {  # every operation's message (app.operations),
         AdapterSpec,
         CheckpointPath,
         CheckpointRecord,
-        CreateModel,
         CustomLossProgram,
         DimuonParams,
         ForwardBackwardArgs,
@@ -52,11 +49,9 @@ RECORD_TYPES: dict[str, type] = {  # every operation's message (app.operations),
         PackedBatch,
         PassLayout,
         PassMember,
-        Skip,
         *OPERATIONS,
     )
 }
-_OPERATIONS = (CreateModel, SequencedOp)
 RENAMED_RECORDS: dict[str, str] = {}  # a record's name as an earlier release wrote it -> its name now
 
 _ARRAY, _TUPLE, _RECORD = 1, 2, 3  # msgpack extension codes: the markers leading a list
@@ -74,7 +69,7 @@ class Record:
     fields: dict[str, Any]
 
 
-def encode(op: CreateModel | SequencedOp) -> bytes:
+def encode(op: SequencedOp) -> bytes:
     """The journal blob of an operation."""
     return encode_tree(op)
 
@@ -85,10 +80,10 @@ def encode_tree(value: Any) -> bytes:
     return MAGIC + bytes([FORMAT]) + _pack(value)
 
 
-def decode(blob: bytes) -> CreateModel | SequencedOp:
+def decode(blob: bytes) -> SequencedOp:
     """The operation a journal blob holds."""
     op = decode_tree(blob)
-    if not isinstance(op, _OPERATIONS):
+    if not isinstance(op, SequencedOp):
         raise JournalFormatError(f"a journal entry holds a {type(op).__name__}, not an operation")
     return op
 

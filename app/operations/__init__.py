@@ -1,11 +1,14 @@
-"""The sequenced operations (forward_backward, optim_step, the saves and loads), one module each, and the registry
-that every part of the server asks about them: routes' OpenAPI links, the Trainer's commands and replies, recovery
-(what a rebuild replays, when to snapshot), the fair share's costs, run history, metrics and usage.
+"""The sequenced operations (create_model, forward_backward, optim_step, the saves and loads, and the Skip that only
+advances order), one module each, and the registry that every part of the server asks about them: the gate's body
+caps, the OpenAPI document, the futures' JSON views, the Trainer's commands and replies, recovery (what a rebuild
+replays, when to snapshot), mixing and worker deaths (which ones are forward passes), the fair share's costs, run
+history, metrics and usage.
 
 Adding an operation: a module here with its message (a frozen dataclass subclassing app.messages.SequencedOp) and
-its `Operation` subclass declaring every member (the registry refuses to load without them), its route in app.api,
-and its test. An operation that needs a new capability of the ranks also adds a command to app.messages.WorkerCommand
-and its case in app.ranks.execute (whose `match` is exhaustive: mypy names a missing case).
+its `Operation` subclass declaring every member and trait (the registry refuses to load without them), its route in
+app.api, and its test. An operation that needs a new capability of the ranks also adds a command to
+app.messages.WorkerCommand (declaring `forward_pass`) and its case in app.ranks.execute (whose `match` is exhaustive:
+mypy names a missing case). docs/architecture.md's recipe names every place.
 """
 
 from __future__ import annotations
@@ -15,8 +18,8 @@ import inspect
 import pkgutil
 from typing import Any
 
-from app.messages import CreateModel, SequencedOp, Skip
-from app.operations.base import CheckpointCommitter, HistoryStep, Operation, Reply
+from app.messages import SequencedOp
+from app.operations.base import CheckpointCommitter, HistoryStep, Operation, Reply, Traits
 
 __all__ = [
     "OPERATIONS",
@@ -24,7 +27,9 @@ __all__ = [
     "HistoryStep",
     "Operation",
     "Reply",
+    "Traits",
     "api_calls",
+    "call_traits",
     "changes_model",
     "fair_share_cost",
     "operation",
@@ -44,27 +49,42 @@ def _discover() -> dict[type, Operation[Any, Any]]:
     return found
 
 
+def _traits_by_call(operations: dict[type, Operation[Any, Any]]) -> dict[str, Traits]:
+    """Each API call's traits; operations that share a call must declare the same ones."""
+    found: dict[str, Traits] = {}
+    for op in operations.values():
+        for call in op.calls:
+            if found.setdefault(call, op.traits) != op.traits:
+                raise TypeError(f"the operations answering {call} declare different traits")
+    return found
+
+
 OPERATIONS: dict[type, Operation[Any, Any]] = _discover()
+_CALL_TRAITS = _traits_by_call(OPERATIONS)
 
 
 def operation(op: SequencedOp) -> Operation[Any, Any]:
-    """The Operation that runs `op` (never a Skip: those only advance order). Its reply takes the ranks' replies to
-    its command once none is a CommandError, which are then of its type R."""
+    """The Operation that runs `op`. Its reply takes the ranks' replies to its command once none is a CommandError,
+    which are then of its type R."""
     return OPERATIONS[type(op)]
 
 
-def changes_model(op: CreateModel | SequencedOp) -> bool:
+def changes_model(op: SequencedOp) -> bool:
     """Whether running `op` changes the model's weights, optimizer state or gradients (what a rebuild replays)."""
-    if isinstance(op, CreateModel | Skip):
-        return False
     return operation(op).changes_model(op)
 
 
 def fair_share_cost(op: SequencedOp, fixed_cost: int) -> int:
-    """What `op` costs in the fair share, in tokens; nothing to skip."""
-    return 0 if isinstance(op, Skip) else operation(op).cost(op, fixed_cost)
+    """What `op` costs in the fair share, in tokens."""
+    return operation(op).cost(op, fixed_cost)
 
 
 def api_calls() -> tuple[str, ...]:
     """The API calls answering with a future of a sequenced operation, in registry order."""
-    return tuple(dict.fromkeys(call for op in OPERATIONS.values() for call in op.calls))
+    return tuple(_CALL_TRAITS)
+
+
+def call_traits() -> dict[str, Traits]:
+    """Each API call answering with an operation's future -> its operation's traits: what the gate, the OpenAPI
+    document and the futures' JSON views look a call (or a future's kind) up by."""
+    return dict(_CALL_TRAITS)

@@ -6,13 +6,14 @@ import asyncio
 import json
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Generic, TypeVar
 
 from app.db.checkpoints import CheckpointRecord, CheckpointStore
 from app.db.futures import JSON_CONTENT_TYPE
 from app.errors import UserError
-from app.messages import OperationCommand, SequencedOp
+from app.messages import ForwardBackwardArgs, OperationCommand, SequencedOp
 from app.storage.objects import ObjectStorage
 
 Op = TypeVar("Op", bound=SequencedOp)
@@ -64,17 +65,46 @@ class CheckpointCommitter:
             await asyncio.to_thread(self._storage.delete, replaced)
 
 
+JsonView = Callable[[bytes], dict[str, Any]]  # a protobuf result -> its JSON
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What the server's sites key on about an operation's calls and runs, each named with the site that applies it.
+    Every field must be given: an operation cannot leave one to a default."""
+
+    # its requests carry training data: its calls' bodies are capped by limits.max_request_bytes instead of the
+    # control cap (app.api.gate)
+    carries_batch: bool
+    # its results are protobuf: the JSON sent instead to SDKs that do not accept protobuf (app.api.futures); None:
+    # its results are JSON already
+    json_view: JsonView | None
+    # its routes decode their bodies themselves: that body's OpenAPI requestBody (app.api.openapi); None: the
+    # route's pydantic model says it (and, if it requires a model_id, the link from create_model's)
+    openapi_body: dict[str, Any] | None
+    # False: it only advances its model's order (a Skip): nothing is sent to the workers, no outcome written
+    # (app.trainer.service)
+    runs: bool
+
+
+# An operation without training data, JSON in and out, its body its route's model (all but forward_backward's).
+CONTROL = Traits(carries_batch=False, json_view=None, openapi_body=None, runs=True)
+
+
 class Operation(ABC, Generic[Op, R]):
     """One kind of sequenced operation, everything about it in one place: `message` the class the ingress sends
     (journaled as it is), `R` each rank's reply to its command. Every member is abstract: an operation that leaves
     one out cannot be instantiated, so the registry (app.operations) does not load."""
 
     message: ClassVar[type[SequencedOp]]
-    calls: ClassVar[tuple[str, ...]]  # the API calls (POST /api/v1/<call>) answering with its future
+    # the API calls (POST /api/v1/<call>) answering with its future, each the `kind` of the futures it creates
+    # (app.db.futures): what the calls' body caps, OpenAPI bodies and JSON views are looked up by
+    calls: ClassVar[tuple[str, ...]]
+    traits: ClassVar[Traits]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        missing = [name for name in ("message", "calls") if name not in cls.__dict__]
+        missing = [name for name in ("message", "calls", "traits") if name not in cls.__dict__]
         if missing:
             raise TypeError(f"operation {cls.__name__} does not declare {missing}")
 
@@ -84,7 +114,13 @@ class Operation(ABC, Generic[Op, R]):
 
     @abstractmethod
     def command(self, model_id: str, op: Op) -> OperationCommand:
-        """What every rank runs."""
+        """What every rank runs (a forward pass's command declares it: app.messages.runs_a_pass)."""
+
+    @abstractmethod
+    def forward(self, op: Op) -> ForwardBackwardArgs | None:
+        """The forward pass it runs over its batch (None: it runs none): what mixes with other models' passes
+        (app.trainer.mixing), and what a death of the workers is blamed on and explained by
+        (app.trainer.worker_deaths)."""
 
     @abstractmethod
     async def reply(self, model_id: str, op: Op, per_rank: list[R], committer: CheckpointCommitter) -> Reply:

@@ -6,9 +6,30 @@ from dataclasses import dataclass
 
 from app.db.futures import PROTO_CONTENT_TYPE
 from app.messages import ForwardBackwardArgs, ForwardBackwardCommand, SequencedOp, ShardOutput
-from app.operations.base import CheckpointCommitter, HistoryStep, Operation, Reply
-from app.protocol.results import encode_forward_backward_output
+from app.operations.base import CheckpointCommitter, HistoryStep, Operation, Reply, Traits
+from app.protocol.results import encode_forward_backward_output, forward_backward_json_from_proto
 from app.training_data.sharding import merge_shards
+
+# The route decodes its body itself (app.api.training): what the OpenAPI document says of it.
+OPENAPI_BODY = {
+    "required": True,
+    "description": "A tinker ForwardBackwardRequest: protobuf (the SDK's), or JSON from older SDKs; "
+    "Content-Encoding zstd or none.",
+    "content": {
+        "application/x-protobuf": {"schema": {"type": "string", "format": "binary"}},
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "required": ["model_id", "seq_id", "forward_backward_input"],
+                "properties": {
+                    "model_id": {"type": "string"},
+                    "seq_id": {"type": "integer", "minimum": 1},
+                    "forward_backward_input": {"type": "object"},
+                },
+            }
+        },
+    },
+}
 
 
 @dataclass(frozen=True)
@@ -19,12 +40,18 @@ class ForwardBackward(SequencedOp):
 class ForwardBackwardOperation(Operation[ForwardBackward, ShardOutput]):
     message = ForwardBackward
     calls = ("forward_backward",)
+    traits = Traits(
+        carries_batch=True, json_view=forward_backward_json_from_proto, openapi_body=OPENAPI_BODY, runs=True
+    )
 
     def name(self, op: ForwardBackward) -> str:
         return "forward" if op.args.forward_only else "forward_backward"
 
     def command(self, model_id: str, op: ForwardBackward) -> ForwardBackwardCommand:
         return ForwardBackwardCommand(model_id, op.args)
+
+    def forward(self, op: ForwardBackward) -> ForwardBackwardArgs:
+        return op.args
 
     async def reply(
         self, model_id: str, op: ForwardBackward, per_rank: list[ShardOutput], committer: CheckpointCommitter

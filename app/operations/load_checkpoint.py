@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from app.messages import LoadStateCommand, SequencedOp
-from app.operations.base import CheckpointCommitter, HistoryStep, Operation, Reply
+from app.operations.base import CONTROL, CheckpointCommitter, HistoryStep, Operation, Reply
 
 
 @dataclass(frozen=True)
@@ -20,12 +20,16 @@ class LoadCheckpoint(SequencedOp):
 class LoadCheckpointOperation(Operation[LoadCheckpoint, None]):
     message = LoadCheckpoint
     calls = ("load_weights",)
+    traits = CONTROL
 
     def name(self, op: LoadCheckpoint) -> str:
         return "load_weights"
 
     def command(self, model_id: str, op: LoadCheckpoint) -> LoadStateCommand:
         return LoadStateCommand(model_id, op.location, op.with_optimizer)
+
+    def forward(self, op: LoadCheckpoint) -> None:
+        return None
 
     async def reply(
         self, model_id: str, op: LoadCheckpoint, per_rank: list[None], committer: CheckpointCommitter

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from app.messages import OptimParams, OptimStepCommand, SequencedOp
-from app.operations.base import CheckpointCommitter, HistoryStep, Operation, Reply
+from app.operations.base import CONTROL, CheckpointCommitter, HistoryStep, Operation, Reply
 
 
 @dataclass(frozen=True)
@@ -16,12 +16,16 @@ class OptimStep(SequencedOp):
 class OptimStepOperation(Operation[OptimStep, dict[str, float]]):
     message = OptimStep
     calls = ("optim_step",)
+    traits = CONTROL
 
     def name(self, op: OptimStep) -> str:
         return "optim_step"
 
     def command(self, model_id: str, op: OptimStep) -> OptimStepCommand:
         return OptimStepCommand(model_id, op.params)
+
+    def forward(self, op: OptimStep) -> None:
+        return None
 
     async def reply(
         self, model_id: str, op: OptimStep, per_rank: list[dict[str, float]], committer: CheckpointCommitter

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from app.db.checkpoints import CheckpointRecord
 from app.messages import SaveCommand, SavedParts, SequencedOp
-from app.operations.base import CheckpointCommitter, HistoryStep, Operation, Reply
+from app.operations.base import CONTROL, CheckpointCommitter, HistoryStep, Operation, Reply
 
 # A checkpoint's kind -> the call that saves it, and what its ranks write.
 _SAVES: dict[str, tuple[str, SavedParts]] = {
@@ -29,12 +29,16 @@ class SaveCheckpoint(SequencedOp):
 class SaveCheckpointOperation(Operation[SaveCheckpoint, int]):
     message = SaveCheckpoint
     calls = tuple(call for call, _ in _SAVES.values())
+    traits = CONTROL
 
     def name(self, op: SaveCheckpoint) -> str:
         return _SAVES[op.record.path.kind][0]
 
     def command(self, model_id: str, op: SaveCheckpoint) -> SaveCommand:
         return SaveCommand(model_id, op.record.location, _SAVES[op.record.path.kind][1])
+
+    def forward(self, op: SaveCheckpoint) -> None:
+        return None
 
     async def reply(
         self, model_id: str, op: SaveCheckpoint, per_rank: list[int], committer: CheckpointCommitter

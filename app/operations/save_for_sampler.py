@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from app.messages import SaveCommand, SequencedOp
-from app.operations.base import CheckpointCommitter, HistoryStep, Operation, Reply
+from app.operations.base import CONTROL, CheckpointCommitter, HistoryStep, Operation, Reply
 
 
 @dataclass(frozen=True)
@@ -19,12 +19,16 @@ class SaveForSampler(SequencedOp):
 class SaveForSamplerOperation(Operation[SaveForSampler, int]):
     message = SaveForSampler
     calls = ("save_weights_for_sampler",)
+    traits = CONTROL
 
     def name(self, op: SaveForSampler) -> str:
         return "save_weights_for_sampler"
 
     def command(self, model_id: str, op: SaveForSampler) -> SaveCommand:
         return SaveCommand(model_id, op.location, "adapter")
+
+    def forward(self, op: SaveForSampler) -> None:
+        return None
 
     async def reply(
         self, model_id: str, op: SaveForSampler, per_rank: list[int], committer: CheckpointCommitter

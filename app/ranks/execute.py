@@ -7,7 +7,7 @@ import os
 import tempfile
 import traceback
 from pathlib import Path
-from typing import assert_never
+from typing import TypeGuard, assert_never
 
 import torch
 
@@ -19,12 +19,14 @@ from app.messages import (
     ForwardBackwardCommand,
     LoadStateCommand,
     OptimStepCommand,
+    PassCommand,
     PingCommand,
     RankReply,
     RemoveModelCommand,
     SaveCommand,
     SnapshotCommand,
     WorkerCommand,
+    runs_a_pass,
 )
 from app.ranks.snapshots import SnapshotWriter
 from app.storage.objects import ObjectStorage
@@ -106,25 +108,38 @@ def execute_message(
     return replies
 
 
-Forward = ForwardBackwardCommand | StoredForwardBackward
+Forward = PassCommand | StoredForwardBackward
+
+
+def _runs_a_pass(cmd: Shipped) -> TypeGuard[Forward]:
+    """Whether `cmd` runs a forward pass: its command class's declared `forward_pass` (app.messages; something sent
+    that is no command runs none)."""
+    return getattr(cmd, "forward_pass", False)
 
 
 def _forwards_from(commands: list[Shipped], start: int) -> list[Forward]:
-    """The consecutive forward(_backward)s of distinct models at `start`."""
+    """The consecutive forward passes of distinct models at `start`."""
     together: list[Forward] = []
     for cmd in commands[start:]:
-        if not isinstance(cmd, ForwardBackwardCommand | StoredForwardBackward) or any(
-            cmd.model_id == other.model_id for other in together
-        ):
+        if not _runs_a_pass(cmd) or any(cmd.model_id == other.model_id for other in together):
             break
         together.append(cmd)
     return together
 
 
+def _opened(cmd: Forward) -> PassCommand:
+    """A pass's command, read from the object store if it was stored there."""
+    if not isinstance(cmd, StoredForwardBackward):
+        return cmd
+    command = cmd.command()
+    if not runs_a_pass(command):
+        raise TypeError(f"a stored {command.name} runs no forward pass")
+    return command
+
+
 def _execute_together(engine: TrainingEngine, shipped: list[Forward]) -> list[RankReply]:
     try:
-        commands = [cmd.command() if isinstance(cmd, StoredForwardBackward) else cmd for cmd in shipped]
-        requests = [(cmd.model_id, cmd.args) for cmd in commands]
+        requests = [(cmd.model_id, cmd.args) for cmd in map(_opened, shipped)]
         answers = engine.forward_backward_many(requests)
     except Exception as exc:  # noqa: BLE001 - a reply says why; the loop keeps serving
         body = _failure(engine, "forward_backward", ", ".join(cmd.model_id for cmd in shipped), exc, forward=True)
@@ -138,8 +153,7 @@ def execute(engine: TrainingEngine, storage: ObjectStorage, snapshots: SnapshotW
         return _run(engine, storage, snapshots, cmd.command() if isinstance(cmd, StoredForwardBackward) else cmd)
     except Exception as exc:  # noqa: BLE001 - a reply says why; the loop keeps serving
         name = getattr(cmd, "name", type(cmd).__name__)  # (not a command at all: what was sent instead)
-        forward = isinstance(cmd, ForwardBackwardCommand | StoredForwardBackward)
-        return _failure(engine, name, getattr(cmd, "model_id", ""), exc, forward)
+        return _failure(engine, name, getattr(cmd, "model_id", ""), exc, _runs_a_pass(cmd))
 
 
 def _failure(engine: TrainingEngine, name: str, model_ids: str, exc: Exception, forward: bool) -> CommandError:

@@ -1,9 +1,10 @@
 """Which models' ready operations run as one pass (app.training.mixed_pass), and the one message that carries them.
 
-Only forward(_backward)s mix: of distinct models, at most `worker_group.mixed_pass_models`, fitting one micro-batch on
-every rank together. The ranks run consecutive forward(_backward)s of distinct models in a message as one pass
-(app.ranks.execute; one after another where the engine cannot mix them: a mixture of experts), so a mixed dispatch puts
-each run's first command at the front; the rest of each run follows, in its own order.
+Only forward passes mix (as their operations' `forward` and their commands' `forward_pass` declare): of distinct
+models, at most `worker_group.mixed_pass_models`, fitting one micro-batch on every rank together. The ranks run
+consecutive forward passes of distinct models in a message as one pass (app.ranks.execute; one after another where the
+engine cannot mix them: a mixture of experts), so a mixed dispatch puts each run's first command at the front; the rest
+of each run follows, in its own order.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from app.config import WorkerGroupConfig
-from app.messages import ForwardBackwardCommand, SequencedOp, WorkerCommand
-from app.operations.forward_backward import ForwardBackward
+from app.messages import SequencedOp, WorkerCommand, runs_a_pass
+from app.operations import operation
 from app.training.micro_batches import fits_one_pass
 
 
@@ -25,17 +26,17 @@ class MixPolicy:
         self._micro_batch_tokens = shape.micro_batch_tokens
 
     def __call__(self, heads: Sequence[SequencedOp]) -> bool:
-        if len(heads) > self._limit or not all(isinstance(op, ForwardBackward) for op in heads):
+        passes = [forward for op in heads if (forward := operation(op).forward(op)) is not None]
+        if len(heads) > self._limit or len(passes) < len(heads):
             return False
-        lengths = [op.args.batch.lengths for op in heads if isinstance(op, ForwardBackward)]
-        return fits_one_pass(lengths, self._world_size, self._micro_batch_tokens)
+        return fits_one_pass([forward.batch.lengths for forward in passes], self._world_size, self._micro_batch_tokens)
 
 
 def mixed_message(runs: Sequence[list[WorkerCommand]]) -> tuple[list[WorkerCommand], list[list[int]]]:
-    """One message for several models' runs: each run's first command in front (a forward(_backward), see above)
+    """One message for several models' runs: each run's first command in front (a forward pass, see above)
     when there are two or more runs, then the rest of each. Returns the message and, per run, where its commands are
     in it."""
-    if len(runs) < 2 or not all(run and isinstance(run[0], ForwardBackwardCommand) for run in runs):
+    if len(runs) < 2 or not all(run and runs_a_pass(run[0]) for run in runs):
         message = [command for run in runs for command in run]
         starts = [sum(len(r) for r in runs[:j]) for j in range(len(runs))]
         return message, [list(range(start, start + len(run))) for start, run in zip(starts, runs, strict=True)]

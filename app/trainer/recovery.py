@@ -13,8 +13,6 @@ from typing import cast
 from app.db.journal import KEPT_SNAPSHOTS, JournalEntry, JournalStore, Snapshot
 from app.errors import GroupRestarted, ServerError, TinkerServeError
 from app.messages import (
-    CreateModel,
-    CreateModelCommand,
     ForwardBackwardCommand,
     LoadStateCommand,
     RemoveModelCommand,
@@ -26,6 +24,7 @@ from app.messages import (
 )
 from app.metrics import server_metrics
 from app.operations import changes_model, operation
+from app.operations.create_model import CreateModel
 from app.storage.objects import ObjectStorage
 from app.storage.paths import snapshot_location
 from app.trainer.rank_replies import first_failed_command
@@ -71,8 +70,7 @@ class SnapshotPolicy:
 
 def creation_commands(model_id: str, create: CreateModel) -> list[WorkerCommand]:
     """What the workers run to create the model: its adapter, then the checkpoint it is filled from, if any."""
-    load = [] if create.load is None else [operation(create.load).command(model_id, create.load)]
-    return [CreateModelCommand(model_id, create.spec), *load]
+    return [operation(op).command(model_id, op) for op in (create, create.load) if op is not None]
 
 
 def run_commands(model_id: str, ops: Sequence[SequencedOp], snapshot: PlannedSnapshot | None) -> list[WorkerCommand]:
@@ -124,8 +122,7 @@ async def unfinished(journal: JournalStore, model_id: str, max_worker_deaths: in
     if not entries or entries[0].seq_id != 0:
         return None
     if entries[0].state != "completed":
-        creation = entries[0].op
-        return creation if isinstance(creation, CreateModel) else None
+        return _creation(entries[0])
     pending = [e.seq_id for e in entries if e.state == "pending"]
     snapshots = await journal.snapshots_of(model_id)
     start = min(pending) if pending else max([e.seq_id for e in entries] + [s.seq_id for s in snapshots[:1]]) + 1
@@ -134,7 +131,7 @@ async def unfinished(journal: JournalStore, model_id: str, max_worker_deaths: in
     queued: list[tuple[int, SequencedOp]] = [
         (e.seq_id, e.op if e.seq_id in rerun else Skip(e.request_id))
         for e in entries
-        if e.seq_id >= start and not isinstance(e.op, CreateModel)
+        if e.seq_id >= start  # after the creation (seq_id 0): start is past it
     ]
     return Takeover(start, queued, given_up)
 
@@ -184,14 +181,14 @@ async def rebuild(group: WorkerGroup, journal: JournalStore, model_id: str) -> i
     (the newest may be unfinished), then every completed operation after it that changed the model, in seq_id
     order. Returns how many were replayed; ServerError when it cannot be rebuilt."""
     entries = await journal.entries(model_id)
-    creation = entries[0] if entries and entries[0].seq_id == 0 else None
-    if creation is None or not isinstance(creation.op, CreateModel) or creation.state != "completed":
+    if not entries or entries[0].seq_id != 0 or entries[0].state != "completed":
         raise ServerError(f"model {model_id!r} has no journal to rebuild it from")
+    creation = _creation(entries[0])
     snapshots = await journal.snapshots_of(model_id)
     # without a snapshot the journal starts at the creation, as long as no snapshot ever pruned it
     candidates: list[Snapshot | None] = [*snapshots, *([None] if len(snapshots) < KEPT_SNAPSHOTS else [])]
     for snapshot in candidates:
-        commands, replayed = _rebuild_commands(model_id, creation.op, entries, snapshot)
+        commands, replayed = _rebuild_commands(model_id, creation, entries, snapshot)
         error = first_failed_command(await group.call([RemoveModelCommand(model_id), *commands]))
         if error is None:
             return replayed
@@ -228,18 +225,23 @@ def _rebuild_commands(
         commands = creation_commands(model_id, creation)
     else:  # the snapshot holds what the creation loaded, if anything
         commands = [
-            CreateModelCommand(model_id, creation.spec),
+            operation(creation).command(model_id, creation),
             LoadStateCommand(model_id, snapshot.location, with_optimizer=True),
         ]
-    after = snapshot.seq_id if snapshot is not None else 0
+    after = snapshot.seq_id if snapshot is not None else 0  # the creation (seq_id 0) is never replayed
     replay = [e for e in entries if e.seq_id > after and e.state == "completed" and changes_model(e.op)]
-    commands += [_replay_command(model_id, e) for e in replay if not isinstance(e.op, CreateModel)]
+    commands += [_replay_command(model_id, e) for e in replay]
     return commands, len(replay)
+
+
+def _creation(entry: JournalEntry) -> CreateModel:
+    """The operation of a model's journal entry at seq_id 0: its creation (app.api.models journals it there)."""
+    return cast(CreateModel, entry.op)
 
 
 def _replay_command(model_id: str, entry: JournalEntry) -> WorkerCommand:
     """What reruns a completed operation exactly: its command, as it ran in its mixed pass if it ran in one."""
-    command = operation(cast(SequencedOp, entry.op)).command(model_id, cast(SequencedOp, entry.op))
+    command = operation(entry.op).command(model_id, entry.op)
     if entry.layout is not None and isinstance(command, ForwardBackwardCommand):
         return replace(command, replay=entry.layout)
     return command

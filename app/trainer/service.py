@@ -11,7 +11,6 @@ import logging
 import time
 from collections.abc import Awaitable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import cast
 
 from app.config import EngineConfig, MetricsConfig, TimeoutsConfig, WorkerGroupConfig
 from app.db.checkpoints import CheckpointStore
@@ -21,7 +20,6 @@ from app.db.journal import JournalStore
 from app.db.metadata import MetadataStore
 from app.errors import GroupRestarted, LimitExceeded, ServerError, TinkerServeError
 from app.messages import (
-    CreateModel,
     RankReply,
     RemoveModelCommand,
     Replies,
@@ -32,6 +30,7 @@ from app.messages import (
 )
 from app.metrics import LabelValues, QueueDepths, server_metrics
 from app.operations import CheckpointCommitter, Reply, changes_model, fair_share_cost, operation
+from app.operations.create_model import CreateModel
 from app.request_log import log_request, outcome_of
 from app.storage.objects import ObjectStorage
 from app.trainer.history import HistoryRecorder
@@ -148,7 +147,7 @@ class TrainerService:
         for model_id, queued in unfinished_ops.items():
             for seq_id, op in queued:
                 self._in_background(self.submit(model_id, seq_id, op))
-        rerun = sum(not isinstance(op, Skip) for queued in unfinished_ops.values() for _, op in queued)
+        rerun = sum(operation(op).traits.runs for queued in unfinished_ops.values() for _, op in queued)
         logger.info(
             "trainer %s: rebuilding %d models; %d unfinished operations rerun", self.name, len(self._models), rerun
         )
@@ -164,7 +163,7 @@ class TrainerService:
             logger.info("trainer %s: model %s is still being created", self.name, model_id)
             return None
         for entry in plan.given_up:
-            await self._deaths.give_up(model_id, cast(SequencedOp, entry.op), entry.worker_deaths)
+            await self._deaths.give_up(model_id, entry.op, entry.worker_deaths)
         self._models.add(model_id)
         await self._history.resume(model_id)
         self._scheduler.open(model_id, next_seq=plan.next_seq)
@@ -218,11 +217,7 @@ class TrainerService:
                 await self._group.call([RemoveModelCommand(model_id)])
                 await self._futures.fail(create.request_id, failed[1])
                 return
-            reply = (
-                Reply.json({"model_id": model_id, "type": "create_model"})
-                if create.load is None
-                else await operation(create.load).reply(model_id, create.load, [r[1] for r in replies], self._committer)
-            )
+            reply = await operation(create).reply(model_id, create, [r[-1] for r in replies], self._committer)
         except TinkerServeError as exc:
             await self._futures.fail(create.request_id, exc.to_body())
             return
@@ -311,7 +306,7 @@ class TrainerService:
         return self._replies(planned, positions, number)
 
     def _plan(self, model_id: str, run: list[Queued]) -> _PlannedRun:
-        work = [(seq_id, op) for seq_id, op in run if not isinstance(op, Skip)]
+        work = [(seq_id, op) for seq_id, op in run if operation(op).traits.runs]
         snapshot = self._snapshots.plan(model_id, [seq_id for seq_id, _ in work], [op for _, op in work])
         return _PlannedRun(model_id, len(run), work, snapshot, run_commands(model_id, [op for _, op in work], snapshot))
 

@@ -15,9 +15,8 @@ from app.config import TimeoutsConfig
 from app.db.futures import FutureStore
 from app.db.journal import JournalStore
 from app.errors import TooLargeForWorkers
-from app.messages import ForwardBackwardCommand, PingCommand, SequencedOp, WorkerCommand
+from app.messages import PingCommand, SequencedOp, WorkerCommand, runs_a_pass
 from app.operations import operation
-from app.operations.forward_backward import ForwardBackward
 from app.request_log import log_request
 from app.trainer.pass_sizing import PassSizing, size_text
 
@@ -78,26 +77,27 @@ class WorkerDeaths:
 
 def blamed(commands: Sequence[WorkerCommand], running: Collection[str]) -> list[str]:
     """Of a run's commands (one message to the ranks), the request ids a death of the workers is charged to: of those
-    that were running, the forward(_backward)s if any (they hold the activations, what outgrows a rank's memory),
-    else every one."""
+    that were running, the forward passes if any (their commands' `forward_pass`: they hold the activations, what
+    outgrows a rank's memory), else every one."""
     ran = [c for c in commands if c.request_id and c.request_id in running]
-    forwards = [c for c in ran if isinstance(c, ForwardBackwardCommand)]
+    forwards = [c for c in ran if runs_a_pass(c)]
     return [c.request_id for c in forwards or ran]
 
 
 def too_large(op: SequencedOp, deaths: int, sizing: PassSizing) -> TooLargeForWorkers:
     """The error of `op`, given up after the workers died `deaths` times while it ran: what happened, about what it
     needs, and what to change in the request or in the worker group (`sizing`'s)."""
-    name = operation(op).name(op)
+    kind = operation(op)
+    name, forward = kind.name(op), kind.forward(op)
     died = f"was running when the training workers died {_times(deaths)} (killed for memory, most likely)"
-    if not isinstance(op, ForwardBackward):
+    if forward is None:
         return TooLargeForWorkers(
             f"{name} {died}; it was not run again. The server's logs say why the workers died (Ray's memory monitor "
             "names the worker it kills)"
         )
-    batch = op.args.batch
+    batch = forward.batch
     largest = sizing.largest_pass_tokens(batch.lengths)
-    backward = not op.args.forward_only
+    backward = not forward.forward_only
     gradients = " and the model has no gradients from it" if backward else ""
     sentences = [
         f"{name} of {batch.num_tokens} tokens (its largest pass on a rank: {largest} tokens, padding included) "

@@ -14,7 +14,8 @@ from app.db.audit import AuditLog
 from app.db.futures import Completed, FutureStore, Pending, Unknown
 from app.db.journal import JournalStore
 from app.db.schema import audit_events
-from app.messages import AdapterSpec, CreateModel
+from app.messages import AdapterSpec
+from app.operations.create_model import CreateModel
 from tests.conftest import run_on_db
 from tests.unit.api.conftest import InProcessApi, saved_checkpoint
 

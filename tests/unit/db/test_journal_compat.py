@@ -21,7 +21,8 @@ from app.db.checkpoints import CheckpointRecord
 from app.db.journal import JournalStore
 from app.db.journal_codec import JournalFormatError
 from app.db.schema import journal
-from app.messages import AdamParams, AdapterSpec, CreateModel, DimuonParams, ForwardBackwardArgs, Skip
+from app.messages import AdamParams, AdapterSpec, DimuonParams, ForwardBackwardArgs, Skip
+from app.operations.create_model import CreateModel
 from app.operations.forward_backward import ForwardBackward
 from app.operations.load_checkpoint import LoadCheckpoint
 from app.operations.optim_step import OptimStep

@@ -7,7 +7,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.futures import JSON_CONTENT_TYPE, FutureStore
 from app.db.journal import JournalStore
-from app.messages import AdamParams, AdapterSpec, CreateModel, Skip
+from app.messages import AdamParams, AdapterSpec, Skip
+from app.operations.create_model import CreateModel
 from app.operations.optim_step import OptimStep
 from tests.conftest import run_on_db
 

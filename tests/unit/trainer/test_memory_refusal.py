@@ -13,7 +13,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.config import WorkerGroupConfig
 from app.db.futures import Completed, Failed, FutureStore
 from app.db.journal import JournalStore
-from app.messages import AdamParams, CreateModel, ForwardBackwardArgs, SequencedOp
+from app.messages import AdamParams, ForwardBackwardArgs, SequencedOp
+from app.operations.create_model import CreateModel
 from app.operations.forward_backward import ForwardBackward
 from app.operations.optim_step import OptimStep
 from app.storage.objects import ObjectStorage

@@ -18,7 +18,6 @@ from app.messages import (
     AdamParams,
     AdapterSpec,
     CommandError,
-    CreateModel,
     CreateModelCommand,
     ForwardBackwardArgs,
     Replies,
@@ -29,6 +28,7 @@ from app.messages import (
     WorkerCommand,
 )
 from app.operations import operation
+from app.operations.create_model import CreateModel
 from app.operations.forward_backward import ForwardBackward
 from app.operations.optim_step import OptimStep
 from app.ranks.execute import execute_message

@@ -24,7 +24,6 @@ from app.db.metadata import MetadataStore, TrainingRun
 from app.errors import GroupRestarted, ServerError
 from app.messages import (
     AdamParams,
-    CreateModel,
     ForwardBackwardArgs,
     ForwardBackwardCommand,
     OptimStepCommand,
@@ -33,6 +32,7 @@ from app.messages import (
     SnapshotCommand,
     WorkerCommand,
 )
+from app.operations.create_model import CreateModel
 from app.operations.forward_backward import ForwardBackward
 from app.operations.optim_step import OptimStep
 from app.storage.objects import ObjectStorage
