@@ -30,6 +30,7 @@ from app.sampling.params import SampleArgs
 from app.sampling.service import SamplerService
 from app.storage.objects import ObjectStorage
 from deployments.logs import route_app_logs, serve_log_file_kept
+from deployments.replica_checks import REPLICA_CHECKS
 
 logger = logging.getLogger("tinker_serve.sampler")
 
@@ -88,7 +89,7 @@ class Sampler:
                 "resources": sampler.resources,
                 "runtime_env": {"env_vars": env},
             },
-            "health_check_period_s": 10,
+            **REPLICA_CHECKS,
             "graceful_shutdown_timeout_s": 30,
         }
 
