@@ -47,7 +47,6 @@ from app.training_data.validation import ModelLimits
 from deployments import direct_ingress
 from deployments.handles import ServeSamplerClient, ServeTrainerClient
 from deployments.logs import route_app_logs
-from deployments.replica_checks import REPLICA_CHECKS
 from deployments.status import ServeReplicaCounts
 
 logger = logging.getLogger("tinker_serve.ingress")
@@ -77,7 +76,6 @@ class Ingress:
             # so its successor gets the pinned direct-ingress port soon (deployments/direct_ingress.py). Serve
             # raises it to its drain period plus 5 s under direct or HAProxy ingress.
             "graceful_shutdown_timeout_s": 5,
-            **REPLICA_CHECKS,
         }
 
     async def __init__(  # type: ignore[misc]  # Serve awaits async constructors

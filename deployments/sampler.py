@@ -30,7 +30,6 @@ from app.sampling.params import SampleArgs
 from app.sampling.service import SamplerService
 from app.storage.objects import ObjectStorage
 from deployments.logs import route_app_logs, serve_log_file_kept
-from deployments.replica_checks import REPLICA_CHECKS
 
 logger = logging.getLogger("tinker_serve.sampler")
 
@@ -89,7 +88,6 @@ class Sampler:
                 "resources": sampler.resources,
                 "runtime_env": {"env_vars": env},
             },
-            **REPLICA_CHECKS,
             "graceful_shutdown_timeout_s": 30,
         }
 

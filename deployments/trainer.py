@@ -25,7 +25,6 @@ from app.trainer.pass_sizing import PassSizing
 from app.trainer.service import TrainerService
 from app.trainer.worker_group import RayTrainWorkerGroup, worker_bundles
 from deployments.logs import route_app_logs
-from deployments.replica_checks import REPLICA_CHECKS
 
 logger = logging.getLogger("tinker_serve.trainer")
 
@@ -38,7 +37,6 @@ class Trainer:
             "num_replicas": 1,
             "ray_actor_options": {"num_cpus": 0},
             "max_ongoing_requests": 100_000,  # submits wait in per-model queues, never in Serve
-            **REPLICA_CHECKS,
             "health_check_timeout_s": 30,
             "graceful_shutdown_timeout_s": 60,
         }

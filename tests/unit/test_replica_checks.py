@@ -1,28 +1,29 @@
-"""Every deployment of the app is health-checked every 2 s (a dead replica is replaced within about that long, not
-Serve's 10 s) and drains in rounds of 0.5 s (not Serve's 2 s), by its own deployment options."""
+"""Every deployment of the built app is health-checked every 2 s (a dead replica is replaced within about that long,
+not after Serve's 10 s) and drains in rounds of 0.5 s (not Serve's 2 s): deployments.builder.REPLICA_CHECKS."""
 
 from __future__ import annotations
 
-from typing import Any
+import pytest
+from ray.serve import Application
 
+import deployments.builder
 from app.config import ServerConfig
-from deployments.ingress import Ingress
-from deployments.sampler import Sampler
-from deployments.trainer import Trainer
-
-TINY = {"name": "tiny", "path": "models/tiny", "embedded_preset": "tiny"}
 
 
-def test_every_deployment_notices_a_dead_replica_within_2_s_and_drains_in_half_seconds() -> None:
-    config = ServerConfig(base_models=[TINY], auth={"mode": "any_tml_key_on_loopback"})
-    options: dict[str, dict[str, Any]] = {
-        "Ingress": Ingress.deployment_options(config),
-        "Sampler": Sampler.deployment_options(config, "tiny"),
-        **{
-            f"Trainer {name}": Trainer.deployment_options(config, name)
-            for name in config.base_models[0].trainer_groups()
-        },
-    }
-    for name, chosen in options.items():
-        assert chosen.get("health_check_period_s") == 2.0, (name, chosen)
-        assert chosen.get("graceful_shutdown_wait_loop_s") == 0.5, (name, chosen)
+def _limits(config: ServerConfig) -> dict[str, dict[str, int | str]]:
+    return {base.name: {"vocab_size": 2048, "max_context_length": 512, "arch": "llama"} for base in config.base_models}
+
+
+def test_every_deployment_notices_a_dead_replica_within_2_s_and_drains_in_half_seconds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(deployments.builder, "route_app_logs", lambda: None)
+    monkeypatch.setattr(deployments.builder, "_model_limits", _limits)  # no model is read
+    tiny = {"name": "tiny", "path": "models/tiny", "embedded_preset": "tiny", "critic_trainer": {"num_workers": 1}}
+    ingress = deployments.builder.build_app({"auth": {"mode": "any_tml_key_on_loopback"}, "base_models": [tiny]})
+    trainers, samplers = ingress._bound_deployment.init_args[1:3]
+    apps: list[Application] = [ingress, *trainers.values(), *samplers.values()]
+    assert len(apps) == 4  # the ingress, the policy and critic trainers, the sampler
+    for app in apps:
+        config = app._bound_deployment._deployment_config
+        assert (config.health_check_period_s, config.graceful_shutdown_wait_loop_s) == (2.0, 0.5), app
