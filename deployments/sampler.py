@@ -88,7 +88,6 @@ class Sampler:
                 "resources": sampler.resources,
                 "runtime_env": {"env_vars": env},
             },
-            "health_check_period_s": 10,
             "graceful_shutdown_timeout_s": 30,
         }
 

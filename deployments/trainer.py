@@ -38,7 +38,6 @@ class Trainer:
             "num_replicas": 1,
             "ray_actor_options": {"num_cpus": 0},
             "max_ongoing_requests": 100_000,  # submits wait in per-model queues, never in Serve
-            "health_check_period_s": 10,
             "health_check_timeout_s": 30,
             "graceful_shutdown_timeout_s": 60,
         }

@@ -30,6 +30,7 @@ EPHEMERAL_TTL_S = 15.0  # short, so one test can watch an ephemeral sampler expi
 MAX_LORAS = 2  # fewer vLLM LoRA slots than adapters in use: the scheduler must rotate them
 MAX_PENDING_SAMPLES = 16  # beyond it asample answers 429
 SESSION_TIMEOUT_S = 45.0  # a session silent this long expires (the SDK beats every 10 s)
+HANDOVER_CHECK_S = 3.0  # lost hand-overs found within 3-6 s (test_worker_failure waits for one)
 MAX_STABILITY_RECORDS = 600  # per session: small, so a test can reach it
 MIN_CHECKPOINT_TTL_S = 2  # the hosted minimum is an hour: short, so a test can watch checkpoints expire
 QUOTAS = {  # test_quotas' users' own (quotas.users): tight, so each limit is reached
@@ -88,7 +89,7 @@ def server_config(state_dir: Path, sharded: bool = False) -> dict:
             *([BF16_TWIN] if sharded else []),
         ],
         "limits": {"fwdbwd_max_chunk_len": CHUNK_LEN, "max_tokens_per_datum": MAX_TOKENS},
-        "timeouts": {"session_timeout_seconds": SESSION_TIMEOUT_S},
+        "timeouts": {"session_timeout_seconds": SESSION_TIMEOUT_S, "handover_check_seconds": HANDOVER_CHECK_S},
         "retention": {
             "ephemeral_sampler_ttl_seconds": EPHEMERAL_TTL_S,
             "min_checkpoint_ttl_seconds": MIN_CHECKPOINT_TTL_S,

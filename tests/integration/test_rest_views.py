@@ -16,7 +16,9 @@ import httpx
 import numpy as np
 import pytest
 import tinker
+from click.testing import CliRunner
 from tinker import types
+from tinker.cli.__main__ import main_cli
 
 from tests.integration.conftest import BASE_MODEL
 from tests.integration.helpers import logprobs_of, new_client, sft_datums
@@ -25,24 +27,20 @@ API_KEY = "tml-integration-tests"
 GREEDY = types.SamplingParams(max_tokens=6, temperature=0.0, seed=0)
 
 
-def _cli_text(base_url: str, *args: str, cwd: Path | None = None) -> str:
-    """Run `tinker -f json ARGS` against the server; its standard output."""
-    env = {**os.environ, "TINKER_BASE_URL": base_url, "TINKER_API_KEY": API_KEY}
-    done = subprocess.run(
-        [sys.executable, "-m", "tinker.cli", "-f", "json", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=cwd,
-    )
-    assert done.returncode == 0, (args, done.stdout, done.stderr)
+def _cli_text(base_url: str, *args: str) -> str:
+    """Run `tinker -f json ARGS` against the server in this process (the CLI's own click group, which its console
+    script runs: a process of its own spends ~2.5 s of CPU importing torch through tinker.types); its standard
+    output. Its clients are built from the environment given here (REST ones are session-less, kept per process
+    by URL and key: every call here gives the same). test_cli_runs_and_checkpoints also runs it as a process."""
+    env = {"TINKER_BASE_URL": base_url, "TINKER_API_KEY": API_KEY}
+    done = CliRunner().invoke(main_cli, ["-f", "json", *args], env=env)
+    assert done.exit_code == 0, (args, done.stdout, done.stderr, done.exception)
     return done.stdout
 
 
-def _cli(base_url: str, *args: str, cwd: Path | None = None) -> dict:
+def _cli(base_url: str, *args: str) -> dict:
     """Run `tinker -f json ARGS` against the server; its JSON output."""
-    return json.loads(_cli_text(base_url, *args, cwd=cwd))
+    return json.loads(_cli_text(base_url, *args))
 
 
 def _hour_window() -> tuple[str, str]:
@@ -203,7 +201,10 @@ def test_cli_runs_and_checkpoints(service_client: tinker.ServiceClient, base_url
     """Every `tinker run` / `tinker checkpoint` / `tinker model` command that needs no Hugging Face Hub."""
     tc = new_client(service_client, seed=75)
     path = tc.save_state("cli").result().path
-    assert BASE_MODEL in _cli_text(base_url, "model", "list")
+    env = {**os.environ, "TINKER_BASE_URL": base_url, "TINKER_API_KEY": API_KEY}
+    as_a_process = [sys.executable, "-m", "tinker.cli", "-f", "json", "model", "list"]  # as a user runs it
+    done = subprocess.run(as_a_process, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and BASE_MODEL in done.stdout, (done.stdout, done.stderr)
     assert tc.model_id in _cli_text(base_url, "run", "list", "--limit", "0")
     assert _cli(base_url, "run", "info", tc.model_id)["training_run_id"] == tc.model_id
     listed = _cli(base_url, "checkpoint", "list", "--run-id", tc.model_id)["checkpoints"]
@@ -224,7 +225,7 @@ def test_cli_runs_and_checkpoints(service_client: tinker.ServiceClient, base_url
     assert mine().expires_at is not None
     _cli_text(base_url, "checkpoint", "set-ttl", path, "--remove")
     assert mine().expires_at is None
-    _cli_text(base_url, "checkpoint", "download", path, "-o", str(tmp_path), cwd=tmp_path)
+    _cli_text(base_url, "checkpoint", "download", path, "-o", str(tmp_path))
     assert list(tmp_path.rglob("adapter_config.json")), sorted(tmp_path.rglob("*"))
     assert rest.list_checkpoints(tc.model_id).result().checkpoints == [mine()]  # its temporary export is gone
     _cli_text(base_url, "checkpoint", "delete", path, "-y")

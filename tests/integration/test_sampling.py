@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -17,6 +18,7 @@ from tests.integration.conftest import BASE_MODEL, EPHEMERAL_TTL_S, MAX_PENDING_
 from tests.integration.helpers import SENTENCES, new_client, sft_datums, train_steps, trainer_logprobs
 
 ATOL = 2e-4  # fp32 on CPU: vLLM and torch agree to ~1e-5; LoRA kernels add a little
+EXPIRY_PARAMS = types.SamplingParams(max_tokens=3, seed=0)
 
 
 def trained_client(service_client: tinker.ServiceClient, seed: int, steps: int = 3) -> tinker.TrainingClient:
@@ -38,6 +40,27 @@ def base_sampler(service_client: tinker.ServiceClient) -> tinker.SamplingClient:
 @pytest.fixture(scope="module")
 def prompt(trained: tinker.TrainingClient) -> list[int]:
     return trained.get_tokenizer().encode("What is 12 + 7? The answer")
+
+
+@dataclass(frozen=True)
+class Unused:
+    """An ephemeral sampler, its adapter directories, and when it was last used (time.monotonic())."""
+
+    sampler: tinker.SamplingClient
+    directories: list[Path]
+    last_used: float
+
+
+@pytest.fixture(scope="module", autouse=True)
+def unused_ephemeral(trained: tinker.TrainingClient, prompt: list[int], state_dir: Path) -> Unused:
+    """An ephemeral sampler used once as the module starts, then left alone: its TTL runs out while the tests
+    before test_ephemeral_sampler_expires_and_persistent_one_survives run, instead of in a sleep of its own."""
+    sampler = trained.save_weights_and_get_sampling_client().result()
+    sampler.sample(types.ModelInput.from_ints(prompt), 1, EXPIRY_PARAMS).result()
+    last_used = time.monotonic()
+    directories = list((state_dir / "checkpoints" / "ephemeral").iterdir())
+    assert directories
+    return Unused(sampler, directories, last_used)
 
 
 def test_sampler_logprobs_equal_trainer_logprobs(trained, prompt):
@@ -151,25 +174,20 @@ def test_three_adapters_and_the_base_sampled_concurrently(service_client, base_s
     assert min(spread) > 100 * ATOL, f"adapters too close to the base to tell apart: {spread}"
 
 
-def test_ephemeral_sampler_expires_and_persistent_one_survives(trained, prompt, state_dir: Path):
+def test_ephemeral_sampler_expires_and_persistent_one_survives(trained, prompt, unused_ephemeral: Unused):
     model_input = types.ModelInput.from_ints(prompt)
-    params = types.SamplingParams(max_tokens=3, seed=0)
-    ephemeral = trained.save_weights_and_get_sampling_client().result()
     persistent_path = trained.save_weights_for_sampler("survivor").result().path
-    ephemeral.sample(model_input, 1, params).result()
-    ephemeral_dirs = list((state_dir / "checkpoints" / "ephemeral").iterdir())
-    assert ephemeral_dirs
-    time.sleep(EPHEMERAL_TTL_S + 1)
+    time.sleep(max(0.0, unused_ephemeral.last_used + EPHEMERAL_TTL_S + 1 - time.monotonic()))  # unused past its TTL
     started = time.monotonic()
     with pytest.raises(tinker.NotFoundError, match="expired"):
-        ephemeral.sample(model_input, 1, params).result()
+        unused_ephemeral.sampler.sample(model_input, 1, EXPIRY_PARAMS).result()
     assert time.monotonic() - started < 10
     persistent = trained.create_sampling_client(persistent_path).result()
-    assert len(persistent.sample(model_input, 1, params).result().sequences[0].tokens) == 3
+    assert len(persistent.sample(model_input, 1, EXPIRY_PARAMS).result().sequences[0].tokens) == 3
     deadline = time.monotonic() + EPHEMERAL_TTL_S
-    while any(d.exists() for d in ephemeral_dirs) and time.monotonic() < deadline:
+    while any(d.exists() for d in unused_ephemeral.directories) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not any(d.exists() for d in ephemeral_dirs), "expired adapter directories were not swept"
+    assert not any(d.exists() for d in unused_ephemeral.directories), "expired adapter directories were not swept"
 
 
 @pytest.mark.parametrize(

@@ -344,7 +344,8 @@ def test_a_retry_hands_over_what_a_dead_ingress_only_promised(sharded_client, sh
 def test_an_operation_answered_but_never_handed_over_still_runs(sharded_client, sharded_state_dir: Path):
     """An ingress killed after answering an operation (its future and journal entry written) and before its hand-over
     to the trainer left: the client only polls, so nothing retries it. An ingress replica's hand-over check finds
-    it pending, asks the trainer, and hands it over: it runs within timeouts.handover_check_seconds (10 s) or so."""
+    it pending, asks the trainer, and hands it over: it runs within two timeouts.handover_check_seconds (3 s in the
+    suite, 10 s by default)."""
     tc = new_client(sharded_client, seed=50)
     tc.forward_backward(sft_datums(tc.get_tokenizer()), "cross_entropy").result(timeout=60)
     seq_id = tc._request_id_counter + 1
@@ -358,7 +359,7 @@ def test_an_operation_answered_but_never_handed_over_still_runs(sharded_client, 
     deadline = time.monotonic() + 60
     while (state := _future_state(sharded_state_dir, request_id)) == "pending":
         assert time.monotonic() < deadline, "the operation was never handed over"
-        time.sleep(0.5)
+        time.sleep(0.1)
     assert state == "completed"
 
 
