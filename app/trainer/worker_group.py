@@ -144,27 +144,21 @@ class RayTrainWorkerGroup(WorkerGroup):
     def world_size(self) -> int:
         return self._shape.num_workers
 
-    async def start(self) -> None:
+    def torch_trainer(self, mailbox: Any) -> Any:
+        """The group's Ray Train TorchTrainer, its ranks taking messages from `mailbox`. Its train function is a
+        reference to app.ranks.entry.run: building it loads torch (Ray Train's torch module does) but not the ranks'
+        own modules, which load in the ranks."""
         # Ray Train v2 (Ray's default; ray.train re-exports these), named so that its RunConfig types
         from ray.train.torch import TorchConfig
         from ray.train.v2.api.config import FailureConfig, RunConfig
         from ray.train.v2.torch.torch_trainer import TorchTrainer
 
-        from app.ranks.command_loop import command_loop  # torch and transformers: the workers' imports, not ours
+        from app.ranks.entry import run
 
-        started = time.monotonic()
-        self._fit_error = None
-        self._msg_ids = itertools.count(1)  # a new mailbox queues messages from number 1 on, in order
-        # ray.remote's keyword overload lists task options only; max_concurrency is an actor option
-        as_actor = ray.remote(num_cpus=0, max_concurrency=10_000)  # type: ignore[call-overload]
-        # named (uniquely: the previous replica's may live on a while), so an operator or a test can ask it what
-        # the ranks are running
-        mailbox = as_actor(Mailbox).options(name=f"mailbox-{uuid.uuid4().hex[:8]}:{self._name}")
-        self._mailbox = mailbox.remote(self.world_size)
-        trainer = TorchTrainer(
-            command_loop,
+        return TorchTrainer(
+            run,
             train_loop_config={
-                "mailbox": self._mailbox,
+                "mailbox": mailbox,
                 "base_path": self._base_path,
                 "storage_uri": self._checkpoint_uri,
                 "shape": self._shape.model_dump(),
@@ -178,6 +172,18 @@ class RayTrainWorkerGroup(WorkerGroup):
                 worker_runtime_env={"env_vars": rank_env(self._shape)},
             ),
         )
+
+    async def start(self) -> None:
+        started = time.monotonic()
+        self._fit_error = None
+        self._msg_ids = itertools.count(1)  # a new mailbox queues messages from number 1 on, in order
+        # ray.remote's keyword overload lists task options only; max_concurrency is an actor option
+        as_actor = ray.remote(num_cpus=0, max_concurrency=10_000)  # type: ignore[call-overload]
+        # named (uniquely: the previous replica's may live on a while), so an operator or a test can ask it what
+        # the ranks are running
+        mailbox = as_actor(Mailbox).options(name=f"mailbox-{uuid.uuid4().hex[:8]}:{self._name}")
+        self._mailbox = mailbox.remote(self.world_size)
+        trainer = self.torch_trainer(self._mailbox)
         os.environ[WORKER_GROUP_START_TIMEOUT_ENV] = str(self._startup_timeout_s)  # fit() hands it to Ray Train
         self._fit_thread = threading.Thread(target=self._run_fit, args=(trainer,), daemon=True, name="torchtrainer-fit")
         self._fit_thread.start()
