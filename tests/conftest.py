@@ -87,3 +87,11 @@ def postgres() -> Iterator[PostgresServer]:
             yield server
     except PostgresUnavailable as exc:
         pytest.fail(f"PostgreSQL tests cannot run: {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def presets_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the session's embedded presets are built, each once: `build_embedded_model(preset, presets_dir /
+    preset)` is a no-op after the first (the family tests of the trainer, the sampler and sequence parallelism share
+    them; ~1.3 s a build on 2 cores)."""
+    return tmp_path_factory.mktemp("presets")

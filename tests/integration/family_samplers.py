@@ -1,9 +1,11 @@
-"""Run as `python -m tests.integration.family_samplers OUT_DIR PRESET...` (tests/integration/test_family_samplers.py
-does, in a process of its own, so vLLM's general plugins never load into the test session): for each tiny preset, one
-family after another, the trainer's engine (app.training.engine) trains two adapters, MLP-only and attention + MLP,
-exports them as the Trainer does, and the Sampler's engine (app.sampling.engine.SamplerEngine, the Sampler replica's
-own vLLM set-up: the family's options, its zero adapter, its plugins) loads both and samples from the base and from
-each; the trainer's logprobs of each sampled sequence are computed beside them. Prints one JSON line a family."""
+"""Run as `python -m tests.integration.family_samplers OUT_DIR PRESETS_DIR CHECK...` (tests/integration/
+test_family_samplers.py does, in processes of its own, so vLLM's general plugins never load into the test session):
+for each tiny preset named, one family after another, the trainer's engine (app.training.engine) trains two adapters,
+MLP-only and attention + MLP, exports them as the Trainer does, and the Sampler's engine (app.sampling.engine.
+SamplerEngine, the Sampler replica's own vLLM set-up: the family's options, its zero adapter, its plugins) loads both
+and samples from the base and from each; the trainer's logprobs of each sampled sequence are computed beside them.
+`kv_fit` among the checks: _fits_its_kv_cache. The presets are built into PRESETS_DIR (or found there). Prints one
+JSON line a check."""
 
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from tests.unit.training.sharded_ranks import batch_of
 
 ADAPTERS = {"mlp": AdapterSpec(rank=8, seed=3, train_attn=False), "all": AdapterSpec(rank=8, seed=3)}
 PROMPT = tuple(range(5, 25))
+KV_FIT = "kv_fit"  # the name of _fits_its_kv_cache's check among the presets'
 SAMPLER = SamplerConfig(kv_cache_mib=32, dtype="float32", max_loras=2, max_cpu_loras=3, max_num_seqs=4)
 
 
@@ -43,9 +46,9 @@ def _logprobs(engine: TrainingEngine, model_id: str, tokens: list[int]) -> np.nd
     )
 
 
-async def _check(preset: str, out: Path) -> dict:
+async def _check(preset: str, out: Path, presets: Path) -> dict:
     started = time.monotonic()
-    path = build_embedded_model(preset, out / preset)
+    path = build_embedded_model(preset, presets / preset)
     engine = TrainingEngine(load_base_model(str(path)))
     losses: dict[str, list[float]] = {}
     for name, spec in ADAPTERS.items():
@@ -77,11 +80,11 @@ async def _check(preset: str, out: Path) -> dict:
     }
 
 
-async def _fits_its_kv_cache(out: Path) -> dict:
+async def _fits_its_kv_cache(out: Path, presets: Path) -> dict:
     """The small preset (131,072 positions) behind a 16 MiB float32 KV cache, which holds fewer: the Sampler's
     max_model_len is what the server derives from the cache (app.models.model_config), and vLLM must start with it
     and sample a sequence that long (a max_model_len to the token of the cache's bytes failed vLLM's check)."""
-    path = build_embedded_model("small", out / "small")
+    path = build_embedded_model("small", presets / "small")
     shape = model_shape(str(path))
     config = SAMPLER.model_copy(update={"kv_cache_mib": 16})
     held = shape.kv_cache_tokens(config.kv_cache_mib * 2**20, 4)
@@ -98,11 +101,13 @@ async def _fits_its_kv_cache(out: Path) -> dict:
     return {"context": shape.context_length, "max_model_len": held, "sampled": len(prompt) + len(sequence.tokens)}
 
 
-def main(out: Path, presets: list[str]) -> None:
-    print(json.dumps({"kv_fit": asyncio.run(_fits_its_kv_cache(out))}), flush=True)
-    for preset in presets:
-        print(json.dumps({"preset": preset, **asyncio.run(_check(preset, out))}), flush=True)
+def main(out: Path, presets: Path, names: list[str]) -> None:
+    for name in names:
+        if name == KV_FIT:
+            print(json.dumps({KV_FIT: asyncio.run(_fits_its_kv_cache(out, presets))}), flush=True)
+        else:
+            print(json.dumps({"preset": name, **asyncio.run(_check(name, out, presets))}), flush=True)
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2:])
+    main(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:])

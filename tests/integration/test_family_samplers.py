@@ -1,9 +1,9 @@
 """Every family beside Qwen2 and Qwen3 (Llama 3, Qwen3-MoE, and the lineup's Qwen3.5 and its MoE, Nemotron-H,
 DeepSeek-V3, GLM-4.5) on the CPU Sampler's real vLLM engine, as the Sampler replica sets it up (its engine options,
 plugins and environment), against the trainer's real engine: the trainer's MLP-only and attention + MLP adapters
-learn, and vLLM gives each exported adapter's own sampled tokens the trainer's logprobs. In one process of its own,
-one family's engine at a time (tests/integration/family_samplers.py): the families app took 150 s to start on 2
-cores with four bases and ~50 s with two, so it keeps Qwen3 and Qwen3.5-MoE (through the real SDK,
+learn, and vLLM gives each exported adapter's own sampled tokens the trainer's logprobs. In LANES processes of their
+own, one family's engine at a time in each (tests/integration/family_samplers.py): the families app took 150 s to
+start on 2 cores with four bases and ~50 s with two, so it keeps Qwen3 and Qwen3.5-MoE (through the real SDK,
 test_families.py) and this covers every family. gpt-oss samples on GPUs only."""
 
 from __future__ import annotations
@@ -12,12 +12,18 @@ import json
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from app.sampling.cpu_env import replica_env
 from tests.conftest import ROOT
 
+# Processes run side by side, each taking every LANES-th check: a check's vLLM engine runs in an engine core process
+# spawned afresh (vLLM's CPU platform always spawns it), whose imports (torch, transformers, vLLM) take one core
+# ~10 s: in one process the CI machine's second core sat idle through them.
+LANES = 2
 SAMPLER_ATOL = 2e-4  # as tests/integration/test_sampling.py: float32 vLLM and torch agree to ~1e-6 here
 PRESETS = {
     "llama": "tiny-llama",
@@ -31,13 +37,31 @@ PRESETS = {
 
 
 @pytest.fixture(scope="module")
-def checks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+def checks(tmp_path_factory: pytest.TempPathFactory, presets_dir: Path) -> dict[str, dict]:
     out = tmp_path_factory.mktemp("family-samplers")
-    command = [sys.executable, "-m", "tests.integration.family_samplers", str(out), *PRESETS.values()]
-    env = {**os.environ, **replica_env()}  # as a CPU Sampler replica's: no torch.compile, the engine in process
-    run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
-    assert run.returncode == 0, run.stderr[-4000:]
-    lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    names = ["kv_fit", *PRESETS.values()]  # family_samplers.KV_FIT: the KV cache check
+    env = {**os.environ, **replica_env()}  # as a CPU Sampler replica's: no torch.compile, the model in vLLM's engine
+    lanes = []
+    try:
+        for lane in range(LANES):
+            command = [sys.executable, "-m", "tests.integration.family_samplers", str(out), str(presets_dir)]
+            with (out / f"lane-{lane}.out").open("w") as stdout, (out / f"lane-{lane}.err").open("w") as stderr:
+                lanes.append(
+                    subprocess.Popen([*command, *names[lane::LANES]], cwd=ROOT, env=env, stdout=stdout, stderr=stderr)
+                )
+        deadline = time.monotonic() + 1200
+        for lane, process in enumerate(lanes):
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            assert process.returncode == 0, (out / f"lane-{lane}.err").read_text()[-4000:]
+    finally:
+        for process in lanes:
+            process.kill()
+    lines = [
+        json.loads(line)
+        for lane in range(LANES)
+        for line in (out / f"lane-{lane}.out").read_text().splitlines()
+        if line.startswith("{")
+    ]
     return {line.get("family", "kv_fit"): line for line in lines}
 
 

@@ -1,9 +1,12 @@
 """Hostile input: schemathesis fuzzes every operation of /openapi.json against the real app on loopback.
 
-All four phases run (examples, coverage, fuzzing, and the stateful phase, which follows the schema's links from the
-operations that create ids to those that take them), with bounded examples. Every response must be below 500; the
+All four phases run once (examples, coverage, fuzzing, and the stateful phase, which follows the schema's links from
+the operations that create ids to those that take them), with bounded examples. Every response must be below 500; the
 test prints how many operations answered something other than 400/404/405/422 (their logic was reached:
-request validation answers 400 here, not 422).
+request validation answers 400 here, not 422). No max-time: schemathesis (4.x) reads it as a budget to spend, running
+the fuzzing and stateful phases again with the next seed until it is gone (100 s, whatever the examples asked for, and
+as many requests as the machine managed). One run of these bounds: 3,011 requests over all 65 operations, 27 reached,
+21 with a 2xx (30 s on the loaded 2-core box).
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ pytestmark = pytest.mark.integration
 
 MAX_EXAMPLES = 4  # per operation and phase
 MAX_STEPS = 8  # per stateful scenario
-MAX_TIME_S = 100
 REJECTED = {400, 404, 405, 422}  # validation, unknown ids, wrong method: the operation's logic never ran
 REVOKE = ("DELETE", "/api/v1/auth/apikey/me")  # revokes the caller's own key: the next calls use a fresh one
 
@@ -34,7 +36,6 @@ def fuzz_config(base_url: str) -> schemathesis.Config:
         {
             "base-url": base_url,
             "seed": 18,
-            "max-time": MAX_TIME_S,
             "request-timeout": 30,
             "workers": 1,
             "continue-on-failure": True,

@@ -52,9 +52,8 @@ BF16_MEDIAN_ATOL = 0.05
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("families")
-    built = {family: build_embedded_model(preset, root / preset) for family, preset in PRESETS.items()}
+def models(presets_dir: Path) -> dict[str, Path]:
+    built = {family: build_embedded_model(preset, presets_dir / preset) for family, preset in PRESETS.items()}
     return {"qwen2": TINY_MODEL, **built}
 
 

@@ -150,9 +150,9 @@ def test_a_split_datum_trains_as_a_whole_one_with_every_loss_on_a_sharded_base()
     _assert_same(list(per_rank), full=True)
 
 
-def test_a_split_datum_trains_as_a_whole_one_on_a_moe_and_a_gated_deltanet_hybrid(tmp_path: Path) -> None:
+def test_a_split_datum_trains_as_a_whole_one_on_a_moe_and_a_gated_deltanet_hybrid(presets_dir: Path) -> None:
     presets = ["tiny-qwen3-moe", "tiny-qwen3_5"]
-    paths = [str(build_embedded_model(preset, tmp_path / preset)) for preset in presets]
+    paths = [str(build_embedded_model(preset, presets_dir / preset)) for preset in presets]
     for preset, per_rank in zip(presets, zip(*run_ranks(compare, paths=paths, full=False, sharded=False)), strict=True):
         _assert_same(list(per_rank), full=False, base=preset)
 

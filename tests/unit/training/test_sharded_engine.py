@@ -4,6 +4,7 @@ and the memory a sharded base leaves each rank, measured from the processes."""
 
 from __future__ import annotations
 
+import ctypes
 import gc
 from pathlib import Path
 from typing import Any
@@ -169,8 +170,10 @@ def _resident_kib() -> int:
 
 
 def base_resident_bytes(rank: int, world: int, *, path: str, sharding: str) -> int:
-    """What loading (and sharding) the base adds to this process's resident memory, every weight touched."""
+    """What loading (and sharding) the base adds to this process's resident memory, every weight touched. The memory
+    freed before (the rank's earlier calls) is handed back to the system first: reused, it would hide part of it."""
     gc.collect()
+    ctypes.CDLL(None).malloc_trim(0)
     before = _resident_kib()
     base = load_base_model(path)
     if sharding == "fsdp":
