@@ -209,8 +209,6 @@ def circles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
 
 # Circles there are, each with who removes it (the test fails when one is gone: drop it here then).
 KNOWN_CIRCLES = {
-    # CreateModel.load's type: removed by h1-registry (issue 46), which makes CreateModel an operation
-    frozenset({"app.messages", "app.operations.base", "app.operations.load_checkpoint"}): "h1-registry",
     # a helper naming its owner's type for mypy only (TYPE_CHECKING), inside one package: Services holds the
     # users' Admitting entries (app.api.quotas); a mixed pass reads its TrainingEngine's parts
     frozenset({"app.api.deps", "app.api.quotas"}): "type hints only",
