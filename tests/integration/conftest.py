@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -15,13 +13,10 @@ import pytest
 import ray
 import tinker
 from ray import serve
-from ray._common.utils import get_ray_address_file
-from ray.cluster_utils import Cluster
 
 from app.db.keys import enrolled_owner
 from app.models.embedded import build_embedded_model
 from app.training.base_model import load_base_model
-from deployments import serve_env
 from deployments.builder import build_app
 from tests.conftest import API_PORT, TINY_MODEL, free_port
 from tests.postgres import PostgresServer
@@ -113,10 +108,16 @@ def server_config(state_dir: Path, sharded: bool = False) -> dict:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The modules with a Ray of their own (a bare `serve run`, the multi-node cluster and the modules on its app) run
-    before the shared Ray starts, in this order; modules that replace the shared Serve app run last, in this order."""
-    first = ("test_bare_serve_run.py", "test_multinode.py", "test_postgres_app.py")
-    last = ("test_precision.py", "test_families.py", "test_worker_failure.py", "test_object_storage.py")
+    """The modules with a Ray of their own (a bare `serve run`, a multi-node cluster) run before the shared Ray
+    starts, in this order; modules that replace the shared Serve app run last, in this order."""
+    first = ("test_bare_serve_run.py", "test_multinode.py")
+    last = (
+        "test_precision.py",
+        "test_worker_failure.py",
+        "test_object_storage.py",
+        "test_families.py",
+        "test_postgres_app.py",
+    )
     items.sort(
         key=lambda item: (
             first.index(item.path.name) - len(first)
@@ -187,96 +188,6 @@ def replace_app(config: dict, url: str, while_starting: Callable[[], None] | Non
     wait_ready(url)
 
 
-# The multi-node cluster (and the app on it) of the modules that run before the shared Ray starts: closed when it
-# starts (base_url) or at the session's end
-_FIRST_RAYS = contextlib.ExitStack()
-
-
-@dataclass(frozen=True)
-class Multinode:
-    url: str  # HAProxy's, on the head node
-    state_dir: Path
-    storage_uri: str  # checkpoints and snapshots: S3 (moto) on 127.0.0.1
-    database_url: str  # a database of the session's PostgreSQL server, shared by every replica on every node
-    nodes: dict[str, str]  # head, trainer, sampler -> node id
-    session_dir: Path  # the head node's Ray session directory (its logs)
-
-
-def _node(cluster: Cluster, **args) -> str:
-    return cluster.add_node(node_ip_address="127.0.0.1", **args).node_id
-
-
-@contextlib.contextmanager
-def _multinode_app(state_dir: Path, database_url: str) -> Iterator[Multinode]:
-    """A three-node Ray cluster on loopback (ray.cluster_utils.Cluster; every node's servers on 127.0.0.1, see
-    tests/conftest.py) serving the app as a cluster does: HAProxy and two Ingress replicas on the head, the policy
-    trainer's two workers on `trainer_node`, the Sampler on `sampler_node` (custom resources), checkpoints in S3,
-    one PostgreSQL database for every replica (docs/guides/postgresql.md: several ingress replicas or nodes)."""
-    assert not ray.is_initialized(), "the multi-node cluster starts before the shared single-node Ray"
-    build_embedded_model("tiny", TINY_MODEL)
-    with s3_server("multinode") as storage_uri, pytest.MonkeyPatch.context() as env:
-        # A cluster's ingress, as the manifests set it (deployments/serve_env.CLUSTER): HAProxy on the head forwards
-        # to each Ingress replica's own server (ports from Serve's default range, on 127.0.0.1). Its stats and
-        # metrics listeners bind every interface: give them free ports.
-        for name, value in serve_env.CLUSTER.items():
-            env.setenv(name, value)
-        for name in serve_env.PORT_RANGE:
-            env.delenv(name)
-        env.setenv("RAY_SERVE_HAPROXY_STATS_PORT", str(free_port()))
-        env.setenv("RAY_SERVE_HAPROXY_METRICS_PORT", str(free_port()))
-        # Cluster writes the head's address into the default temp dir's address file even with a temp_dir of its
-        # own, and fails on a machine where Ray never ran unless that directory exists.
-        Path(get_ray_address_file(None)).parent.mkdir(parents=True, exist_ok=True)
-        cluster = Cluster(
-            initialize_head=True,
-            head_node_args={
-                "num_cpus": 1,
-                "node_ip_address": "127.0.0.1",
-                "include_dashboard": True,
-                "dashboard_host": "127.0.0.1",
-                "temp_dir": f"/tmp/tsmn-{int(time.time())}",
-            },
-        )  # short: Ray's socket paths have a length limit
-        nodes = {
-            "head": cluster.head_node.node_id,
-            "trainer": _node(cluster, num_cpus=2, resources={"trainer_node": 2}),
-            "sampler": _node(cluster, num_cpus=1, resources={"sampler_node": 1}),
-        }
-        try:
-            cluster.wait_for_nodes()
-            ray.init(
-                address=cluster.address,
-                runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled", **S3_ENV}},
-            )
-            port = free_port()  # HAProxy's
-            serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
-            config = server_config(state_dir)
-            base = config["base_models"][0]
-            base.pop("critic_trainer")
-            base["trainer"] = {**base["trainer"], "resources": {"trainer_node": 1}}
-            base["sampler"] = {**base["sampler"], "num_cpus": 1, "resources": {"sampler_node": 1}}
-            config |= {"storage_uri": storage_uri, "database_url": database_url, "ingress_replicas": 2}
-            serve.run(build_app(config), name="tinker", route_prefix="/")
-            url = f"http://127.0.0.1:{port}"
-            wait_ready(url)
-            yield Multinode(
-                url, state_dir, storage_uri, database_url, nodes, Path(cluster.head_node.get_session_dir_path())
-            )
-        finally:
-            if ray.is_initialized():
-                serve.shutdown()
-                ray.shutdown()
-            cluster.shutdown()
-
-
-@pytest.fixture(scope="session")
-def multinode(tmp_path_factory: pytest.TempPathFactory, postgres: PostgresServer) -> Iterator[Multinode]:
-    """The multi-node cluster's app (`_multinode_app`), for test_multinode and test_postgres_app, which run first."""
-    database_url = postgres.url(postgres.create_database())
-    yield _FIRST_RAYS.enter_context(_multinode_app(tmp_path_factory.mktemp("multinode-state"), database_url))
-    _FIRST_RAYS.close()
-
-
 @pytest.fixture(scope="session")
 def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("state")
@@ -289,14 +200,13 @@ METRICS_PORT = int(os.environ.setdefault("TINKER_SERVE_TEST_METRICS_PORT", str(f
 
 @pytest.fixture(scope="session")
 def base_url(state_dir: Path) -> str:
-    _FIRST_RAYS.close()  # the multi-node cluster, if its modules ran: they run first
     build_embedded_model("tiny", TINY_MODEL)
     os.environ[_STANDARD_STATE_DIR] = str(state_dir)
     ray_tmp = Path("/tmp") / f"tsray-{int(time.time())}"  # short: Ray's socket paths have a length limit
     # The dashboard (on 127.0.0.1) serves Ray's state API, which Ray Train's cleaner needs to release a killed
     # trainer's placement group, as on real clusters. S3_ENV: for test_object_storage.
     ray.init(
-        num_cpus=10,  # the sharded app's bases and the families', and a killed trainer's group starting again
+        num_cpus=8,
         include_dashboard=True,
         _temp_dir=str(ray_tmp),
         _metrics_export_port=METRICS_PORT,
@@ -321,11 +231,39 @@ def object_store() -> Iterator[str]:
         yield uri
 
 
+def sharded_config(state_dir: Path, storage_uri: str) -> dict:
+    """The `sharded_app`'s config: `server_config(sharded=True)` with its checkpoints and snapshots in object
+    storage at `storage_uri`, as on a cluster."""
+    return {**server_config(state_dir, sharded=True), "storage_uri": storage_uri}
+
+
+@pytest.fixture(scope="session")
+def sharded_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("sharded-state")
+
+
+@pytest.fixture(scope="session")
+def sharded_app(base_url: str, sharded_state_dir: Path, object_store: str) -> str:
+    """The shared app replaced, once, by `sharded_config` on a state directory (and database) of its own:
+    test_precision's bf16 twin, the failure tests' recoveries on a sharded base from snapshots in object storage, and
+    test_object_storage. The modules that use it run after the others, before those that replace the app again. Its
+    own database: on the shared one, every model the suite made so far is rebuilt at each of the failure tests'
+    restarts."""
+    replace_app(sharded_config(sharded_state_dir, object_store), base_url)
+    return base_url
+
+
+@pytest.fixture(scope="session")
+def sharded_client(sharded_app: str) -> tinker.ServiceClient:
+    """The suite's user on the `sharded_app` (its session is left to expire: the app is gone by the end)."""
+    return tinker.ServiceClient(base_url=sharded_app, api_key="tml-integration-tests")
+
+
 # family -> the served name of its base (the embedded preset after any org): a dense family and a lineup MoE hybrid
 # (its experts through app.sampling.cpu_moe_lora, its Gated DeltaNet through app.sampling.cpu_gdn in the CPU Sampler),
-# the hybrid served without an org as the Hub's `gpt2` is, so the SDK's get_tokenizer resolves such a name too; served
-# by the `sharded_app`. Every family's Sampler engine against its trainer's, in process: test_family_samplers.py (four
-# bases took an app of their own 150 s to start on 2 cores, two ~50 s)
+# the hybrid served without an org as the Hub's `gpt2` is, so the SDK's get_tokenizer resolves such a name too. Every
+# family's Sampler engine against its trainer's, in process: test_family_samplers.py (four bases took this app 150 s
+# to start on 2 cores, two ~50 s)
 FAMILY_BASES = {
     "qwen3": "tinker-serve/tiny-qwen3",
     "qwen3_5_moe": "tiny-qwen3_5-moe",
@@ -343,38 +281,27 @@ def _family_base(name: str, root: Path) -> dict:
     }
 
 
-def sharded_config(state_dir: Path, storage_uri: str) -> dict:
-    """The `sharded_app`'s config: `server_config(sharded=True)` with its checkpoints and snapshots in object
-    storage at `storage_uri`, as on a cluster."""
-    return {**server_config(state_dir, sharded=True), "storage_uri": storage_uri}
-
-
 @pytest.fixture(scope="session")
-def sharded_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("sharded-state")
-
-
-@pytest.fixture(scope="session")
-def sharded_app(
-    base_url: str, sharded_state_dir: Path, object_store: str, tmp_path_factory: pytest.TempPathFactory
-) -> str:
-    """The shared app replaced, once, by `sharded_config` on a state directory (and database) of its own, with a tiny
-    base of each family in FAMILY_BASES beside (each built offline): test_precision's bf16 twin, test_families, the
-    failure tests' recoveries on a sharded base from snapshots in object storage, and test_object_storage. The
-    modules that use it run after the others, test_families before the failure tests, whose restart brings the app
-    back as `sharded_config` alone (no family's models are rebuilt there). Its own database: on the shared one, every
-    model the suite made so far is rebuilt at each of the failure tests' restarts."""
+def families_on_postgres(
+    base_url: str, postgres: PostgresServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """The last app of the session (test_families, test_postgres_app): the shared app replaced by one serving a tiny
+    base of each family in FAMILY_BASES, each built offline, whose `database_url` is a fresh database on the session's
+    own PostgreSQL server. Yields that database's URL. Nothing runs after it, so the standard app is not brought back:
+    the app is deleted while its database still runs."""
     root = tmp_path_factory.mktemp("families")
-    config = sharded_config(sharded_state_dir, object_store)
-    config["base_models"] += [_family_base(name, root) for name in FAMILY_BASES.values()]
+    url = postgres.url(postgres.create_database())
+    config = {
+        "state_dir": str(root / "state"),
+        "database_url": url,
+        "auth": {"mode": "any_tml_key_on_loopback"},
+        "base_models": [_family_base(name, root) for name in FAMILY_BASES.values()],
+        "engine": {"max_lora_rank": 8},  # vLLM sizes its LoRA buffers by it (x 2 for Qwen3-MoE's experts)
+    }
     replace_app(config, base_url)
-    return base_url
-
-
-@pytest.fixture(scope="session")
-def sharded_client(sharded_app: str) -> tinker.ServiceClient:
-    """The suite's user on the `sharded_app` (its session is left to expire: the app is gone by the end)."""
-    return tinker.ServiceClient(base_url=sharded_app, api_key="tml-integration-tests")
+    yield url
+    serve.delete("tinker")
+    assert not (root / "state" / "tinker_serve.db").exists(), "the app made a SQLite file beside its Postgres database"
 
 
 @pytest.fixture(scope="session")

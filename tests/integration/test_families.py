@@ -1,5 +1,5 @@
-"""Families through the whole app (conftest's `sharded_app`, which serves a tiny base of each family in FAMILY_BASES,
-each built offline, beside its own): with MLP-only LoRA (expert LoRA on the MoE) the real
+"""Families through the whole app (on the session's last app: conftest's `families_on_postgres`, a tiny base of each
+family in FAMILY_BASES, each built offline, over PostgreSQL): with MLP-only LoRA (expert LoRA on the MoE) the real
 SDK's loss falls, get_info names the family, and the Sampler's vLLM gives the trained adapter's own tokens the
 trainer's logprobs. The trainer side of every family, gpt-oss included, is tests/unit/training/test_family_engines.py;
 the sampler side of every other family, one engine at a time, tests/integration/test_family_samplers.py."""
@@ -18,7 +18,7 @@ import pytest
 import tinker
 from tinker import types
 
-from tests.integration.conftest import BASE_MODEL, BF16_MODEL, FAMILY_BASES
+from tests.integration.conftest import FAMILY_BASES
 from tests.integration.helpers import sft_datums, trainer_logprobs
 from tests.integration.test_sdk_versions import OLDEST_SDK_PYTHON  # the oldest SDK's own venv
 
@@ -26,17 +26,16 @@ SAMPLER_ATOL = 2e-4  # as tests/integration/test_sampling.py: float32 vLLM and t
 
 
 @pytest.fixture(scope="module")
-def client(sharded_app: str) -> Iterator[tinker.ServiceClient]:
-    service = tinker.ServiceClient(base_url=sharded_app, api_key="tml-family-tests")
+def client(families_on_postgres: str, base_url: str) -> Iterator[tinker.ServiceClient]:
+    service = tinker.ServiceClient(base_url=base_url, api_key="tml-family-tests")
     yield service
     service.close("success").result()
 
 
 def test_every_family_base_is_listed_and_its_hub_repo_resolves(client: tinker.ServiceClient, base_url: str) -> None:
-    """Listed by name (beside the app's own bases), and each name a Hub repo id on the /hub routes, the bare one (no
-    org) too."""
+    """Listed by name, and each name a Hub repo id on the /hub routes, the bare one (no org) too."""
     listed = {m.model_name for m in client.get_server_capabilities().supported_models}
-    assert listed == {BASE_MODEL, BF16_MODEL, *FAMILY_BASES.values()}
+    assert listed == set(FAMILY_BASES.values())
     with httpx.Client(base_url=f"{base_url}/hub", timeout=10) as http:
         for name in FAMILY_BASES.values():
             head = http.head(f"/{name}/resolve/main/tokenizer.json")

@@ -1,7 +1,6 @@
-"""The whole app on PostgreSQL: the session's `multinode` app (conftest; it runs first, after test_multinode), whose
-`database_url` is a fresh database on the test session's own server (tests/postgres.py), shared by its two ingress
-replicas, its trainer and its sampler on three nodes. The real SDK trains, samples, saves and loads; every row lands
-in Postgres and no SQLite file is made."""
+"""The whole app on PostgreSQL (runs last, on the session's last app: conftest's `families_on_postgres`, whose
+`database_url` is a fresh database on the test session's own server, tests/postgres.py). The real SDK trains,
+samples, saves and loads; every row lands in Postgres and no SQLite file is made."""
 
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ from sqlalchemy import func, select
 from tinker import types
 
 from app.db.schema import checkpoints, connect, training_runs
-from tests.integration.conftest import BASE_MODEL, Multinode
 from tests.integration.helpers import logprobs_of, sft_datums
 
 
@@ -31,10 +29,10 @@ def _count_rows(url: str, model_id: str) -> tuple[int, int]:
     return asyncio.run(main())
 
 
-def test_train_sample_save_and_load_on_postgres(multinode: Multinode) -> None:
-    client = tinker.ServiceClient(base_url=multinode.url, api_key="tml-postgres-tests")
+def test_train_sample_save_and_load_on_postgres(families_on_postgres: str, base_url: str) -> None:
+    client = tinker.ServiceClient(base_url=base_url, api_key="tml-postgres-tests")
     try:
-        tc = client.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=71).result()
+        tc = client.create_lora_training_client(base_model="tinker-serve/tiny-qwen3", rank=8, seed=71).result()
         data = sft_datums(tc.get_tokenizer())
         losses = []
         for _ in range(4):
@@ -54,8 +52,7 @@ def test_train_sample_save_and_load_on_postgres(multinode: Multinode) -> None:
         restored = client.create_training_client_from_state_with_optimizer(state).result()
         for got, want in zip(logprobs_of(restored.forward(data, "cross_entropy").result()), expected, strict=True):
             np.testing.assert_array_equal(got, want)
-        runs, saved = _count_rows(multinode.database_url, tc.model_id)
+        runs, saved = _count_rows(families_on_postgres, tc.model_id)
         assert runs == 1 and saved >= 1  # the run and its state, in Postgres
-        assert not (multinode.state_dir / "tinker_serve.db").exists(), "the app made a SQLite file beside Postgres"
     finally:
         client.close("success").result()
