@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 from fastapi import Depends, Query, Request
 
@@ -33,9 +34,6 @@ from app.storage.objects import ObjectStorage
 from app.storage.paths import KINDS, parse_tinker_path
 from app.training_data.validation import ModelLimits
 
-if TYPE_CHECKING:
-    from app.api.quotas import Admitting
-
 # what reading another user's published checkpoint was for, by the request field that named it
 _PURPOSES = {
     "model_path": "sample",
@@ -45,6 +43,16 @@ _PURPOSES = {
     "tinker_path": "weights_info",
     "checkpoint_id": "download",
 }
+
+
+@dataclass
+class Admitting:
+    """A user's training operations being admitted on this replica: one at a time (`lock`), from the quota check to
+    its journal row, so each check counts every operation admitted before it. `present`: the requests holding or
+    waiting for the lock (the entry goes with the last)."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    present: int = 0
 
 
 @dataclass

@@ -6,13 +6,11 @@ retries. Nothing already accepted is dropped: a refusal comes before a request's
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass, field
 
-from app.api.deps import Services
+from app.api.deps import Admitting, Services
 from app.config import QuotasConfig
 from app.errors import LimitExceeded, Overloaded
 
@@ -70,16 +68,6 @@ def admit_sample(services: Services, user: str, base_model: str) -> None:
         retry_after_s=1,
         details={"queue_state": "paused_capacity"},
     )
-
-
-@dataclass
-class Admitting:
-    """A user's training operations being admitted on this replica: one at a time (`lock`), from the quota check to
-    its journal row, so each check counts every operation admitted before it. `present`: the requests holding or
-    waiting for the lock (the entry goes with the last)."""
-
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    present: int = 0
 
 
 @asynccontextmanager

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -22,6 +22,7 @@ from app.messages import AdapterSpec, ForwardBackwardArgs, OptimParams, PassLayo
 from app.training import checkpoint
 from app.training.datum_layout import DatumLayout
 from app.training.grads import all_reduce_sum_grads, failed_on_any_rank, give_back_grads, take_grads
+from app.training.loaded_model import LoadedModel
 from app.training.logprobs import target_logprobs
 from app.training.lora import AdapterPool
 from app.training.loss_step import LossResult, LossStep, Stats, joined, loss_error
@@ -35,17 +36,6 @@ from app.training_data.custom_losses import CustomLossProgram
 
 DEFAULT_MICRO_BATCH_TOKENS = 16384
 Finish = Callable[[torch.Tensor], LossResult] | None  # a pass's loss from its predictions (LossStep.prepare)
-
-
-@dataclass
-class LoadedModel:
-    """One trained model on this rank: its adapter's module name, trainable parameters and optimizer."""
-
-    name: str  # module keys cannot hold every model id
-    spec: AdapterSpec
-    params: list[torch.nn.Parameter]
-    optimizer: torch.optim.Optimizer  # AdamW or Dimuon, as spec.optimizer says
-    value_head: torch.nn.Linear | None  # critics only
 
 
 class TrainingEngine:

@@ -7,8 +7,9 @@ holds its own model's loss alone, and each request keeps its answer, metrics and
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -16,13 +17,32 @@ import torch
 from app.errors import TinkerServeError
 from app.messages import ForwardBackwardArgs, PassLayout, PassMember, ShardOutput
 from app.training.grads import failed_on_any_rank, give_back_grads, take_grads
+from app.training.loaded_model import LoadedModel
 from app.training.logprobs import target_logprobs
+from app.training.lora import AdapterPool
 from app.training.loss_step import LossResult, LossStep, Stats, loss_error
 from app.training.rows import padded, shard_indices, unpadded
 from app.training_data.batch import PackedBatch
 
-if TYPE_CHECKING:
-    from app.training.engine import LoadedModel, TrainingEngine
+
+class PassEngine(Protocol):
+    """What a mixed pass uses of its rank's engine (app.training.engine.TrainingEngine)."""
+
+    device: torch.device
+    rank: int
+    world_size: int
+    sharded: bool
+    pool: AdapterPool
+    token_flops: int
+
+    def loaded(self, model_id: str) -> LoadedModel: ...
+
+    def idle_pass(self, model: LoadedModel, forward_only: bool) -> None: ...
+
+    def forward(self, input_ids: torch.Tensor, mask: torch.Tensor | None, **kwargs: Any) -> Any: ...
+
+    def capturing_hidden(self) -> AbstractContextManager[list[torch.Tensor]]: ...
+
 
 Finish = Callable[[torch.Tensor], LossResult] | None  # a request's loss on its predictions (None: no loss inputs)
 
@@ -46,7 +66,7 @@ class _Request:
 class MixedPass:
     """One pass of several requests, each of a different model (app.training.engine.TrainingEngine.mix)."""
 
-    def __init__(self, engine: TrainingEngine, requests: Sequence[tuple[str, ForwardBackwardArgs]]) -> None:
+    def __init__(self, engine: PassEngine, requests: Sequence[tuple[str, ForwardBackwardArgs]]) -> None:
         self._engine = engine
         self._failed: dict[int, TinkerServeError] = {}
         self._live: list[tuple[int, _Request]] = []

@@ -207,15 +207,6 @@ def circles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
     return found
 
 
-# Circles there are, each with who removes it (the test fails when one is gone: drop it here then).
-KNOWN_CIRCLES = {
-    # a helper naming its owner's type for mypy only (TYPE_CHECKING), inside one package: Services holds the
-    # users' Admitting entries (app.api.quotas); a mixed pass reads its TrainingEngine's parts
-    frozenset({"app.api.deps", "app.api.quotas"}): "type hints only",
-    frozenset({"app.training.engine", "app.training.mixed_pass"}): "type hints only",
-}
-
-
 def test_the_circle_finder_finds_every_circle_and_only_circles() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e2"}, "e2": {"e"}, "f": {"a"}}
     assert sorted(map(sorted, circles(graph))) == [["a", "b", "c"], ["e", "e2"]]
@@ -237,9 +228,7 @@ def test_imports_are_read_in_every_spelling_and_place() -> None:
 def test_app_has_no_import_circles() -> None:
     """No module of app/ or deployments/ reaches itself through what it imports, type hints included: each room
     reads without the ones above it."""
-    found = circles(import_graph())
-    assert [sorted(circle) for circle in found if circle not in KNOWN_CIRCLES] == []
-    assert [sorted(circle) for circle in KNOWN_CIRCLES if circle not in found] == []  # gone: drop it from the list
+    assert [sorted(circle) for circle in circles(import_graph())] == []
 
 
 # Each process's own room: what only that process runs. Every other module of app/ is a shared room (what several

@@ -530,7 +530,7 @@ def test_mutated_json_requests_never_crash(
         doc = _replace(doc, path, data.draw(json_values))
     body = json.dumps(doc).encode()
     check_decode(body, JSON, None)
-    if header_kept:
+    if header_kept and len(body) <= SMALL:  # a body over the cap is refused unread: no sequence to find in it
         assert peek_sequence(body, JSON, None) == (h["model_id"], h["seq_id"])
 
 
