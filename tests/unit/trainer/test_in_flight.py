@@ -19,21 +19,17 @@ from app.messages import AdamParams, OptimStepCommand, PingCommand, Replies, Wor
 from app.operations.optim_step import OptimStep
 from app.trainer.in_flight import InFlight
 from app.trainer.worker_deaths import WorkerDeaths
-from app.trainer.worker_group import WorkerGroup
 from tests.conftest import run_on_db
 from tests.unit.trainer.test_pass_sizing import sizing
+from tests.unit.trainer.test_rebuild import OneRankGroup
 
 
-class RecordingGroup(WorkerGroup):
+class RecordingGroup(OneRankGroup):
     """One rank that answers every command with None at once, keeping each message it was sent."""
 
     def __init__(self) -> None:
         self.sent: list[list[WorkerCommand]] = []
         self.sendings: list[Coroutine[Any, Any, Replies]] = []
-
-    async def start(self) -> None: ...
-
-    async def wait_ready(self) -> None: ...
 
     def send(self, commands: Sequence[WorkerCommand]) -> Awaitable[Replies]:
         self.sent.append(list(commands))
@@ -43,17 +39,6 @@ class RecordingGroup(WorkerGroup):
 
         self.sendings.append(answer())
         return self.sendings[-1]
-
-    async def cancel(self, request_id: str) -> bool:
-        return False
-
-    def check_health(self) -> None: ...
-
-    async def stop(self) -> None: ...
-
-    @property
-    def world_size(self) -> int:
-        return 1
 
 
 def _step(model_id: str, request_id: str) -> OptimStepCommand:

@@ -45,23 +45,13 @@ from tests.conftest import TINY_MODEL, run_on_db
 SPEC = AdapterSpec(rank=4, seed=7)
 
 
-class InProcessGroup(WorkerGroup):
-    """One rank running commands on an engine in this process, as a worker's command loop does."""
-
-    def __init__(self, storage: ObjectStorage) -> None:
-        self.engine = TrainingEngine(load_base_model(str(TINY_MODEL)))
-        self._storage = storage
-        self.snapshots = SnapshotWriter(storage)
+class OneRankGroup(WorkerGroup):
+    """A worker group of one rank in this process, always up, nothing to cancel: the tests' groups say only what
+    `send` does."""
 
     async def start(self) -> None: ...
 
     async def wait_ready(self) -> None: ...
-
-    def send(self, commands: Sequence[WorkerCommand]) -> Awaitable[Replies]:
-        async def run() -> Replies:
-            return [execute_message(self.engine, self._storage, self.snapshots, list(commands))]
-
-        return run()
 
     async def cancel(self, request_id: str) -> bool:
         return False
@@ -73,6 +63,21 @@ class InProcessGroup(WorkerGroup):
     @property
     def world_size(self) -> int:
         return 1
+
+
+class InProcessGroup(OneRankGroup):
+    """One rank running commands on an engine in this process, as a worker's command loop does."""
+
+    def __init__(self, storage: ObjectStorage) -> None:
+        self.engine = TrainingEngine(load_base_model(str(TINY_MODEL)))
+        self._storage = storage
+        self.snapshots = SnapshotWriter(storage)
+
+    def send(self, commands: Sequence[WorkerCommand]) -> Awaitable[Replies]:
+        async def run() -> Replies:
+            return [execute_message(self.engine, self._storage, self.snapshots, list(commands))]
+
+        return run()
 
 
 def _batch(seed: int, lengths: tuple[int, ...] = (5, 7)) -> PackedBatch:
