@@ -19,7 +19,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export RAY_TRAIN_V2_ENABLED := 1
 
-.PHONY: setup lock model serve lint test unit quick bench bench-peer sdk-compat postgres browser tcmalloc clean
+.PHONY: setup lock model serve lint test test-deps unit quick bench bench-peer sdk-compat postgres browser tcmalloc clean
 
 setup: $(STAMP) tcmalloc
 
@@ -140,8 +140,14 @@ browser:
 	    echo "Chromium missing: run 'sudo apt-get install -y chromium chromium-driver', then make test" >&2; exit 1; \
 	  fi; }
 
-test: lint model sdk-compat postgres browser
+# The linters (mypy: one core, ~75 s from a cold cache) beside what the tests need, made one after another (two
+# apt-get installs cannot run at once), so a fresh machine's second core is not idle through mypy.
+test: setup
+	$(MAKE) --no-print-directory -j2 lint test-deps
 	$(PY) -m pytest tests -v -p no:cacheprovider --durations=30
+
+test-deps:
+	MAKEFLAGS= $(MAKE) --no-print-directory model sdk-compat postgres browser
 
 bench: setup
 	$(PY) -m app.models.embedded --preset small --out models/small --register-as tinker-serve/small
