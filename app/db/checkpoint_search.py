@@ -1,6 +1,7 @@
 """Searching checkpoints (the SDK's search_checkpoints): owner, project, type and base-model filters in SQL, newest
-first, paged by (created_at, tinker path); user_metadata pairs are matched in Python while walking the rows, so a
-page is always `limit` matches or the last one.
+first, paged by (created_at, tinker path). Each user_metadata pair narrows the rows in SQL to those whose JSON text
+holds it as stored (`"key": "value"`, json.dumps' form on both backends), and is matched exactly in Python while
+walking them, so a page is always `limit` matches or the last one.
 
 Whose checkpoints: the reader's own (of the sessions they see, app.db.owners), every published one, or the published
 ones of named users (and all of the reader's own when they name themselves). Another user's unpublished checkpoint
@@ -9,11 +10,13 @@ is never a row here.
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Literal
 
-from sqlalchemy import ColumnElement, Row, Select, and_, or_, select, tuple_
+from sqlalchemy import ColumnElement, Row, Select, Text, and_, cast, or_, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.checkpoints import CheckpointRecord, from_row, live
@@ -21,7 +24,7 @@ from app.db.owners import session_ids_of
 from app.db.schema import checkpoints, session_labels, sessions, training_runs
 from app.storage.paths import CheckpointPath
 
-_SCAN_BATCH = 500
+_LIKE_SPECIALS = re.compile(r"[\\%_]")  # escaped in a metadata pair's pattern: they match literally
 _CURSOR_EPSILON_S = 1e-6  # cursors carry microsecond datetimes; created_at is a float
 
 
@@ -68,6 +71,9 @@ def _filters(q: CheckpointQuery, now: float) -> list[ColumnElement[bool]]:
         filters.append(checkpoints.c.kind == q.kind)
     if q.base_models is not None:
         filters.append(training_runs.c.base_model.in_(q.base_models))
+    for key, value in q.user_metadata.items():
+        pair = _LIKE_SPECIALS.sub(r"\\\g<0>", f"{json.dumps(key)}: {json.dumps(value)}")
+        filters.append(cast(checkpoints.c.user_metadata, Text).like(f"%{pair}%", escape="\\"))
     if q.project_ids is not None:
         labelled = select(session_labels.c.session_id).where(session_labels.c.project_id.in_(q.project_ids))
         filters.append(training_runs.c.session_id.in_(labelled))
@@ -112,13 +118,13 @@ class CheckpointSearch:
         before, now = q.before, time.time()
         async with self._db.connect() as conn:
             while True:
-                rows = (await conn.execute(_select(q, before, now).limit(_SCAN_BATCH))).all()
+                rows = (await conn.execute(_select(q, before, now).limit(limit + 1))).all()
                 for row in rows:
                     record = from_row(row)
                     if q.matches(record):
                         if len(found) == limit:
                             return found, True
                         found.append(FoundCheckpoint(record, row.base_model))
-                if len(rows) < _SCAN_BATCH:
+                if len(rows) <= limit:  # the last rows after the cursor
                     return found, False
-                before = _position(rows[-1])
+                before = _position(rows[-1])  # some matched only in SQL (SQLite's LIKE ignores case): walk on
