@@ -151,7 +151,11 @@ class LimitsConfig(Strict):
         32,
         ge=1,
         le=256,  # SQLite refuses an expression deeper than 1000
-        description="sessions/search: display_name words, user_metadata pairs, statuses (each is one filter)",
+        description="sessions/search: display_name words, user_metadata pairs, statuses; checkpoints/search: "
+        "user_metadata pairs, base_models (each is one filter)",
+    )
+    max_checkpoint_search_page: int = Field(
+        200, ge=1, description="checkpoints/search: checkpoints in one page, the request's limit (the SDK sends 1-200)"
     )
     max_retrieved_request_ids: int = Field(
         65536, ge=1, description="retrieve_futures retrieved_request_ids (the SDK acknowledges its results)"

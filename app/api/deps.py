@@ -15,6 +15,7 @@ from app.api.rates import RateLimiter
 from app.caches import remember
 from app.config import BaseModelConfig, ServerConfig
 from app.db.audit import AuditLog
+from app.db.checkpoint_search import CheckpointSearch
 from app.db.checkpoints import CheckpointRecord, CheckpointStore
 from app.db.copies import CopyLog
 from app.db.custom_losses import CustomLossStore
@@ -61,6 +62,7 @@ class Services:
     futures: FutureStore
     metadata: MetadataStore
     checkpoints: CheckpointStore
+    checkpoint_search: CheckpointSearch  # search_checkpoints
     storage: ObjectStorage  # checkpoint files (blocking: call through asyncio.to_thread)
     trainers: TrainerClient
     sampler_store: SamplingSessionStore

@@ -99,7 +99,8 @@ async def run_history(
 @router.get("/training_runs/{run_id}/checkpoints")
 async def run_checkpoints(run_id: str, services: ServicesDep, user: UserDep) -> dict:
     run = await _run(services, run_id, user)
-    return {"checkpoints": [c.to_json() for c in await services.checkpoints.of_run(run.model_id)], "cursor": None}
+    found = await services.checkpoints.of_run(run.model_id)
+    return {"checkpoints": [c.to_json(run.base_model) for c in found], "cursor": None}
 
 
 @router.get("/checkpoints")
@@ -109,8 +110,11 @@ async def user_checkpoints(
     """The caller's live checkpoints and every user's published ones (`public: true`), newest first."""
     found, total = await services.checkpoints.page(limit, offset, readable_by=user)
     share = metadata_share(services.config.limits.max_listing_metadata_bytes, found)
+    bases = await services.checkpoints.base_models(c.path.model_id for c in found)
     return {
-        "checkpoints": [{**c.to_json(), **listed_metadata(c.user_metadata, share)} for c in found],
+        "checkpoints": [
+            {**c.to_json(bases.get(c.path.model_id)), **listed_metadata(c.user_metadata, share)} for c in found
+        ],
         "cursor": {"offset": offset, "limit": limit, "total_count": total},
     }
 

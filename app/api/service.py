@@ -11,6 +11,8 @@ from app.errors import Gone
 from app.protocol.wire import CreateSessionRequest, FinishSessionRequest, SessionHeartbeatRequest
 
 router = APIRouter(prefix="/api/v1")
+# the tinker SDK releases served, oldest to newest (docs/guides/sdk-versions.md; 0.39-0.40 built from their docs)
+SUPPORTED_SDK_VERSIONS = {"min": "0.25", "max": "0.40"}
 
 
 @router.post("/client/config")
@@ -42,7 +44,7 @@ async def capabilities(services: ServicesDep) -> dict:
         {"model_name": name, "max_context_length": limits.max_context_length, "trainable": True, "sampleable": True}
         for name, limits in services.model_limits.items()
     ]
-    return {"supported_models": models}
+    return {"supported_models": models, "supported_sdk_versions": SUPPORTED_SDK_VERSIONS}
 
 
 @router.post("/create_session")

@@ -52,7 +52,7 @@ def _status_filter(queries: list[SessionStatusQuery] | None) -> Callable[[Sessio
     return matches
 
 
-def _timestamp(created_at: str) -> float:
+def cursor_timestamp(created_at: str) -> float:
     """A cursor's RFC 3339 datetime as a POSIX timestamp (UTC when it names no offset)."""
     try:
         created = datetime.fromisoformat(created_at.replace("Z", "+00:00"))
@@ -69,7 +69,7 @@ def _query(body: SessionSearchRequest, user: str) -> SessionQuery:
         raise UserError("display_name must not be empty; leave it out to match every name", field="display_name")
     before = None
     if body.cursor is not None:
-        before = (_timestamp(body.cursor.last_created_at), body.cursor.last_session_id)
+        before = (cursor_timestamp(body.cursor.last_created_at), body.cursor.last_session_id)
     return SessionQuery(
         owner=user,
         session_id=body.session_id,

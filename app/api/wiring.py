@@ -23,6 +23,7 @@ from app.api.sessions import expire_silent_sessions
 from app.api.tokens import TokenSigner
 from app.config import ServerConfig, redacted
 from app.db.audit import AuditLog
+from app.db.checkpoint_search import CheckpointSearch
 from app.db.checkpoints import CheckpointStore
 from app.db.copies import CopyLog
 from app.db.custom_losses import CustomLossStore
@@ -81,6 +82,7 @@ async def build_services(
         futures=futures,
         metadata=MetadataStore(db),
         checkpoints=CheckpointStore(db),
+        checkpoint_search=CheckpointSearch(db),
         storage=ObjectStorage(config.checkpoint_uri),
         trainers=trainers(futures),
         sampler_store=SamplingSessionStore(db),

@@ -7,6 +7,7 @@ a visible checkpoint is complete on any storage) and removed after it (so a dele
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -20,6 +21,7 @@ from app.errors import NotFound, UserError
 from app.storage.paths import CheckpointPath
 
 _CHECKPOINT_TYPES = {"weights": "training", "sampler_weights": "sampler", "external_weights": "external"}
+KIND_OF_TYPE = {checkpoint_type: kind for kind, checkpoint_type in _CHECKPOINT_TYPES.items()}  # the SDK's type -> kind
 
 
 def _iso(timestamp: float) -> str:
@@ -36,8 +38,8 @@ class CheckpointRecord:
     public: bool = False
     user_metadata: dict[str, str] = field(default_factory=dict)
 
-    def to_json(self) -> dict:
-        """The REST `Checkpoint` view."""
+    def to_json(self, base_model: str | None) -> dict:
+        """The REST `Checkpoint` view; `base_model` is its run's (SDK 0.39's `Checkpoint.base_model`)."""
         view = {
             "checkpoint_id": self.path.checkpoint_id,
             "checkpoint_type": _CHECKPOINT_TYPES[self.path.kind],
@@ -46,6 +48,7 @@ class CheckpointRecord:
             "size_bytes": self.size_bytes,
             "public": self.public,
             "user_metadata": self.user_metadata or None,
+            "base_model": base_model,
         }
         if self.expires_at is not None:
             view["expires_at"] = _iso(self.expires_at)
@@ -58,7 +61,7 @@ def already_exists(path: CheckpointPath) -> UserError:
     return UserError(f"checkpoint {path.uri!r} already exists; choose another name{hint}", field="path")
 
 
-def _from_row(row: Row) -> CheckpointRecord:
+def from_row(row: Row) -> CheckpointRecord:
     return CheckpointRecord(
         CheckpointPath(row.model_id, row.kind, row.name),
         row.location,
@@ -76,7 +79,7 @@ def _key(path: CheckpointPath) -> ColumnElement[bool]:
     )
 
 
-def _live(now: float) -> ColumnElement[bool]:
+def live(now: float) -> ColumnElement[bool]:
     return or_(checkpoints.c.expires_at.is_(None), checkpoints.c.expires_at > now)
 
 
@@ -87,8 +90,8 @@ class CheckpointStore:
     async def find(self, path: CheckpointPath) -> CheckpointRecord | None:
         """The live (unexpired) checkpoint at `path`, if any."""
         async with self._db.connect() as conn:
-            row = (await conn.execute(select(checkpoints).where(_key(path), _live(time.time())))).first()
-        return _from_row(row) if row is not None else None
+            row = (await conn.execute(select(checkpoints).where(_key(path), live(time.time())))).first()
+        return from_row(row) if row is not None else None
 
     async def get(self, path: CheckpointPath, *, field: str = "path") -> CheckpointRecord:
         record = await self.find(path)
@@ -131,23 +134,23 @@ class CheckpointStore:
             if row is None:
                 return None
             result = await conn.execute(delete(checkpoints).where(_key(path), checkpoints.c.location == row.location))
-        return _from_row(row) if result.rowcount else None
+        return from_row(row) if result.rowcount else None
 
     async def of_run(self, model_id: str) -> list[CheckpointRecord]:
         """The run's live checkpoints, newest first."""
         async with self._db.connect() as conn:
             rows = await conn.execute(
                 select(checkpoints)
-                .where(checkpoints.c.model_id == model_id, _live(time.time()))
+                .where(checkpoints.c.model_id == model_id, live(time.time()))
                 .order_by(checkpoints.c.created_at.desc())
             )
-        return [_from_row(row) for row in rows]
+        return [from_row(row) for row in rows]
 
     async def page(self, limit: int, offset: int, readable_by: str | None = None) -> tuple[list[CheckpointRecord], int]:
         """One page of live checkpoints, newest first, and the total count: those `readable_by` may read (of the
         sessions they see, and every published one), or every one (None)."""
         now = time.time()
-        scope = [_live(now)]
+        scope = [live(now)]
         if readable_by is not None:
             runs = select(training_runs.c.model_id).where(training_runs.c.session_id.in_(session_ids_of(readable_by)))
             scope.append(or_(checkpoints.c.public == 1, checkpoints.c.model_id.in_(runs)))
@@ -162,12 +165,22 @@ class CheckpointStore:
                 .limit(limit)
                 .offset(offset)
             )
-        return [_from_row(row) for row in rows], int(total)
+        return [from_row(row) for row in rows], int(total)
+
+    async def base_models(self, model_ids: Iterable[str]) -> dict[str, str]:
+        """The base model of each of these runs (one whose row is gone is left out)."""
+        async with self._db.connect() as conn:
+            rows = await conn.execute(
+                select(training_runs.c.model_id, training_runs.c.base_model).where(
+                    training_runs.c.model_id.in_(set(model_ids))
+                )
+            )
+        return {row.model_id: row.base_model for row in rows}
 
     async def update(self, path: CheckpointPath, **values: object) -> None:
         """Set `expires_at` and/or `public` of a live checkpoint; NotFound naming `checkpoint_id` otherwise."""
         async with self._db.begin() as conn:
-            result = await conn.execute(update(checkpoints).where(_key(path), _live(time.time())).values(**values))
+            result = await conn.execute(update(checkpoints).where(_key(path), live(time.time())).values(**values))
         if not result.rowcount:
             raise NotFound(
                 f"checkpoint {path.checkpoint_id!r} of {path.model_id!r} does not exist", field="checkpoint_id"

@@ -70,6 +70,7 @@ training_runs = Table(
     Column("user_metadata", JSON),
     Column("created_at", Float, nullable=False),
     Column("unloaded", Integer, nullable=False, default=0),
+    Index("ix_training_runs_base_model", "base_model"),  # search_checkpoints' base_models (revision 0008)
 )
 
 sampling_sessions = Table(
@@ -97,6 +98,8 @@ checkpoints = Table(
     Column("expires_at", Float, index=True),  # null: never
     Column("public", Integer, nullable=False, default=0),
     Column("user_metadata", JSON),
+    # search_checkpoints walks checkpoints newest first, then by path (revision 0008)
+    Index("ix_checkpoints_created_path", "created_at", "model_id", "kind", "name"),
 )
 
 stability_records = Table(

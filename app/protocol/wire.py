@@ -296,6 +296,33 @@ class SessionSearchRequest(_Lenient):
     cursor: SessionSearchCursor | None = None
 
 
+class CheckpointSearchCursor(_Lenient):
+    last_created_at: str = Field(max_length=64)  # an RFC 3339 datetime
+    last_checkpoint_uuid: TinkerPath  # the last checkpoint's tinker path: what orders checkpoints saved at once
+
+
+class SearchOwner(_Lenient):
+    """The SDK's SearchOwner: `own` (the caller's checkpoints), `accessible` (theirs and every published one) or
+    `user` (the published ones of the users named, as views name them in `owner`; all of the caller's own if named)."""
+
+    type: Literal["own", "accessible", "user"] = "own"
+    owner_urns: list[Id] | None = Field(None, max_length=10)
+
+
+class CheckpointSearchRequest(_Lenient):
+    """SDK 0.39's CheckpointSearchRequest (POST /api/v1/checkpoints/search)."""
+
+    project_ids: list[ProjectId] | None = Field(None, max_length=MAX_PROJECT_IDS)
+    user_metadata: Annotated[dict[str, str], SearchTerms, Limit("max_user_metadata_bytes", "json_bytes")] = Field(
+        default_factory=dict
+    )
+    checkpoint_type: Literal["training", "sampler", "external"] | None = None
+    owner: SearchOwner | None = None  # None: own
+    base_models: Annotated[list[Name], SearchTerms] | None = None
+    limit: int = Field(50, ge=1, le=INT64_MAX)  # at most limits.max_checkpoint_search_page, checked by the route
+    cursor: CheckpointSearchCursor | None = None
+
+
 class CopyWeightsRequest(_Lenient):
     source_path: TinkerPath
     session_id: Id | None = None

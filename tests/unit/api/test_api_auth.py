@@ -100,6 +100,7 @@ def _api(tmp_path: Path, trainers: object = None, samplers: object = None) -> Fa
         futures=None,
         metadata=None,
         checkpoints=None,  # type: ignore[arg-type]
+        checkpoint_search=None,  # type: ignore[arg-type]
         storage=None,
         trainers=trainers,
         sampler_store=None,

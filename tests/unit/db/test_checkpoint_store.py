@@ -77,8 +77,8 @@ def test_publish_and_paging_newest_first(db_url: str) -> None:
         await store.update(checkpoint_path("s:train:1", "sampler_weights", "c3"), public=1)
         page, total = await store.page(limit=2, offset=1)
         assert total == 5 and [r.path.name for r in page] == ["c3", "c2"]
-        view = page[0].to_json()
-        assert view["public"] is True and view["checkpoint_type"] == "sampler"
+        view = page[0].to_json("tiny")
+        assert view["public"] is True and view["checkpoint_type"] == "sampler" and view["base_model"] == "tiny"
         assert view["checkpoint_id"] == "sampler_weights/c3" and view["user_metadata"] == {"step": "c3"}
         assert "expires_at" not in view
 
