@@ -19,6 +19,7 @@ KEY = "tml-integration-tests"  # the service_client fixture's user
 TRAINED_TEXT = "The cat sat on the mat near the door."
 MAX_TOKENS = 8
 MESSAGES: list[anthropic.types.MessageParam] = [{"role": "user", "content": "The cat sat"}]
+GREEDY = {"temperature": 0}  # the client (2.x) takes no sampling arguments of its own: they go as extra body fields
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +40,9 @@ def trained(service_client: tinker.ServiceClient) -> tuple[str, tinker.SamplingC
     )
     train_steps(tc, [datum], steps=6, lr=5e-2)
     path = tc.save_weights_for_sampler("anthropic").result().path
-    rendered = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True)
-    return path, service_client.create_sampling_client(model_path=path).result(), list(rendered)
+    text = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
+    rendered = tokenizer.encode(text, add_special_tokens=False)  # as vLLM's chat renders it
+    return path, service_client.create_sampling_client(model_path=path).result(), rendered
 
 
 def test_greedy_replies_equal_sdk_samples_of_the_rendered_conversation(client, service_client, trained):
@@ -52,7 +54,7 @@ def test_greedy_replies_equal_sdk_samples_of_the_rendered_conversation(client, s
     base_sampler = service_client.create_sampling_client(base_model=BASE_MODEL).result()
     replies = []
     for model, sdk in ((path, sampler), (BASE_MODEL, base_sampler)):
-        reply = client.messages.create(model=model, messages=MESSAGES, max_tokens=MAX_TOKENS, temperature=0)
+        reply = client.messages.create(model=model, messages=MESSAGES, max_tokens=MAX_TOKENS, extra_body=GREEDY)
         expected = sdk.sample(types.ModelInput.from_ints(rendered), 1, params).result().sequences[0].tokens
         assert reply.model == model and reply.role == "assistant" and reply.type == "message"
         assert reply.stop_reason in ("end_turn", "max_tokens")
@@ -67,9 +69,9 @@ def test_greedy_replies_equal_sdk_samples_of_the_rendered_conversation(client, s
 
 def test_a_streamed_reply_comes_in_order_and_equals_the_whole(client, trained):
     path, _, _ = trained
-    whole = client.messages.create(model=path, messages=MESSAGES, max_tokens=MAX_TOKENS, temperature=0)
+    whole = client.messages.create(model=path, messages=MESSAGES, max_tokens=MAX_TOKENS, extra_body=GREEDY)
     events = list(
-        client.messages.create(model=path, messages=MESSAGES, max_tokens=MAX_TOKENS, temperature=0, stream=True)
+        client.messages.create(model=path, messages=MESSAGES, max_tokens=MAX_TOKENS, stream=True, extra_body=GREEDY)
     )
     kinds = [event.type for event in events]
     assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"], kinds
