@@ -159,3 +159,14 @@ def test_keys_in_x_api_key_or_bearer_and_none_is_an_authentication_error(api: In
     assert api.post("/v1/messages", _message(), headers=bearer).status_code == 200
     none = api.client.post("/v1/messages/count_tokens", json={"model": BASE_MODEL, "messages": HI})
     _refused(none, 401, "authentication_error", "X-API-Key")
+
+
+def test_a_body_over_the_sampling_bytes_is_refused_unread_in_anthropics_shape(
+    make_api: Callable[..., InProcessApi],
+) -> None:
+    api, samplers = _scripted(make_api, max_sample_request_bytes=4096, max_control_request_bytes=1024)
+    assert api.post("/v1/messages", _message(system="s" * 2000)).status_code == 200  # a sampling route's bytes
+    big = _message(system="s" * 5000)
+    for route in ("/v1/messages", "/v1/messages/count_tokens"):
+        _refused(api.post(route, big), 413, "request_too_large", "limits.max_sample_request_bytes=4096")
+    assert len(samplers.requests) == 1
