@@ -76,6 +76,8 @@ def http_api_markdown() -> str:
 
 
 def _area(path: str) -> str:
+    if path.startswith("/v1/messages"):
+        return "Anthropic-compatible"
     if path.startswith("/v1/"):
         return "OpenAI-compatible"
     if path.startswith(("/api/v1/admin", "/api/v1/audit", "/api/v1/auth")):

@@ -8,6 +8,24 @@ from __future__ import annotations
 
 from typing import Any
 
+# Anthropic's error types by HTTP status (https://docs.anthropic.com/en/api/errors); others by class (4xx or 5xx)
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+}
+
+
+def anthropic_error(status_code: int, message: str) -> dict[str, Any]:
+    """An error body in Anthropic's shape (the /v1/messages routes) for `status_code`."""
+    kind = _ANTHROPIC_TYPES.get(status_code, "invalid_request_error" if status_code < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
 
 class TinkerServeError(Exception):
     """Base of every error this project raises on purpose."""
@@ -32,6 +50,12 @@ class TinkerServeError(Exception):
         """The same error in OpenAI's shape (the /v1/ routes), `param` naming the field."""
         kind = "server_error" if self.status_code >= 500 else "invalid_request_error"
         return {"error": {"message": self.message, "type": kind, "param": self.field, "code": self.status_code}}
+
+    def to_anthropic_body(self) -> dict[str, Any]:
+        """The same error in Anthropic's shape (the /v1/messages routes), which has no field of its own for the
+        request field: the message names it."""
+        named = not self.field or self.field in self.message
+        return anthropic_error(self.status_code, self.message if named else f"{self.field}: {self.message}")
 
     def headers(self) -> dict[str, str]:
         """HTTP headers of the error response."""
@@ -99,6 +123,12 @@ class Relayed(TinkerServeError):
 
     def to_openai_body(self) -> dict[str, Any]:
         return self.body
+
+    def to_anthropic_body(self) -> dict[str, Any]:
+        """The relayed body (OpenAI's shape, as vLLM's serving layer answers) in Anthropic's."""
+        error = self.body.get("error")
+        message = error.get("message") if isinstance(error, dict) else None
+        return anthropic_error(self.status_code, message if isinstance(message, str) else str(self.body))
 
 
 class ServerError(TinkerServeError):

@@ -37,7 +37,9 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 # the calls of the operations that carry training data (their declared traits: app.operations)
 TRAINING_DATA_PATHS = frozenset(f"/api/v1/{call}" for call, traits in call_traits().items() if traits.carries_batch)
-SAMPLING_PATHS = frozenset({"/api/v1/asample", "/v1/completions", "/v1/chat/completions"})
+SAMPLING_PATHS = frozenset(
+    {"/api/v1/asample", "/v1/completions", "/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens"}
+)
 REFUSED_REMEMBERED = 10_000  # (client, credential) pairs refused, per replica
 KEYLESS_CHARGED = (*SIGNED_PREFIXES, HUB_PREFIX)  # read files without a key: charged to the client's keyless rate
 

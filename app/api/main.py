@@ -7,6 +7,7 @@ from fastapi.responses import JSONResponse
 
 from app.api import (
     admin,
+    anthropic,
     apikeys,
     audit,
     capacity,
@@ -57,6 +58,7 @@ def create_api() -> FastAPI:
         downloads.router,
         hub.router,
         openai.router,
+        anthropic.router,
         capacity.router,
     ):
         api.include_router(router)

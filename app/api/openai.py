@@ -1,24 +1,21 @@
 """OpenAI-compatible routes: /v1/models, /v1/completions and /v1/chat/completions on a base model or a tinker://
 checkpoint the caller may read. The ingress checks the model and the limits; the base model's Sampler answers
-through vLLM's own OpenAI serving layer (app.sampling.openai), whose JSON or SSE stream is passed on as it is."""
+through vLLM's own OpenAI serving layer (app.sampling.openai), whose JSON or SSE stream is passed on as it is
+(app.api.v1_sampling)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Annotated, Any, cast
 
 from fastapi import APIRouter
-from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.deps import Services, ServicesDep, UserDep
-from app.api.quotas import admit_sample, check_sample_tokens
-from app.api.sampling import adapter_of
-from app.errors import LimitExceeded, NotFound, Relayed, UserError
+from app.api.v1_sampling import check_budget, relay, served_model, text_size
+from app.errors import LimitExceeded
 from app.protocol.field_limits import Limit
 from app.protocol.wire import INT64_MAX, Int64, Stop, TinkerPath
 from app.sampling.openai import Route
-from app.sampling.params import check_sampling_ranges
 
 router = APIRouter(prefix="/v1")
 
@@ -73,46 +70,17 @@ class ChatRequest(_Request):
     top_logprobs: TopK | None = None
 
 
-async def _model(services: Services, model: str, user: str) -> tuple[str, str | None]:
-    """(base model, adapter location or None) of a base model name or a readable tinker:// checkpoint path."""
-    served = sorted(services.model_limits)
-    if model.startswith("tinker://"):
-        base_model, location = await adapter_of(services, model, user, field="model")
-        if base_model not in served:
-            raise UserError(f"model {model!r} was trained on {base_model!r}, no longer served here", field="model")
-        return base_model, location
-    if model not in served:
-        raise NotFound(
-            f"model {model!r} is not served here: name a base model ({served}) or a tinker:// sampler checkpoint path",
-            field="model",
-        )
-    return model, None
-
-
 def _check_limits(
     services: Services, user: str, base_model: str, body: _Request, token_field: str, logprobs_field: str
 ) -> int:
-    """Check the sampling ranges, the sequences (prompts x n), the token budget and logprobs against the limits, and
-    charge the prompt's tokens with the budget's to the user's token rate; the budget. A request for more tokens than
-    a whole minute's rate is refused outright."""
-    limits, quotas = services.config.limits, services.config.quotas
-    check_sampling_ranges(
-        limits,
-        services.model_limits[base_model],
-        1.0 if body.temperature is None else body.temperature,
-        -1 if body.top_k in (None, 0) else body.top_k,  # vLLM reads 0 as off too
-        1.0 if body.top_p is None else body.top_p,
-    )
+    """Check the sequences (prompts x n) and logprobs against the limits, then the sampling ranges and the token
+    budget (app.api.v1_sampling.check_budget); the budget."""
+    limits = services.config.limits
     prompts = len(body.prompt) if isinstance(body, CompletionRequest) and _is_batch(body.prompt) else 1
     if prompts * body.n > limits.max_num_samples:
         raise LimitExceeded(
             f"{prompts} prompts x n={body.n} exceed limits.max_num_samples={limits.max_num_samples} sequences",
             field="n",
-        )
-    max_tokens = getattr(body, token_field) or limits.default_sample_tokens
-    if max_tokens > limits.max_sample_tokens:
-        raise LimitExceeded(
-            f"{token_field}={max_tokens} exceeds limits.max_sample_tokens={limits.max_sample_tokens}", field=token_field
         )
     logprobs = getattr(body, logprobs_field)
     if logprobs is not None and logprobs > limits.max_topk_logprobs:
@@ -120,67 +88,24 @@ def _check_limits(
             f"{logprobs_field}={logprobs} exceeds limits.max_topk_logprobs={limits.max_topk_logprobs}",
             field=logprobs_field,
         )
-    prompt_tokens = _prompt_tokens(body)
-    tokens = prompt_tokens + prompts * body.n * max_tokens
-    per_minute = quotas.for_user(user).sample_tokens_per_minute_per_user
-    if tokens > per_minute:  # the token bucket would let it through when full
-        raise LimitExceeded(
-            f"{prompt_tokens} prompt tokens + {prompts} prompts x n={body.n} x {token_field}={max_tokens} = {tokens} "
-            f"tokens exceed quotas.sample_tokens_per_minute_per_user={per_minute}",
-            field=token_field,
-        )
-    check_sample_tokens(services, user, tokens)
-    return max_tokens
+    prompt = body.prompt if isinstance(body, CompletionRequest) else cast(ChatRequest, body).messages
+    sampling = (body.temperature, body.top_k, body.top_p)
+    requested = getattr(body, token_field)
+    return check_budget(
+        services, user, base_model, sampling, token_field, requested, prompts * body.n, text_size(prompt)
+    )
 
 
 def _is_batch(prompt: object) -> bool:
     return isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], int)
 
 
-def _prompt_tokens(body: _Request) -> int:
-    """The prompt tokens the sampler prefills, as charged to the user's token rate: token ids as sent; text (the
-    ingress holds no tokenizer) at one token per UTF-8 byte, which no tokenizer's count exceeds."""
-    return _size(body.prompt if isinstance(body, CompletionRequest) else cast(ChatRequest, body).messages)
-
-
-def _size(prompt: object) -> int:
-    """Token ids, and UTF-8 bytes of text, in a prompt or a list of them, or in chat messages' JSON."""
-    size, stack = 0, [prompt]
-    while stack:  # no recursion: nesting is the client's to choose
-        value = stack.pop()
-        if isinstance(value, str):
-            size += len(value.encode())
-        elif isinstance(value, dict | list):
-            stack.extend(value.values() if isinstance(value, dict) else value)
-        else:
-            size += 1
-    return size
-
-
 async def _forward(services: Services, user: str, route: Route, body: _Request, token_field: str) -> Any:
-    base_model, adapter_location = await _model(services, body.model, user)
+    base_model, adapter_location = await served_model(services, body.model, user)
     logprobs_field = "logprobs" if route == "completions" else "top_logprobs"
     max_tokens = _check_limits(services, user, base_model, body, token_field, logprobs_field)
-    admit_sample(services, user, base_model)
     payload = {**body.model_dump(exclude_unset=True), token_field: max_tokens}
-    stream = services.samplers.openai(base_model, adapter_location, route, payload, user)
-    first = await anext(stream)
-    if isinstance(first, tuple):
-        await stream.aclose()
-        status, answer = first
-        if status >= 400:
-            raise Relayed(status, answer)
-        return answer
-    return StreamingResponse(_chain(first, stream), media_type="text/event-stream")
-
-
-async def _chain(first: str, rest: AsyncGenerator[Any, None]) -> AsyncIterator[str]:
-    try:
-        yield first
-        async for line in rest:
-            yield line
-    finally:  # the client may have gone: the sampler stops too
-        await rest.aclose()
+    return await relay(services, user, base_model, adapter_location, route, payload)
 
 
 @router.get("/models")

@@ -26,6 +26,10 @@ EXEMPT = {
     "CompletionRequest.prompt": "prompts x n against limits.max_num_samples (app.api.openai); each prompt's tokens "
     "against the context by vLLM; the body by limits.max_sample_request_bytes",
     "ChatRequest.messages": "tokens against the context by vLLM; the body by limits.max_sample_request_bytes",
+    "MessagesRequest.messages": "as ChatRequest.messages (app.api.anthropic)",
+    "MessagesRequest.system": "as ChatRequest.messages (app.api.anthropic)",
+    "CountTokensRequest.messages": "as ChatRequest.messages (app.api.anthropic)",
+    "CountTokensRequest.system": "as ChatRequest.messages (app.api.anthropic)",
 }
 
 # request models that take fields they do not declare (extra="allow") -> where those go
@@ -33,6 +37,8 @@ OPEN = {
     "CompletionRequest": "every undeclared field goes to vLLM, which validates the whole body; those it applies at "
     "every token or compiles first (stops, bad_words, biases, structured outputs) are declared, so bounded here",
     "ChatRequest": "the same",
+    "MessagesRequest": "the same, through vLLM's Anthropic request models (app.api.anthropic)",
+    "CountTokensRequest": "the same",
 }
 
 
