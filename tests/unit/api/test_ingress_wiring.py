@@ -25,6 +25,7 @@ def test_ingress_sweeps_keep_their_periods() -> None:
         "expired ephemeral samplers": (60.0, None),
         "silent sessions": (30.0, 300.0),
         "expired checkpoints": (60.0, None),
+        "expired uploads": (60.0, None),
         "metadata past retention.metadata_retention_seconds": (3600.0, None),
         "expired stability records": (60.0, None),
         "trace entries beyond retention.max_trace_events_per_session": (60.0, None),
