@@ -100,6 +100,12 @@ def _url(services: Services, base_url: str, upload: Upload, name: str) -> str:
 async def external_weights_upload_start(
     body: ExternalWeightsUploadStartRequest, request: Request, services: ServicesDep, user: UserDep
 ) -> dict:
+    """Start uploading a LoRA adapter trained elsewhere (SDK 0.39+): a signed PUT URL per file of the PEFT format,
+    each with the headers its PUT must send (0.40's `UploadURL`), and when they expire.
+
+    The base model must be served and of a dense family (llama, qwen2, qwen3), the LoRA config one this server trains
+    (rank within engine.max_lora_rank); the files' most bytes are held against quotas.max_checkpoint_bytes_per_user
+    until the upload is finished or expires (uploads.url_ttl_seconds)."""
     _enabled(services)
     base = services.served_base_model(body.base_model)
     lora = body.lora_config
@@ -152,7 +158,8 @@ async def put_file(
     expires: int = Query(...),
     signature: str = Query(...),
 ) -> Response:
-    """One file of an upload, streamed to storage; refused past the most bytes it may hold."""
+    """One file of an upload (a URL from external_weights_upload_start: no API key, its signature authorises it),
+    streamed to storage; refused past the most bytes the file may hold."""
     if not signature_valid(services.url_signing_key, f"upload/{upload_id}/{name}", expires, signature):
         raise Forbidden("this upload URL is not valid; start the upload again for fresh URLs", field="signature")
     if time.time() > expires:
@@ -257,6 +264,9 @@ def _store(services: Services, upload: Upload, location: str, spec: AdapterSpec,
 async def external_weights_upload_finish(
     body: ExternalWeightsUploadFinishRequest, services: ServicesDep, user: UserDep
 ) -> dict:
+    """Finish an upload: its files checked (adapter_config.json as JSON, adapter_model.safetensors by its header:
+    tensor names, shapes and dtypes; never unpickled) and made a training checkpoint of the caller's, answered as its
+    `tinker_path` (load it with create_training_client_from_state or load_state, or sample it)."""
     _enabled(services)
     upload = await services.uploads.find(body.upload_id)
     if upload is not None and upload.owner == user and upload.tinker_path is not None:

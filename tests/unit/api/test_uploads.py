@@ -11,8 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
+import httpx
 import numpy as np
 import pytest
 from safetensors.numpy import save
@@ -22,7 +23,9 @@ from app.api.adapter_files import max_sizes
 from app.api.signatures import sign
 from app.config import UploadsConfig
 from app.models.adapter_layout import lora_tensors
+from app.storage.objects import ObjectStorage
 from app.storage.paths import parse_tinker_path
+from tests.s3 import s3_keys, s3_server
 from tests.unit.api.conftest import BASE_MODEL, InProcessApi
 
 RANK = 4
@@ -194,3 +197,25 @@ def test_an_unfinished_upload_expires_with_its_files(api: InProcessApi, monkeypa
         api.services.storage.files(upload.location)
     assert api.run(api.services.uploads.find(started["upload_id"])) is None
     assert api.run(api.services.quotas.checkpoint_bytes(api.user_id())) == 0
+
+
+def test_on_s3_storage_the_urls_are_presigned_puts_to_the_bucket(api: InProcessApi) -> None:
+    with s3_server("uploads") as uri:
+        api.services.storage = ObjectStorage(uri)
+        started = _start(api).json()
+        endpoint = dict(parse_qsl(urlsplit(uri).query))["endpoint_override"]
+        for name, content in (("adapter_config.json", _config()), ("adapter_model.safetensors", save(_tensors()))):
+            target = started["urls"][name]
+            assert urlsplit(target["url"]).netloc == endpoint and "Signature=" in target["url"]
+            for wrong in ({}, {"Content-Type": "text/plain"}):  # the content type is signed: S3 refuses others
+                assert httpx.put(target["url"], content=content, headers=wrong).status_code == 403
+            httpx.put(target["url"], content=content, headers=target["headers"]).raise_for_status()
+        finished = api.post(FINISH, {"upload_id": started["upload_id"]})
+        assert finished.status_code == 200, finished.text
+        record, _ = api.run(api.services.saved_by(finished.json()["tinker_path"], api.user_id(), field="path"))
+        assert {f.relative_path for f in api.services.storage.files(record.location)} == {
+            "adapter_config.json",
+            "adapter_model.safetensors",
+            "tinker_model.json",
+        }
+        assert s3_keys(uri, "uploads") == []  # the upload's own files are gone
