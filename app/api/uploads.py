@@ -201,9 +201,11 @@ def _read(services: Services, location: str, name: str, offset: int, length: int
         stream.close()
 
 
-async def _checked(services: Services, upload: Upload, spec: AdapterSpec, base: BaseModelConfig) -> float:
-    """The adapter's lora_alpha, once its files are there, within their bounds, and fit the base and rank."""
-    tensors, targets = await _layout(base, spec)
+async def _checked(
+    services: Services, upload: Upload, spec: AdapterSpec, tensors: dict[str, tuple[int, int]], targets: list[str]
+) -> float:
+    """The adapter's lora_alpha, once its files are there, within their bounds, and are the adapter of `tensors` on
+    `targets`."""
     try:
         files = await asyncio.to_thread(services.storage.files, upload.location)
         stored = {f.relative_path: f.size_bytes for f in files}
@@ -220,7 +222,7 @@ async def _checked(services: Services, upload: Upload, spec: AdapterSpec, base: 
     prefix = await asyncio.to_thread(_read, services, upload.location, WEIGHTS_FILE, 0, 8)
     length = header_length(prefix, size, services.config.uploads.max_header_bytes)
     header = await asyncio.to_thread(_read, services, upload.location, WEIGHTS_FILE, 8, length)
-    check_header(header, size, tensors)
+    await asyncio.to_thread(check_header, header, size, tensors)
     return alpha
 
 
@@ -275,8 +277,19 @@ async def external_weights_upload_finish(
         raise _no_upload(body.upload_id)
     base = services.served_base_model(upload.base_model)
     spec = AdapterSpec(**upload.spec)
-    spec = replace(spec, alpha=await _checked(services, upload, spec, base))
-    _, targets = await _layout(base, spec)
+    tensors, targets = await _layout(base, spec)
+    async with services.uploads.finishing:  # one finish at a time on a replica: a concurrent retry waits, then answers
+        if (done := await services.uploads.find(upload.upload_id)) and done.tinker_path is not None:
+            return {"tinker_path": done.tinker_path}
+        alpha = await _checked(services, upload, spec, tensors, targets)
+        return {"tinker_path": await _made_checkpoint(services, upload, replace(spec, alpha=alpha), base, targets)}
+
+
+async def _made_checkpoint(
+    services: Services, upload: Upload, spec: AdapterSpec, base: BaseModelConfig, targets: list[str]
+) -> str:
+    """The checkpoint made of a checked upload, in a run of its own in a new session of the uploader's."""
+    user = upload.owner
     session_id = await services.metadata.create_session(
         None, ["external_weights_upload"], {}, project_id=upload.project_id, owner=user
     )
@@ -303,7 +316,7 @@ async def external_weights_upload_finish(
     await services.uploads.finish(upload.upload_id, path.uri)
     await asyncio.to_thread(services.storage.delete, upload.location)
     await services.audit.record("adapter_uploaded", user, {"tinker_path": path.uri, "base_model": base.name})
-    return {"tinker_path": path.uri}
+    return path.uri
 
 
 async def expire_uploads(services: Services) -> int:

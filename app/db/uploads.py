@@ -55,6 +55,7 @@ class UploadStore:
     def __init__(self, db: AsyncEngine) -> None:
         self._db = db
         self.admission = asyncio.Lock()  # one start at a time per replica: each sees the bytes those before it hold
+        self.finishing = asyncio.Lock()  # one finish at a time per replica: a retry never makes a second checkpoint
 
     async def add(self, upload: Upload) -> None:
         async with self._db.begin() as conn:
