@@ -85,15 +85,32 @@ async def _hold(services: Services, upload: Upload) -> None:
         await services.uploads.add(upload)
 
 
-def _url(services: Services, base_url: str, upload: Upload, name: str) -> str:
-    """Where to PUT one file: presigned to an S3 store, or this server's signed route."""
+def _sends_headers(request: Request) -> bool:
+    """Whether the client reads `urls` as 0.40's `{url, headers}` and sends those headers: any but an SDK before 0.40
+    (its X-Stainless-Package-Version), whose `urls` were plain strings PUT with no headers of ours."""
+    major, _, rest = request.headers.get("x-stainless-package-version", "").partition(".")
+    minor = rest.partition(".")[0]
+    return not (major.isdigit() and minor.isdigit()) or (int(major), int(minor)) >= (0, 40)
+
+
+def _resource(upload_id: str, name: str, any_type: bool) -> str:
+    """What a local upload URL's signature covers: the file, and whether its PUT may send any content type."""
+    return f"upload/{upload_id}/{name}" + ("\nany-type" if any_type else "")
+
+
+def _url(services: Services, base_url: str, upload: Upload, name: str, content_type: str | None) -> str:
+    """Where to PUT one file (sending `content_type`; None: any): presigned to an S3 store, or this server's signed
+    route."""
     ttl_s = max(1, int(upload.expires_at - time.time()))
-    presigned = services.storage.presigned_put(upload.location, name, CONTENT_TYPE, ttl_s)
+    presigned = services.storage.presigned_put(upload.location, name, content_type, ttl_s)
     if presigned is not None:
         return presigned
-    expires = int(upload.expires_at)
-    signature = sign(services.url_signing_key, f"upload/{upload.upload_id}/{name}", expires)
-    return f"{base_url.rstrip('/')}{UPLOAD_PREFIX}{upload.upload_id}/{name}?expires={expires}&signature={signature}"
+    expires, any_type = int(upload.expires_at), content_type is None
+    signature = sign(services.url_signing_key, _resource(upload.upload_id, name, any_type), expires)
+    return (
+        f"{base_url.rstrip('/')}{UPLOAD_PREFIX}{upload.upload_id}/{name}?expires={expires}"
+        f"{'&any_type=true' if any_type else ''}&signature={signature}"
+    )
 
 
 @router.post("/external_weights_upload_start")
@@ -126,11 +143,11 @@ async def external_weights_upload_start(
         tinker_path=None,
     )
     await _hold(services, upload)
-    base_url = str(request.base_url)
-    urls = {}
+    base_url, headers = str(request.base_url), _sends_headers(request)
+    urls: dict[str, Any] = {}
     for name in files:
-        url = await asyncio.to_thread(_url, services, base_url, upload, name)
-        urls[name] = {"url": url, "headers": {"Content-Type": CONTENT_TYPE}}
+        url = await asyncio.to_thread(_url, services, base_url, upload, name, CONTENT_TYPE if headers else None)
+        urls[name] = {"url": url, "headers": {"Content-Type": CONTENT_TYPE}} if headers else url
     return {
         "upload_id": upload.upload_id,
         "urls": urls,
@@ -157,14 +174,15 @@ async def put_file(
     services: ServicesDep,
     expires: int = Query(...),
     signature: str = Query(...),
+    any_type: bool = Query(False),
 ) -> Response:
     """One file of an upload (a URL from external_weights_upload_start: no API key, its signature authorises it),
     streamed to storage; refused past the most bytes the file may hold."""
-    if not signature_valid(services.url_signing_key, f"upload/{upload_id}/{name}", expires, signature):
+    if not signature_valid(services.url_signing_key, _resource(upload_id, name, any_type), expires, signature):
         raise Forbidden("this upload URL is not valid; start the upload again for fresh URLs", field="signature")
     if time.time() > expires:
         raise Forbidden("this upload URL expired; start the upload again", field="expires")
-    if request.headers.get("content-type") != CONTENT_TYPE:
+    if not any_type and request.headers.get("content-type") != CONTENT_TYPE:
         raise UserError(
             f"send the header Content-Type: {CONTENT_TYPE}, as external_weights_upload_start's headers for this URL "
             f"say (got {request.headers.get('content-type')!r})",

@@ -154,9 +154,9 @@ class ObjectStorage:
         full = self._full(location)
         self._fs.move(f"{full}/{_check_location(source)}", f"{full}/{_check_location(target)}")
 
-    def presigned_put(self, location: str, relative_path: str, content_type: str, ttl_s: int) -> str | None:
+    def presigned_put(self, location: str, relative_path: str, content_type: str | None, ttl_s: int) -> str | None:
         """A URL that lets its holder PUT one file of a location straight to an S3 store for `ttl_s`, sending
-        `content_type` (signed with it); None on other storage (the caller offers a route of its own)."""
+        `content_type` (signed with it; None: any); None on other storage (the caller offers a route of its own)."""
         if not isinstance(self._fs, pafs.S3FileSystem):
             return None
         import boto3  # type: ignore[import-untyped]  # only S3 storage needs it
@@ -169,7 +169,9 @@ class ObjectStorage:
             region_name=query.get("region") or None,
         )
         bucket, _, prefix = self._full(location).partition("/")
-        params = {"Bucket": bucket, "Key": f"{prefix}/{_check_location(relative_path)}", "ContentType": content_type}
+        params = {"Bucket": bucket, "Key": f"{prefix}/{_check_location(relative_path)}"}
+        if content_type is not None:
+            params["ContentType"] = content_type
         url: str = client.generate_presigned_url("put_object", Params=params, ExpiresIn=ttl_s, HttpMethod="PUT")
         return url
 

@@ -219,3 +219,18 @@ def test_on_s3_storage_the_urls_are_presigned_puts_to_the_bucket(api: InProcessA
             "tinker_model.json",
         }
         assert s3_keys(uri, "uploads") == []  # the upload's own files are gone
+
+
+def test_an_sdk_before_0_40_gets_plain_urls_it_puts_without_our_headers(api: InProcessApi) -> None:
+    """0.39's `urls` were plain strings; its PUTs send no headers of ours. Only such URLs take any content type."""
+    sdk_039 = {"X-Stainless-Package-Version": "0.39.0"}
+    body = {"base_model": BASE_MODEL, "lora_config": {"rank": RANK}}
+    started = api.post(START, body, headers=sdk_039).json()
+    assert all(isinstance(url, str) for url in started["urls"].values())
+    for name, content in (("adapter_config.json", _config()), ("adapter_model.safetensors", save(_tensors()))):
+        url = urlsplit(started["urls"][name])
+        assert api.client.put(f"{url.path}?{url.query}", content=content).status_code == 200
+    assert api.post(FINISH, {"upload_id": started["upload_id"]}).status_code == 200
+    target = _start(api).json()["urls"]["adapter_config.json"]  # a 0.40 URL cannot be made to take any type
+    refused = _put(api, {**target, "url": f"{target['url']}&any_type=true"}, _config(), **{"Content-Type": ""})
+    assert (refused.status_code, refused.json()["field"]) == (403, "signature")
