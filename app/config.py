@@ -26,6 +26,7 @@ from app.config_sections import (
     RetentionConfig,
     Strict,
     TimeoutsConfig,
+    UploadsConfig,
 )
 from app.models.embedded import PresetName
 from app.models.precision import DtypeSetting, resolve_dtype
@@ -48,6 +49,7 @@ __all__ = [
     "SamplerConfig",
     "ServerConfig",
     "TimeoutsConfig",
+    "UploadsConfig",
     "WorkerGroupConfig",
     "redacted",
 ]
@@ -487,6 +489,7 @@ class ServerConfig(Strict):
     metrics: MetricsConfig = Field(
         MetricsConfig(), description="the metrics' per-user and per-model labels: off by default, capped when on"
     )
+    uploads: UploadsConfig = Field(UploadsConfig(), description="uploading LoRA adapters trained elsewhere")
     ingress_replicas: int = Field(1, ge=1, description="replicas of the Ingress deployment (the HTTP API)")
 
     @model_validator(mode="after")

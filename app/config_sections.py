@@ -463,6 +463,20 @@ class EngineConfig(Strict):
     )
 
 
+class UploadsConfig(Strict):
+    """Uploading LoRA adapters trained elsewhere (external_weights_upload_start / _finish, SDK 0.39+)."""
+
+    enabled: bool = Field(True, description="whether users may upload adapters; off: both routes answer 403")
+    url_ttl_seconds: int = Field(
+        3600, ge=60, description="an upload's signed PUT URLs stay valid this long; unfinished, it expires then"
+    )
+    max_config_bytes: int = Field(64 * 2**10, ge=1024, description="the largest adapter_config.json accepted")
+    max_header_bytes: int = Field(
+        2**20, ge=1024, description="the largest safetensors header of adapter_model.safetensors accepted"
+    )
+    sweep_seconds: float = Field(60.0, gt=0, description="how often expired uploads' files are removed")
+
+
 class MetricsConfig(Strict):
     """The labels of the server's Prometheus metrics (docs/reference/metrics.md). A label per user or per model keeps
     a time series per value for as long as Prometheus keeps its data, so both are off by default (one series, value

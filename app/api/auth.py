@@ -22,7 +22,8 @@ from app.errors import InvalidToken, Unauthorized
 
 OPEN_PATHS = frozenset({"/api/v1/healthz", "/ready", "/docs", "/openapi.json", "/console"})  # console: no data
 OPEN_PREFIXES = ("/console/static/",)  # the console's scripts and styles
-SIGNED_PREFIXES = ("/api/v1/downloads/", "/api/v1/traces/")  # a signature in the URL authorises these
+# a signature in the URL authorises these
+SIGNED_PREFIXES = ("/api/v1/downloads/", "/api/v1/traces/", "/api/v1/uploads/")
 HUB_PREFIX = "/hub/"  # Hugging Face clients send their token as `Authorization: Bearer` (HF_TOKEN), never a key
 OPENAI_PREFIX = "/v1/"  # so do OpenAI clients (OPENAI_API_KEY), on the OpenAI-compatible routes
 BEARER_PREFIXES = (HUB_PREFIX, OPENAI_PREFIX)

@@ -28,6 +28,7 @@ from app.db.sampling_sessions import SamplingSession, SamplingSessionStore, samp
 from app.db.session_views import SessionViews
 from app.db.stability import StabilityStore
 from app.db.traces import TraceStore
+from app.db.uploads import UploadStore
 from app.db.usage import UsageStore
 from app.errors import NotFound, UserError
 from app.protocol.wire import INT64_MAX
@@ -73,6 +74,7 @@ class Services:
     traces: TraceStore  # a session's requests and their timings
     usage: UsageStore  # tokens trained and sampled; checkpoint storage
     copies: CopyLog  # copy_weights by idempotency key
+    uploads: UploadStore  # adapters being uploaded (app.api.uploads)
     custom_losses: CustomLossStore  # losses made by create_custom_loss
     samplers: SamplerClient
     model_limits: dict[str, ModelLimits]  # by base model name

@@ -24,6 +24,7 @@ from app.api.key_index import KeyIndex
 from app.api.quotas import check_request_rate
 from app.api.rates import RateLimiter
 from app.api.tokens import looks_like_jwt
+from app.api.uploads import UPLOAD_PREFIX
 from app.caches import remember
 from app.config import LimitsConfig, QuotasConfig
 from app.errors import BodyTooLarge, Forbidden, Overloaded, TinkerServeError, Unauthorized
@@ -104,7 +105,8 @@ class RequestGate:
         services = request.app.state.services
         try:
             await self._admit(request, services)
-            receive = await _capped(request, receive, body_limit(request.url.path), services.config.limits)
+            if not request.url.path.startswith(UPLOAD_PREFIX):  # an upload's file: its route bounds it as it streams
+                receive = await _capped(request, receive, body_limit(request.url.path), services.config.limits)
         except TinkerServeError as exc:
             await error_response(request.url.path, exc)(scope, receive, send)
             return

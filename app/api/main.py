@@ -26,6 +26,7 @@ from app.api import (
     session_views,
     traces,
     training,
+    uploads,
     usage,
 )
 from app.api.error_responses import error_response, register_exception_handlers
@@ -54,6 +55,7 @@ def create_api() -> FastAPI:
         session_views.router,
         traces.router,
         copies.router,
+        uploads.router,
         usage.router,
         downloads.router,
         hub.router,

@@ -20,7 +20,7 @@ from app.errors import LimitExceeded, UserError
 from app.messages import AdapterSpec
 from app.operations.create_model import CreateModel
 from app.operations.load_checkpoint import LoadCheckpoint
-from app.protocol.wire import CreateModelRequest, GetInfoRequest, UnloadModelRequest
+from app.protocol.wire import CreateModelRequest, GetInfoRequest, LoraConfig, UnloadModelRequest
 from app.request_log import log_request
 
 router = APIRouter(prefix="/api/v1")
@@ -48,17 +48,7 @@ async def create_model(body: CreateModelRequest, services: ServicesDep, user: Us
     base = services.served_base_model(body.base_model)
     role = _model_role(body)
     lora = body.lora_config
-    if lora.rank > services.config.engine.max_lora_rank:
-        raise LimitExceeded(
-            f"lora_config.rank {lora.rank} exceeds engine.max_lora_rank={services.config.engine.max_lora_rank}",
-            field="lora_config.rank",
-        )
-    if not (lora.train_attn or lora.train_mlp):
-        raise UserError(
-            "set train_attn or train_mlp: this server does not adapt the unembedding (vLLM samplers "
-            "cannot serve lm_head LoRAs), so train_unembed alone trains nothing",
-            field="lora_config",
-        )
+    check_lora_config(services, lora)
     optimizer = optimizer_of(body.optimizer_config) or "adamw"
 
     def spec() -> AdapterSpec:
@@ -75,6 +65,22 @@ async def create_model(body: CreateModelRequest, services: ServicesDep, user: Us
     return await register_model(
         services, user, "create_model", body.session_id, body.model_seq_id, base, spec, body.user_metadata
     )
+
+
+def check_lora_config(services: Services, lora: LoraConfig) -> None:
+    """That this server can train and sample adapters of `lora`: its rank within engine.max_lora_rank, and some
+    layers adapted."""
+    if lora.rank > services.config.engine.max_lora_rank:
+        raise LimitExceeded(
+            f"lora_config.rank {lora.rank} exceeds engine.max_lora_rank={services.config.engine.max_lora_rank}",
+            field="lora_config.rank",
+        )
+    if not (lora.train_attn or lora.train_mlp):
+        raise UserError(
+            "set train_attn or train_mlp: this server does not adapt the unembedding (vLLM samplers "
+            "cannot serve lm_head LoRAs), so train_unembed alone trains nothing",
+            field="lora_config",
+        )
 
 
 def optimizer_of(config: dict | None) -> str | None:

@@ -21,6 +21,7 @@ from app.api.rates import RateLimiter
 from app.api.retention import prune_old_metadata, remove_expired_checkpoints
 from app.api.sessions import expire_silent_sessions
 from app.api.tokens import TokenSigner
+from app.api.uploads import expire_uploads
 from app.config import ServerConfig, redacted
 from app.db.audit import AuditLog
 from app.db.checkpoint_search import CheckpointSearch
@@ -41,6 +42,7 @@ from app.db.settings import shared_secret
 from app.db.stability import StabilityStore
 from app.db.statement_metrics import count_statements
 from app.db.traces import TraceStore
+from app.db.uploads import UploadStore
 from app.db.usage import UsageStore
 from app.metrics import LabelValues, RequestMetrics
 from app.retry import RetryPolicy
@@ -93,6 +95,7 @@ async def build_services(
         traces=TraceStore(db),
         usage=UsageStore(db),
         copies=CopyLog(db),
+        uploads=UploadStore(db),
         custom_losses=CustomLossStore(db),
         samplers=samplers(futures, RetryPolicy(timeouts.sample_retries, timeouts.sample_retry_deadline_seconds)),
         model_limits=model_limits,
@@ -160,6 +163,7 @@ INGRESS_SWEEPS: tuple[Sweep[Services], ...] = (
         first_after=Period("timeouts.session_timeout_seconds"),
     ),
     Sweep("expired checkpoints", Period("retention.checkpoint_sweep_seconds"), remove_expired_checkpoints),
+    Sweep("expired uploads", Period("uploads.sweep_seconds"), expire_uploads),
     Sweep(
         "metadata past retention.metadata_retention_seconds",
         Period("retention.metadata_retention_seconds", divided_by=4, cap_s=3600.0),

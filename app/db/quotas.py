@@ -10,7 +10,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.owners import owned_runs
-from app.db.schema import checkpoints, futures, journal, training_runs
+from app.db.schema import checkpoints, external_uploads, futures, journal, training_runs
 
 
 class QuotaStore:
@@ -28,12 +28,18 @@ class QuotaStore:
             return int((await conn.execute(query)).scalar_one())
 
     async def checkpoint_bytes(self, user: str) -> int:
+        """The bytes of the user's live checkpoints and those their unfinished uploads hold (app.api.uploads)."""
         live = (checkpoints.c.expires_at.is_(None)) | (checkpoints.c.expires_at > time.time())
         query = select(func.coalesce(func.sum(checkpoints.c.size_bytes), 0)).where(
             checkpoints.c.model_id.in_(owned_runs(user)), live
         )
+        uploading = select(func.coalesce(func.sum(external_uploads.c.reserved_bytes), 0)).where(
+            external_uploads.c.owner == user,
+            external_uploads.c.tinker_path.is_(None),
+            external_uploads.c.expires_at > time.time(),
+        )
         async with self._db.connect() as conn:
-            return int((await conn.execute(query)).scalar_one())
+            return int((await conn.execute(query)).scalar_one()) + int((await conn.execute(uploading)).scalar_one())
 
     async def awaited_seq(self, model_id: str) -> int | None:
         """The seq_id the model's pending operations wait for and nobody sent yet: the first one without a future

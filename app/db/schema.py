@@ -169,6 +169,21 @@ copy_requests = Table(
     Column("created_at", Float, nullable=False),
 )
 
+external_uploads = Table(
+    "external_uploads",
+    metadata,  # adapters being uploaded (external_weights_upload_start); unfinished ones expire (app.api.uploads)
+    Column("upload_id", String(64), primary_key=True),
+    Column("owner", String(64), nullable=False, index=True),
+    Column("base_model", String(200), nullable=False),
+    Column("spec", JSON, nullable=False),  # the AdapterSpec the adapter must match
+    Column("project_id", String(200)),
+    Column("files", JSON, nullable=False),  # file name -> the most bytes it may hold
+    Column("reserved_bytes", BigInteger, nullable=False),  # held against the owner's checkpoint bytes until finished
+    Column("created_at", Float, nullable=False),
+    Column("expires_at", Float, nullable=False, index=True),
+    Column("tinker_path", String(400)),  # the checkpoint it made; null: unfinished
+)
+
 custom_losses = Table(
     "custom_losses",
     metadata,  # losses made by create_custom_loss, validated; any replica resolves a loss_id through this

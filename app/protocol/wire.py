@@ -323,6 +323,18 @@ class CheckpointSearchRequest(_Lenient):
     cursor: CheckpointSearchCursor | None = None
 
 
+class ExternalWeightsUploadStartRequest(_Lenient):
+    """SDK 0.39+: start uploading an adapter trained elsewhere (app.api.uploads)."""
+
+    base_model: Name
+    lora_config: LoraConfig = Field(default_factory=LoraConfig)
+    destination_project_id: ProjectId | None = None
+
+
+class ExternalWeightsUploadFinishRequest(_Lenient):
+    upload_id: Id
+
+
 class CopyWeightsRequest(_Lenient):
     source_path: TinkerPath
     session_id: Id | None = None

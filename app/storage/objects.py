@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import parse_qsl, urlsplit
 
 import pyarrow.fs as pafs
 
@@ -141,6 +142,38 @@ class ObjectStorage:
     def open(self, location: str, relative_path: str) -> pafs.NativeFile:
         """A stream over one file of a location (read it in chunks; never whole)."""
         return self._fs.open_input_stream(f"{self._full(location)}/{_check_location(relative_path)}")
+
+    def create(self, location: str, relative_path: str) -> pafs.NativeFile:
+        """A stream writing one file of a location (replacing it), its parent directories made."""
+        path = f"{self._full(location)}/{_check_location(relative_path)}"
+        self._fs.create_dir(path.rpartition("/")[0], recursive=True)
+        return self._fs.open_output_stream(path)
+
+    def rename(self, location: str, source: str, target: str) -> None:
+        """Rename one file of a location (replacing `target`)."""
+        full = self._full(location)
+        self._fs.move(f"{full}/{_check_location(source)}", f"{full}/{_check_location(target)}")
+
+    def presigned_put(self, location: str, relative_path: str, content_type: str | None, ttl_s: int) -> str | None:
+        """A URL that lets its holder PUT one file of a location straight to an S3 store for `ttl_s`, sending
+        `content_type` (signed with it; None: any); None on other storage (the caller offers a route of its own)."""
+        if not isinstance(self._fs, pafs.S3FileSystem):
+            return None
+        import boto3  # type: ignore[import-untyped]  # only S3 storage needs it
+
+        query = dict(parse_qsl(urlsplit(self.uri).query))
+        endpoint = query.get("endpoint_override")
+        client = boto3.client(
+            "s3",
+            endpoint_url=None if endpoint is None else f"{query.get('scheme', 'https')}://{endpoint}",
+            region_name=query.get("region") or None,
+        )
+        bucket, _, prefix = self._full(location).partition("/")
+        params = {"Bucket": bucket, "Key": f"{prefix}/{_check_location(relative_path)}"}
+        if content_type is not None:
+            params["ContentType"] = content_type
+        url: str = client.generate_presigned_url("put_object", Params=params, ExpiresIn=ttl_s, HttpMethod="PUT")
+        return url
 
     def delete(self, location: str) -> None:
         """Remove a location's files; absent ones are ignored. Local locations vanish at once (renamed aside)."""

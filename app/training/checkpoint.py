@@ -130,7 +130,7 @@ def load_state(
         raise UserError(f"the checkpoint does not fit this model: unexpected {unexpected_keys[:3]}", field="path")
     if value_head is not None:
         value_head.load_state_dict(load_file(str(directory / VALUE_HEAD_FILE), device=str(device)))
-    if optimizer is not None:
+    if optimizer is not None and (directory / OPTIMIZER_FILE).exists():  # an uploaded adapter has none: kept fresh
         _load_optimizer_state(optimizer, torch.load(directory / OPTIMIZER_FILE, map_location=device, weights_only=True))
 
 

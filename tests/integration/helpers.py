@@ -10,12 +10,15 @@ import httpx
 import numpy as np
 import tinker
 import torch
+from peft import PeftModel
 from tinker import types
 
 from app.messages import AdamParams, AdapterSpec
 from app.storage.paths import parse_tinker_path
+from app.training.base_model import load_base_model
 from app.training.engine import TrainingEngine
 from app.training_data.batch import PackedBatch
+from tests.conftest import TINY_MODEL
 
 SENTENCES = [
     "What is 12 + 7? The answer is 19.",
@@ -149,3 +152,17 @@ def future_result(http: httpx.Client, request_id: str, timeout_s: float = 120) -
     ) == "try_again":
         assert time.monotonic() < deadline, body
     return body
+
+
+def peft_logprobs(adapter_dir: Path, data: list[types.Datum]) -> np.ndarray:
+    """The logprobs of `data`'s targets under the adapter at `adapter_dir` loaded by plain PEFT on the tiny base."""
+    model = PeftModel.from_pretrained(load_base_model(str(TINY_MODEL)), str(adapter_dir)).eval()
+    batch = packed(data)
+    out = []
+    with torch.no_grad():
+        for i in range(batch.num_datums):
+            ids = torch.from_numpy(batch.tokens[batch.datum_slice(i)])[None]
+            lp = torch.log_softmax(model(input_ids=ids).logits[0].float(), -1)
+            targets = torch.from_numpy(batch.loss_inputs["target_tokens"][batch.datum_slice(i)])
+            out.append(lp.gather(1, targets[:, None]).squeeze(1).numpy())
+    return np.concatenate(out)

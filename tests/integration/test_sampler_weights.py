@@ -6,26 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tinker
-import torch
-from peft import PeftModel
 
-from app.training.base_model import load_base_model
 from tests.conftest import TINY_MODEL
-from tests.integration.helpers import logprobs_of, new_client, packed, sft_datums, stored_directory, train_steps
+from tests.integration.helpers import logprobs_of, new_client, peft_logprobs, sft_datums, stored_directory, train_steps
 from tests.tolerances import assert_sums_close, network_terms
-
-
-def _peft_logprobs(adapter_dir, data) -> np.ndarray:
-    model = PeftModel.from_pretrained(load_base_model(str(TINY_MODEL)), str(adapter_dir)).eval()
-    batch = packed(data)
-    out = []
-    with torch.no_grad():
-        for i in range(batch.num_datums):
-            ids = torch.from_numpy(batch.tokens[batch.datum_slice(i)])[None]
-            lp = torch.log_softmax(model(input_ids=ids).logits[0].float(), -1)
-            targets = torch.from_numpy(batch.loss_inputs["target_tokens"][batch.datum_slice(i)])
-            out.append(lp.gather(1, targets[:, None]).squeeze(1).numpy())
-    return np.concatenate(out)
 
 
 def test_saved_sampler_weights_reproduce_trainer_logprobs(service_client, state_dir):
@@ -43,7 +27,7 @@ def test_saved_sampler_weights_reproduce_trainer_logprobs(service_client, state_
     train_steps(fresh, data, 2)
     expected = np.concatenate(logprobs_of(fresh.forward(data, "cross_entropy").result()))
     # PEFT's full logits against our blockwise ones: a forward pass's float32 sums in another order
-    assert_sums_close(_peft_logprobs(directory, data), expected, network_terms(TINY_MODEL), np.float32)
+    assert_sums_close(peft_logprobs(directory, data), expected, network_terms(TINY_MODEL), np.float32)
 
 
 def test_bad_and_duplicate_names_fail_as_user_errors(service_client):

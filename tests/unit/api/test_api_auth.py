@@ -111,6 +111,7 @@ def _api(tmp_path: Path, trainers: object = None, samplers: object = None) -> Fa
         traces=None,
         usage=None,
         copies=None,
+        uploads=None,
         custom_losses=None,
         samplers=samplers,
         model_limits={},

@@ -25,6 +25,7 @@ def test_ingress_sweeps_keep_their_periods() -> None:
         "expired ephemeral samplers": (60.0, None),
         "silent sessions": (30.0, 300.0),
         "expired checkpoints": (60.0, None),
+        "expired uploads": (60.0, None),
         "metadata past retention.metadata_retention_seconds": (3600.0, None),
         "expired stability records": (60.0, None),
         "trace entries beyond retention.max_trace_events_per_session": (60.0, None),
@@ -43,11 +44,13 @@ def test_ingress_sweeps_keep_their_periods() -> None:
             "future_retention_seconds": 120,
             "audit_retention_days": 1,
         },
+        uploads={"sweep_seconds": 7},
     )
     assert short == {  # below the caps: a quarter of the TTL, or the field itself
         "expired ephemeral samplers": (25.0, None),
         "silent sessions": (10.0, 40.0),
         "expired checkpoints": (5.0, None),
+        "expired uploads": (7.0, None),
         "metadata past retention.metadata_retention_seconds": (100.0, None),
         "expired stability records": (2.0, None),
         "trace entries beyond retention.max_trace_events_per_session": (60.0, None),

@@ -110,3 +110,19 @@ def test_a_checkpoint_saved_before_adamw_was_fused_restores_fused_and_steps_the_
     assert [(g["fused"], g["foreach"]) for g in restored.param_groups] == [(True, None)]
     # exact: both step with the fused AdamW from the same restored moments, the same arithmetic
     np.testing.assert_array_equal(step(engine, "foreach-restored", False), step(engine, "foreach-src", False))
+
+
+def test_a_checkpoint_without_optimizer_state_loads_with_its_optimizer_fresh(
+    engine: TrainingEngine, tmp_path: Path
+) -> None:
+    """An uploaded adapter (app.api.uploads) holds no optimizer.pt: load_state_with_optimizer starts Adam fresh."""
+    engine.create_model("up-src", POLICY)
+    step(engine, "up-src", critic=False)
+    engine.save_state("up-src", tmp_path / "u")
+    (tmp_path / "u" / "optimizer.pt").unlink()
+    engine.create_model("up-full", AdapterSpec(rank=4, seed=97))
+    engine.create_model("up-weights", AdapterSpec(rank=4, seed=96))
+    engine.load_state("up-full", tmp_path / "u", with_optimizer=True)
+    engine.load_state("up-weights", tmp_path / "u", with_optimizer=False)
+    # exact: the same bytes and a fresh optimizer each, so the same arithmetic
+    np.testing.assert_array_equal(step(engine, "up-full", critic=False), step(engine, "up-weights", critic=False))
