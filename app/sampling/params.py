@@ -17,8 +17,17 @@ _SEED_RANGE = 2**63  # the SDK allows any 64-bit seed; engines take a non-negati
 
 
 @dataclass(frozen=True)
+class SampleImage:
+    """An image in a prompt: its encoded bytes, which stand for prompt[start : start + length] (image-pad tokens)."""
+
+    start: int
+    length: int
+    data: bytes
+
+
+@dataclass(frozen=True)
 class SampleArgs:
-    prompt: tuple[int, ...]
+    prompt: tuple[int, ...]  # an image's positions hold its image-pad tokens
     num_samples: int
     max_tokens: int
     temperature: float
@@ -35,6 +44,7 @@ class SampleArgs:
     usage_session: str | None = None  # not the engine's: the session its tokens are counted for (app.db.usage)
     record_for_session: str | None = None  # not the engine's: the Sampler keeps a stability record of each
     # sampled sequence for this session (record_stability_info)
+    images: tuple[SampleImage, ...] = ()  # in prompt order
 
     @property
     def wants_prompt_logprobs(self) -> bool:
