@@ -22,7 +22,7 @@ from app.models import hub_cache
 if TYPE_CHECKING:  # heavy imports stay lazy so `import app.models` is cheap
     from transformers import PreTrainedTokenizerFast
 
-FORMAT_VERSION = 2  # 2: the final norm's gain (FINAL_NORM_GAIN)
+FORMAT_VERSION = 3  # 2: the final norm's gain (FINAL_NORM_GAIN); 3: vision presets' image tokens and processor
 # Random weights give near-uniform next-token distributions (entropy ~ln V) whose logits LoRA layers can
 # barely move, since the unembedding is never adapted. Scaling the final norm's gain makes them peaked like a
 # trained model's (entropy ~3.7 nats on tiny) so fine-tuning and RL visibly learn.
@@ -34,6 +34,12 @@ MARKER_FILE = "tinker_serve_model.json"
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 TOKENIZER_VOCAB_SIZE = 2048
 PAD_TOKEN, IM_START, EOS_TOKEN = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+# A vision-language preset's tokenizer also carries Qwen-VL's image tokens, appended after the trained vocabulary (so
+# its text token ids are the text presets'): the renderers wrap an image in start/end and the model sees `expected_tokens`
+# image pads where the vision tower's embeddings go
+VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"
+VISION_TOKENS = (VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD)
+PROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json")
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
@@ -82,9 +88,17 @@ def _tiny(**shape: Any) -> Preset:
 _GATED_DELTANET: dict[str, object] = {
     "layer_types": ["linear_attention", "full_attention"], "linear_num_key_heads": 2, "linear_num_value_heads": 4,
     "linear_key_head_dim": 32, "linear_value_head_dim": 32}
-# Qwen3.5's vision tower, as small as its config allows (frozen and unused by text training, but in the checkpoint)
+# Qwen3.5's vision tower, as small as its config allows (frozen: LoRA adapts the language model), with its patch size
 _TINY_VISION: dict[str, object] = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
-                                   "out_hidden_size": 128, "num_position_embeddings": 64}
+                                   "out_hidden_size": 128, "num_position_embeddings": 64, "patch_size": 16,
+                                   "spatial_merge_size": 2, "temporal_patch_size": 2}
+# Its image processor's resize bounds (Qwen-VL's smart resize to multiples of patch x merge = 32 pixels): 1 to 16 image
+# tokens an image, so tests stay small; the real models' are 65,536 to 16.8M pixels
+_TINY_IMAGE_PIXELS = {"shortest_edge": 32 * 32, "longest_edge": 128 * 128}
+# Multimodal rotary positions (time, height, width) over the tiny heads' 4 rotary frequencies (head_dim 32 x 0.25), as
+# the real models' [11, 11, 10] interleaved over 32
+_TINY_MROPE: dict[str, object] = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                                  "mrope_section": [2, 1, 1], "mrope_interleaved": True}
 # DeepSeek-V3 and GLM-4.5: a dense first layer, then 8 routed experts (2 a token) and a shared one, one expert group
 _ROUTED_MOE: dict[str, object] = {
     "first_k_dense_replace": 1, "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1,
@@ -113,10 +127,10 @@ PRESETS: dict[str, Preset] = {
                           moe={"num_local_experts": 8, "num_experts_per_tok": 2, "sliding_window": 128,
                                "layer_types": ["sliding_attention", "full_attention"]}),
     # the lineup's hybrids and latent-attention MoEs (app.models.families), two to four layers of each kind they mix
-    "tiny-qwen3_5": _tiny(intermediate_size=256, head_dim=32, architecture="qwen3_5", moe=_GATED_DELTANET,
-                          vision=_TINY_VISION),
+    "tiny-qwen3_5": _tiny(intermediate_size=256, head_dim=32, architecture="qwen3_5",
+                          moe=_GATED_DELTANET | {"rope_parameters": _TINY_MROPE}, vision=_TINY_VISION),
     "tiny-qwen3_5-moe": _tiny(intermediate_size=256, head_dim=32, architecture="qwen3_5_moe", vision=_TINY_VISION,
-                              moe=_GATED_DELTANET | {"num_experts": 8, "num_experts_per_tok": 2,
+                              moe=_GATED_DELTANET | {"rope_parameters": _TINY_MROPE} | {"num_experts": 8, "num_experts_per_tok": 2,
                                                      "moe_intermediate_size": 64,
                                                      "shared_expert_intermediate_size": 64}),
     "tiny-nemotron-h": _tiny(intermediate_size=256, head_dim=32, architecture="nemotron_h", moe={
@@ -247,6 +261,9 @@ def _write_model(preset: str, seed: int, out: Path) -> dict[str, object]:
 
     shape = PRESETS[preset]
     tokenizer = build_tokenizer(seed)
+    if shape.vision is not None:
+        tokenizer.add_special_tokens({"additional_special_tokens": [IM_START, *VISION_TOKENS]})
+        _write_processor(out, shape.vision)
     tokenizer.save_pretrained(out)
     eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
     text = {"vocab_size": len(tokenizer), "tie_word_embeddings": True, "bos_token_id": pad_id, "eos_token_id": eos_id,
@@ -255,8 +272,10 @@ def _write_model(preset: str, seed: int, out: Path) -> dict[str, object]:
         config = AutoConfig.for_model(shape.architecture, dtype=shape.dtype, **text)
         model_class: Any = AutoModelForCausalLM
     else:  # the real checkpoints' layout: a language model and a vision tower (AutoModelForCausalLM loads the former)
+        token_ids = dict(zip(("vision_start_token_id", "vision_end_token_id", "image_token_id", "video_token_id"),
+                             tokenizer.convert_tokens_to_ids(list(VISION_TOKENS)), strict=True))
         config = AutoConfig.for_model(shape.architecture, dtype=shape.dtype, text_config=text,
-                                      vision_config=shape.vision, tie_word_embeddings=True)
+                                      vision_config=shape.vision, tie_word_embeddings=True, **token_ids)
         model_class = AutoModelForImageTextToText
     torch.manual_seed(seed)
     model = model_class.from_config(config).to(getattr(torch, shape.dtype)).eval()
@@ -278,6 +297,19 @@ def _write_model(preset: str, seed: int, out: Path) -> dict[str, object]:
     }
     (out / MARKER_FILE).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
     return marker
+
+
+def _write_processor(out: Path, vision: dict[str, object]) -> None:
+    """Qwen-VL's processor files for the tiny vision tower, as the real checkpoints carry them: what AutoProcessor,
+    AutoImageProcessor (the cookbook's get_image_processor) and vLLM read from the model folder. Written as JSON:
+    the video processor's class needs torchvision, which the image side does not."""
+    common = {"patch_size": vision["patch_size"], "merge_size": vision["spatial_merge_size"],
+              "temporal_patch_size": vision["temporal_patch_size"], "image_mean": [0.5] * 3, "image_std": [0.5] * 3,
+              "size": _TINY_IMAGE_PIXELS, "processor_class": "Qwen3VLProcessor"}
+    files = {PROCESSOR_FILES[0]: common | {"image_processor_type": "Qwen2VLImageProcessor"},
+             PROCESSOR_FILES[1]: common | {"video_processor_type": "Qwen3VLVideoProcessor"}}
+    for name, contents in files.items():
+        (out / name).write_text(json.dumps(contents, indent=2, sort_keys=True) + "\n")
 
 
 def _final_norm(model: Any) -> Any:

@@ -14,9 +14,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
-# What naming a model resolves: its configuration and its tokenizer (weights stay where the server loads them).
+# What naming a model resolves: its configuration, its tokenizer and a vision-language model's image and video
+# processors (weights stay where the server loads them).
 REGISTERED_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                    "special_tokens_map.json", "chat_template.jinja")
+                    "special_tokens_map.json", "chat_template.jinja", "preprocessor_config.json",
+                    "video_preprocessor_config.json")
 
 
 def hub_cache_dir() -> Path:
