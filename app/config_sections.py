@@ -107,6 +107,19 @@ class LimitsConfig(Strict):
     max_sparse_input_width: int = Field(
         1024, ge=1, description="the K of an (N, K) loss input sent as sparse CSR (top-k inputs: K is small)"
     )
+    # images on a vision-language base, checked from each image's header before it is decoded (app.images.checks)
+    max_image_bytes: int = Field(8 * 2**20, ge=1024, description="one image chunk's encoded bytes (png or jpeg)")
+    max_image_pixels: int = Field(
+        40_000_000,
+        ge=1024,
+        description="one image's width x height as its header declares it (a small file may claim 100 megapixels)",
+    )
+    max_images_per_request: int = Field(
+        256, ge=1, description="image chunks of one forward(_backward) request, all datums together"
+    )
+    max_vision_tokens_per_datum: int = Field(
+        16384, ge=1, description="vision tokens (image pads) of one datum's images, as its base's processor counts them"
+    )
     # forward(_backward) counts, checked from the wire before anything is built from them (app.protocol.bounds)
     max_chunks_per_datum: int = Field(
         2**16, ge=1, description="model_input chunks of one forward(_backward) datum (one per token still fits 64k)"

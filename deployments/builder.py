@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from ray import serve
 from ray.serve import Application
 
 from app.config import BaseModelConfig, ServerConfig
+from app.images.tokens import VisionSpec
 from app.models import hub_cache
 from app.models.embedded import build_embedded_model
 from app.models.families import family_of, sampler_refusal
@@ -36,11 +38,11 @@ logger = logging.getLogger("tinker_serve.builder")
 REPLICA_CHECKS = {"health_check_period_s": 2.0, "graceful_shutdown_wait_loop_s": 0.5}
 
 
-def _model_limits(config: ServerConfig) -> dict[str, dict[str, int | str]]:
+def _model_limits(config: ServerConfig) -> dict[str, dict[str, Any]]:
     """Vocabulary size, context length and family of each base model, read from its config (building embedded ones).
     A base of a family this server cannot train, or its sampler cannot serve, is refused here: nothing is trained on
     a model whose adapters cannot be sampled."""
-    limits: dict[str, dict[str, int | str]] = {}
+    limits: dict[str, dict[str, Any]] = {}
     for i, base in enumerate(config.base_models):
         started = time.monotonic()
         local = Path(base.path).is_dir()
@@ -57,8 +59,15 @@ def _model_limits(config: ServerConfig) -> dict[str, dict[str, int | str]]:
             "max_context_length": _context_length(base, shape),
             "arch": family.name,
             "tokenizer_id": base.name if local else base.path,  # a Hub id is public
+            "vision": _vision(Path(base.path)) if local else None,
         }
     return limits
+
+
+def _vision(model_dir: Path) -> dict[str, int] | None:
+    """A local vision-language base's image processor (app.images.tokens.VisionSpec) as the ingress takes it."""
+    spec = VisionSpec.of_model(model_dir)
+    return None if spec is None else asdict(spec)
 
 
 def _build_embedded_models(config: ServerConfig) -> None:
@@ -133,7 +142,7 @@ def _context_length(base: BaseModelConfig, shape: ModelShape) -> int:
     return context
 
 
-def served_base_models(config: ServerConfig) -> tuple[ServerConfig, dict[str, dict[str, int | str]]]:
+def served_base_models(config: ServerConfig) -> tuple[ServerConfig, dict[str, dict[str, Any]]]:
     """The config with every base model's auto settings chosen (embedded models built first), and each base's
     limits as the app serves it (`_model_limits`); refuses a base that cannot be served."""
     _build_embedded_models(config)

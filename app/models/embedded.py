@@ -273,7 +273,7 @@ def _write_model(preset: str, seed: int, out: Path) -> dict[str, object]:
         model_class: Any = AutoModelForCausalLM
     else:  # the real checkpoints' layout: a language model and a vision tower (AutoModelForCausalLM loads the former)
         token_ids = dict(zip(("vision_start_token_id", "vision_end_token_id", "image_token_id", "video_token_id"),
-                             tokenizer.convert_tokens_to_ids(list(VISION_TOKENS)), strict=True))
+                             [tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS], strict=True))
         config = AutoConfig.for_model(shape.architecture, dtype=shape.dtype, text_config=text,
                                       vision_config=shape.vision, tie_word_embeddings=True, **token_ids)
         model_class = AutoModelForImageTextToText

@@ -76,6 +76,8 @@ class CountLimits:
     max_loss_fn_config_entries: int
     max_provenance_spans_per_request: int
     max_distinct_sequence_ids_per_request: int
+    max_images_per_request: int
+    max_vision_tokens_per_datum: int
 
     @classmethod
     def of(cls, limits: Any) -> CountLimits:

@@ -8,6 +8,7 @@ semantic checks (vocab range, loss names, token counts) belong to the caller.
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import math
@@ -20,6 +21,7 @@ from google.protobuf.message import DecodeError
 
 from app.config import LimitsConfig
 from app.errors import LimitExceeded, UserError
+from app.images.checks import pointer_refusal
 from app.protocol.bounds import (
     CellBudget,
     Counter,
@@ -27,12 +29,12 @@ from app.protocol.bounds import (
     check_config_entries,
     check_datum_count,
 )
-from app.protocol.chunks import TEXT, not_text
+from app.protocol.chunks import IMAGE, TEXT, ImageCounter, not_text
 from app.protocol.proto import pb
 from app.protocol.provenance import collect, provenance_from_json, provenance_from_proto
 from app.protocol.skeleton import scan_counts
 from app.protocol.wire import INT64_MAX
-from app.training_data.batch import ForwardBackwardInput, PackedBatch
+from app.training_data.batch import BatchImage, ForwardBackwardInput, PackedBatch
 
 __all__ = [
     "Bounds",
@@ -181,7 +183,7 @@ def decode_forward_backward(
     return outcome.decoded
 
 
-def _pack(datums: list[tuple[np.ndarray, dict[str, np.ndarray]]]) -> PackedBatch:
+def _pack(datums: list[tuple[np.ndarray, dict[str, np.ndarray]]], images: tuple[BatchImage, ...] = ()) -> PackedBatch:
     """Check cross-datum consistency and concatenate the per-datum arrays."""
     if not datums:
         raise _err("data", "is empty; at least one datum is required")
@@ -200,7 +202,7 @@ def _pack(datums: list[tuple[np.ndarray, dict[str, np.ndarray]]]) -> PackedBatch
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     tokens = np.concatenate([t for t, _ in datums]).astype(np.int64, copy=False)
     loss_inputs = {k: np.concatenate([inp[k] for _, inp in datums]) for k in sorted(names0)}
-    return PackedBatch(tokens, offsets, loss_inputs)
+    return PackedBatch(tokens, offsets, loss_inputs, images)
 
 
 def _finish_tensor(field: str, name: str, arr: np.ndarray, n_tokens: int) -> np.ndarray:
@@ -299,13 +301,22 @@ def _decode_proto(body: bytes, max_datums: int, budget: CellBudget, counts: Coun
         raise _err("body", f"is not a valid ForwardBackwardRequest protobuf: {exc}") from exc
     _proto_bounds(req, max_datums, budget)
     datums, provenance = [], []
+    images = ImageCounter(counts)
     for i, d in enumerate(req.data):
-        parts = []
+        parts: list[np.ndarray] = []
         for j, chunk in enumerate(d.model_input):
-            kind = chunk.WhichOneof("chunk")
-            if kind != TEXT:
-                raise not_text(f"data[{i}].model_input[{j}]", kind)
-            parts.append(_from_bytes(f"data[{i}].model_input[{j}].tokens", chunk.encoded_text.tokens, np.dtype("<i4")))
+            kind, field = chunk.WhichOneof("chunk"), f"data[{i}].model_input[{j}]"
+            if kind == IMAGE:
+                image = chunk.image
+                if image.HasField("override_dimensions"):
+                    raise _err(f"{field}.override_dimensions", "is not supported: send the image at its size")
+                expected = image.expected_tokens if image.HasField("expected_tokens") else None
+                at = sum(len(p) for p in parts)
+                parts.append(images.add(i, at, field, bytes(image.data), image.format, expected))
+            elif kind == TEXT:
+                parts.append(_from_bytes(f"{field}.tokens", chunk.encoded_text.tokens, np.dtype("<i4")))
+            else:
+                raise not_text(field, kind)
         tokens = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
         inputs = {
             name: _proto_tensor(f"data[{i}].loss_fn_inputs.{name}", name, t, len(tokens))
@@ -319,7 +330,7 @@ def _decode_proto(body: bytes, max_datums: int, budget: CellBudget, counts: Coun
         if arm is None:
             raise _err(f"loss_fn_config_v2.{k}", "has neither number nor text set")
         config[k] = float(v.number) if arm == "number" else str(v.text)
-    batch = _pack(datums)
+    batch = _pack(datums, images.images)
     return ForwardBackwardInput(
         req.model_id, int(req.seq_id), req.loss_fn, config, bool(req.forward_only), batch, collect(provenance, counts)
     )
@@ -404,15 +415,20 @@ def _json_tensor(field: str, name: str, obj: Any, n_tokens: int) -> np.ndarray:
     return _finish_tensor(field, name, _reshape(field, values, shape), n_tokens)
 
 
-def _json_datum(i: int, d: Any) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+def _json_datum(i: int, d: Any, images: ImageCounter) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     if not isinstance(d, dict) or not isinstance(d.get("model_input"), dict):
         raise _err(f"data[{i}]", "must be an object with model_input and loss_fn_inputs")
-    parts = []
+    parts: list[np.ndarray] = []
     chunks = d["model_input"].get("chunks") or []
     if not isinstance(chunks, list):
         raise _err(f"data[{i}].model_input.chunks", "must be a list")
     for j, chunk in enumerate(chunks):
         kind = chunk.get("type", "encoded_text") if isinstance(chunk, dict) else "malformed"
+        if kind == IMAGE:
+            parts.append(_json_image(i, f"data[{i}].model_input.chunks[{j}]", chunk, sum(map(len, parts)), images))
+            continue
+        if kind == "image_asset_pointer":
+            raise pointer_refusal(f"data[{i}].model_input.chunks[{j}]", str(chunk.get("location")))
         if kind != TEXT:
             raise not_text(f"data[{i}].model_input.chunks[{j}]", kind)
         field = f"data[{i}].model_input.chunks[{j}].tokens"
@@ -428,6 +444,20 @@ def _json_datum(i: int, d: Any) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     if not isinstance(raw_inputs, dict):
         raise _err(f"data[{i}].loss_fn_inputs", "must be an object")
     return tokens, {k: _json_tensor(f"data[{i}].loss_fn_inputs.{k}", k, v, len(tokens)) for k, v in raw_inputs.items()}
+
+
+def _json_image(i: int, field: str, chunk: dict[str, Any], at: int, images: ImageCounter) -> np.ndarray:
+    """An image chunk of the JSON form: `data` base64, `format`, `expected_tokens`."""
+    data, fmt, expected = chunk.get("data"), chunk.get("format"), chunk.get("expected_tokens")
+    if not isinstance(data, str):
+        raise _err(f"{field}.data", "must be a base64 string")
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except ValueError as exc:
+        raise _err(f"{field}.data", "is not valid base64") from exc
+    if expected is not None and (not isinstance(expected, int) or isinstance(expected, bool)):
+        raise _err(f"{field}.expected_tokens", "must be an integer")
+    return images.add(i, at, field, raw, fmt if isinstance(fmt, str) else repr(fmt), expected)
 
 
 def _parse_json(body: bytes) -> dict[str, Any]:
@@ -467,6 +497,7 @@ def _decode_json(obj: dict[str, Any], max_datums: int, budget: CellBudget, count
         except OverflowError as exc:  # an integer beyond the float range
             raise _err(f"loss_fn_config.{k}", "is out of the float range") from exc
     forward_only = bool(obj.get("forward_only", inner.get("forward_only", False)))
-    batch = _pack([_json_datum(i, d) for i, d in enumerate(data)])
+    images = ImageCounter(counts)
+    batch = _pack([_json_datum(i, d, images) for i, d in enumerate(data)], images.images)
     provenance = collect([provenance_from_json(i, d) for i, d in enumerate(data)], counts)  # datums: dicts (checked)
     return ForwardBackwardInput(model_id, seq_id, loss_fn, config, forward_only, batch, provenance)

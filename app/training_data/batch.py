@@ -1,14 +1,31 @@
 """Datums of one forward/forward_backward request packed as flat numpy arrays.
 
 A batch travels from the ingress to the workers (a large one through the object store); flat arrays keep that cheap.
-Datum i owns rows ``offsets[i]:offsets[i+1]`` of ``tokens`` and of every array in ``loss_inputs``.
+Datum i owns rows ``offsets[i]:offsets[i+1]`` of ``tokens`` and of every array in ``loss_inputs``. An image chunk
+holds IMAGE_PLACEHOLDER at each of its positions in ``tokens``, and its bytes in ``images`` (decoded on the ranks).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
+
+
+IMAGE_PLACEHOLDER = -1  # an image's positions in PackedBatch.tokens, until a rank puts the base's image token there
+
+
+@dataclass(frozen=True)
+class BatchImage:
+    """An image chunk of datum `datum`: its encoded bytes at positions [position, position + tokens) of the datum;
+    `field` names the chunk in the request (``data[0].model_input[1]``)."""
+
+    field: str
+    datum: int
+    position: int
+    tokens: int
+    format: str
+    data: bytes
 
 
 @dataclass(frozen=True)
@@ -16,6 +33,7 @@ class PackedBatch:
     tokens: np.ndarray  # int64 [total_tokens]: every datum's model input, concatenated
     offsets: np.ndarray  # int64 [num_datums + 1], offsets[0] == 0
     loss_inputs: dict[str, np.ndarray] = field(default_factory=dict)  # name -> [total_tokens, *trailing]
+    images: tuple[BatchImage, ...] = ()  # in datum order, then position order
 
     @property
     def num_datums(self) -> int:
@@ -29,7 +47,8 @@ class PackedBatch:
     @property
     def nbytes(self) -> int:
         """The arrays' size in bytes."""
-        return self.tokens.nbytes + self.offsets.nbytes + sum(a.nbytes for a in self.loss_inputs.values())
+        arrays = self.tokens.nbytes + self.offsets.nbytes + sum(a.nbytes for a in self.loss_inputs.values())
+        return arrays + sum(len(image.data) for image in self.images)
 
     @property
     def lengths(self) -> np.ndarray:
@@ -49,7 +68,14 @@ class PackedBatch:
                 return a[:0]
             return np.concatenate([a[s] for s in slices])
 
-        return PackedBatch(gather(self.tokens), offsets, {k: gather(v) for k, v in self.loss_inputs.items()})
+        order = {int(old): new for new, old in enumerate(datum_indices)}
+        images = sorted(
+            (replace(image, datum=order[image.datum]) for image in self.images if image.datum in order),
+            key=lambda image: (image.datum, image.position),
+        )
+        return PackedBatch(
+            gather(self.tokens), offsets, {k: gather(v) for k, v in self.loss_inputs.items()}, tuple(images)
+        )
 
 
 @dataclass(frozen=True)

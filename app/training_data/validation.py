@@ -11,6 +11,8 @@ import numpy as np
 
 from app.config import LimitsConfig
 from app.errors import LimitExceeded, UserError
+from app.images.checks import ImageBudget, ImageLimits, text_only
+from app.images.tokens import VisionSpec
 from app.training_data.batch import ForwardBackwardInput, PackedBatch
 from app.training_data.custom_losses import CustomLossProgram
 from app.training_data.losses import LossSpec, get_loss, loss_for_role, resolve_config
@@ -28,6 +30,11 @@ class ModelLimits:
     max_context_length: int
     arch: str = "qwen2"  # the base's model family (app.models.families), what get_info reports
     tokenizer_id: str = ""  # what get_info reports: the served name of a local base, the Hub id of another
+    vision: dict[str, int] | None = None  # a vision-language base's VisionSpec fields; None: text-only
+
+    @property
+    def vision_spec(self) -> VisionSpec | None:
+        return None if self.vision is None else VisionSpec(**self.vision)
 
 
 def validate_forward_backward(
@@ -75,8 +82,21 @@ def validate_forward_backward(
             )
         if arr.dtype.kind == "f" and not np.isfinite(arr).all():
             raise UserError(f"loss_fn_inputs.{name} holds NaN or infinite values", field=f"loss_fn_inputs.{name}")
+    _check_images(batch, limits, model)
     _check_vocab(batch, model.vocab_size)
     return ValidLoss(loss_fn, config)
+
+
+def _check_images(batch: PackedBatch, limits: LimitsConfig, model: ModelLimits) -> None:
+    """Each image chunk against the base's processor and the image limits, from its header (nothing is decoded)."""
+    if not batch.images:
+        return
+    spec = model.vision_spec
+    if spec is None:
+        raise text_only(batch.images[0].field, "image")
+    budget = ImageBudget(spec, ImageLimits.of(limits))
+    for image in batch.images:
+        budget.check(image.datum, image.field, image.data, image.format, image.tokens)
 
 
 def _check_input_names(inp: ForwardBackwardInput, loss_fn: str, spec: LossSpec) -> None:
@@ -108,7 +128,13 @@ def _check_custom_inputs(batch: PackedBatch, custom: CustomLossProgram) -> None:
 
 
 def _check_vocab(batch: PackedBatch, vocab_size: int) -> None:
-    arrays = [("model_input", batch.tokens)]
+    tokens = batch.tokens
+    if batch.images:  # an image's placeholders are no token ids
+        tokens = tokens.copy()
+        for image in batch.images:
+            start = int(batch.offsets[image.datum]) + image.position
+            tokens[start : start + image.tokens] = 0
+    arrays = [("model_input", tokens)]
     if "target_tokens" in batch.loss_inputs:
         arrays.append(("loss_fn_inputs.target_tokens", batch.loss_inputs["target_tokens"]))
     for label, arr in arrays:

@@ -49,8 +49,9 @@ def test_a_registered_vision_preset_renders_images_offline(presets_dir: Path, tm
     found = json.loads(out.stdout.splitlines()[-1])
 
     start, end, image, video = found["ids"]
-    assert [start, end, image, video] == [config[f"{k}_token_id"] for k in ("vision_start", "vision_end", "image",
-                                                                            "video")]
+    assert [start, end, image, video] == [
+        config[f"{k}_token_id"] for k in ("vision_start", "vision_end", "image", "video")
+    ]
     assert len(set(found["ids"])) == 4 and max(found["ids"]) < config["text_config"]["vocab_size"]
     kinds = [c["type"] for c in found["chunks"]]
     at = kinds.index("image")

@@ -14,6 +14,7 @@ from tinker.proto import tinker_public_pb2 as pb
 from app.errors import LimitExceeded, UserError
 from app.protocol.codec import decode_forward_backward
 from app.protocol.results import encode_forward_backward_output, forward_backward_output_to_json
+from app.training_data.batch import IMAGE_PLACEHOLDER
 from app.training_data.batch import ForwardBackwardResult
 from tests.unit.protocol.sdk_wire import legacy_json_input
 
@@ -218,13 +219,34 @@ def test_error_length_mismatch():
     assert e.message == "data[2].loss_fn_inputs.weights has length 7 but model_input has 8 tokens"
 
 
-def test_error_non_text_chunk():
+def test_an_image_chunk_is_kept_whole_with_placeholders_at_its_positions():
     img = types.ImageChunk(data=b"\x89PNG", format="png", expected_tokens=2)
     d = types.Datum(
         model_input=types.ModelInput(chunks=[types.EncodedTextChunk(tokens=[1]), img]),
         loss_fn_inputs={"target_tokens": [1, 2, 3]},
     )
-    expect_error(sdk_bytes([d]), "data[0].model_input[1]", "text-only")
+    for body, ct in ((sdk_bytes([d]), PROTO), (sdk_json([d]), "application/json")):
+        batch = decode(body, ct=ct).batch
+        assert batch.tokens.tolist() == [1, IMAGE_PLACEHOLDER, IMAGE_PLACEHOLDER]
+        (image,) = batch.images
+        assert (image.datum, image.position, image.tokens, image.format, image.data) == (0, 1, 2, "png", b"\x89PNG")
+        assert image.field in ("data[0].model_input[1]", "data[0].model_input.chunks[1]")
+
+
+def test_error_audio_and_image_chunks_without_their_token_count():
+    d = types.Datum(
+        model_input=types.ModelInput(chunks=[types.EncodedTextChunk(tokens=[1])]), loss_fn_inputs={"target_tokens": [1]}
+    )
+    expect_error(
+        proto_with(lambda m: m.data[0].model_input.add().dmel.SetInParent(), [d]),
+        "data[0].model_input[1]",
+        "audio is not served",
+    )
+    expect_error(
+        proto_with(lambda m: setattr(m.data[0].model_input.add().image, "data", b"x"), [d]),
+        "data[0].model_input[1].expected_tokens",
+        "is required",
+    )
 
 
 def test_error_empty_data():
@@ -300,9 +322,11 @@ def test_error_bad_csr():
 def test_json_errors_name_fields():
     body = json.loads(sdk_json(two_datums()))
     body["forward_backward_input"]["data"][1]["model_input"]["chunks"].append(
-        {"type": "image", "data": "AAAA", "format": "png"}
+        {"type": "image_asset_pointer", "location": "https://example.com/a.png", "format": "png"}
     )
-    expect_error(json.dumps(body).encode(), "data[1].model_input.chunks[1]", "text-only", ct="application/json")
+    expect_error(
+        json.dumps(body).encode(), "data[1].model_input.chunks[1].location", "fetches nothing", ct="application/json"
+    )
     body = json.loads(sdk_json(two_datums()))
     body["forward_backward_input"]["data"][1]["loss_fn_inputs"]["weights"]["data"] = [1.0]
     body["forward_backward_input"]["data"][1]["loss_fn_inputs"]["weights"]["shape"] = [1]
