@@ -12,13 +12,14 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.deps import Services, ServicesDep, UserDep
+from app.api.openai_images import check_images, image_parts
 from app.api.quotas import admit_sample, check_sample_tokens
 from app.api.sampling import adapter_of
 from app.errors import LimitExceeded, NotFound, Relayed, UserError
 from app.protocol.field_limits import Limit
 from app.protocol.wire import INT64_MAX, Int64, Stop, TinkerPath
 from app.sampling.openai import Route
-from app.sampling.params import check_sampling_ranges
+from app.sampling.params import check_sampling_ranges, prompt_vision
 
 router = APIRouter(prefix="/v1")
 
@@ -92,9 +93,9 @@ async def _model(services: Services, model: str, user: str) -> tuple[str, str | 
 def _check_limits(
     services: Services, user: str, base_model: str, body: _Request, token_field: str, logprobs_field: str
 ) -> int:
-    """Check the sampling ranges, the sequences (prompts x n), the token budget and logprobs against the limits, and
-    charge the prompt's tokens with the budget's to the user's token rate; the budget. A request for more tokens than
-    a whole minute's rate is refused outright."""
+    """Check the images, the sampling ranges, the sequences (prompts x n), the token budget and logprobs against the
+    limits, and charge the prompt's tokens with the budget's to the user's token rate; the budget. A request for more
+    tokens than a whole minute's rate is refused outright."""
     limits, quotas = services.config.limits, services.config.quotas
     check_sampling_ranges(
         limits,
@@ -120,7 +121,7 @@ def _check_limits(
             f"{logprobs_field}={logprobs} exceeds limits.max_topk_logprobs={limits.max_topk_logprobs}",
             field=logprobs_field,
         )
-    prompt_tokens = _prompt_tokens(body)
+    prompt_tokens = _prompt_tokens(body, services, base_model)
     tokens = prompt_tokens + prompts * body.n * max_tokens
     per_minute = quotas.for_user(user).sample_tokens_per_minute_per_user
     if tokens > per_minute:  # the token bucket would let it through when full
@@ -137,10 +138,16 @@ def _is_batch(prompt: object) -> bool:
     return isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], int)
 
 
-def _prompt_tokens(body: _Request) -> int:
+def _prompt_tokens(body: _Request, services: Services, base_model: str) -> int:
     """The prompt tokens the sampler prefills, as charged to the user's token rate: token ids as sent; text (the
-    ingress holds no tokenizer) at one token per UTF-8 byte, which no tokenizer's count exceeds."""
-    return _size(body.prompt if isinstance(body, CompletionRequest) else cast(ChatRequest, body).messages)
+    ingress holds no tokenizer) at one token per UTF-8 byte, which no tokenizer's count exceeds; images (checked
+    here: app.api.openai_images) at their vision tokens."""
+    if isinstance(body, CompletionRequest):
+        return _size(body.prompt)
+    messages = cast(ChatRequest, body).messages
+    vision = prompt_vision(services.config.limits, services.model_limits[base_model])
+    images = check_images(messages, base_model, vision)
+    return _size(messages) - sum(_size(part) for _, part in image_parts(messages)) + images
 
 
 def _size(prompt: object) -> int:

@@ -63,8 +63,10 @@ def _video_processor_without_torchvision() -> None:
 
     load_backend_class = video_processing_auto._load_backend_class
 
-    def _load(name: str, backend: str) -> Any:
-        return Qwen3VLVideoProcessor if name == Qwen3VLVideoProcessor.__name__ else load_backend_class(name, backend)
+    def _load(video_processor_class_name: str, backend: str) -> Any:
+        if video_processor_class_name == Qwen3VLVideoProcessor.__name__:
+            return Qwen3VLVideoProcessor
+        return load_backend_class(video_processor_class_name, backend)
 
     video_processing_auto._load_backend_class = _load
-    processing_utils.transformers_module.VideoProcessorMixin = VideoProcessorMixin
+    setattr(processing_utils.transformers_module, VideoProcessorMixin.__name__, VideoProcessorMixin)

@@ -11,19 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import io
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.errors import ServerError
+from app.models.vision_base import image_token_id
 
 if TYPE_CHECKING:
     from PIL.Image import Image
 
     from app.sampling.params import SampleArgs
-
-PROCESSOR_FILE = "preprocessor_config.json"  # what AutoImageProcessor reads: a base without it is served as text
 
 
 @dataclass(frozen=True)
@@ -53,14 +51,10 @@ class Vision:
 
 
 def vision_of(model_path: str, max_images: int) -> Vision | None:
-    """The base at `model_path` as a vision-language model (its config names an image-pad token and its image
-    processor's files are beside it), or None: a text-only base, or a VLM checkpoint served as text."""
-    path = Path(model_path)
-    config = json.loads((path / "config.json").read_text())
-    token = config.get("image_token_id")
-    if not isinstance(token, int) or not (path / PROCESSOR_FILE).is_file():
-        return None
-    return Vision(image_token_id=token, max_images=max_images)
+    """The base at `model_path` as the Sampler serves it: with `max_images` images a prompt on a vision-language
+    base (app.models.vision_base), None on a text-only one."""
+    token = image_token_id(Path(model_path))
+    return None if token is None else Vision(image_token_id=token, max_images=max_images)
 
 
 def decode(data: bytes) -> Image:
