@@ -22,6 +22,7 @@ from app.training.base_model import TORCH_DTYPES, load_base_model, recompute_act
 from app.training.datum_layout import sequence_parallel_size
 from app.training.engine import TrainingEngine
 from app.training.sharded_load import load_sharded_base
+from app.training.vision import VisionTower
 
 logger = logging.getLogger("tinker_serve.worker")
 
@@ -68,6 +69,7 @@ def command_loop(config: dict) -> None:
         autocast=shape.autocast and dtype == "bfloat16",
         sequence_parallel=sequence_parallel,
         sequence_parallel_min_tokens=shape.sequence_parallel_min_tokens,
+        vision=VisionTower.load(config["base_path"], TORCH_DTYPES[dtype], device),
     )
     storage = ObjectStorage(config["storage_uri"])
     snapshots = SnapshotWriter(storage)

@@ -31,6 +31,7 @@ from app.training.mixed_pass import MixedPass
 from app.training.optim import apply_step, make_optimizer
 from app.training.rows import padded, unpadded
 from app.training.sequence_parallel import SequenceGroup, gather_tokens
+from app.training.vision import VisionTower
 from app.training_data.batch import PackedBatch
 from app.training_data.custom_losses import CustomLossProgram
 
@@ -51,12 +52,15 @@ class TrainingEngine:
         autocast: bool = False,
         sequence_parallel: int = 1,
         sequence_parallel_min_tokens: int = 4096,
+        vision: VisionTower | None = None,
     ) -> None:
         """`base`: loaded by app.training.base_model (on `device`, or sharded with `shard_base`: then `sharded`, and
         every rank runs as many passes as the busiest one). `autocast`: forward passes run under bf16 autocast,
         the adapters' matmuls included (their weights, gradients and optimizer state stay float32). A datum of more
         than `sequence_parallel_min_tokens` runs on a group of `sequence_parallel` ranks (its heads must divide by
-        it: app.training.datum_layout.sequence_parallel_size); every rank must construct the engine alike."""
+        it: app.training.datum_layout.sequence_parallel_size); every rank must construct the engine alike. `vision`:
+        a vision-language base's frozen vision tower (app.training.vision), which embeds a batch's images."""
+        self.vision = vision
         self.rank = rank
         self.world_size = world_size
         self.layout = DatumLayout(world_size, sequence_parallel, sequence_parallel_min_tokens)
@@ -135,6 +139,7 @@ class TrainingEngine:
         sharded base stay in step; the error is raised after the last pass. When any rank fails the operation, every
         rank drops the gradients it added (the model stays as if it was never sent)."""
         model = self._activate(model_id)
+        self._check_images(batch)
         loss = LossStep(loss_fn, config, custom, self.device, batch)
         whole = self.layout.whole_datums(batch.lengths, self.rank)
         split = self.layout.split_datums(batch.lengths, self.rank)
@@ -180,7 +185,7 @@ class TrainingEngine:
         ids = [model_id for model_id, _ in requests]
         if len(ids) < 2 or len(set(ids)) != len(ids) or not self.pool.can_mix():
             return False
-        if any(self.layout.split(args.batch.lengths).any() for _, args in requests):
+        if any(self.layout.split(args.batch.lengths).any() or args.batch.images for _, args in requests):
             return False
         return fits_one_pass([args.batch.lengths for _, args in requests], self.world_size, self.micro_batch_tokens)
 
@@ -215,6 +220,21 @@ class TrainingEngine:
             )
         except TinkerServeError as exc:
             return exc
+
+    def _check_images(self, batch: PackedBatch) -> None:
+        """Images need this base's vision tower, and run in whole-datum passes (not split across ranks)."""
+        if not batch.images:
+            return
+        first = batch.images[0].field
+        if self.vision is None:
+            raise UserError(f"{first} is an image; this base model is text-only", field=first)
+        split = self.layout.split(batch.lengths)
+        if any(split[image.datum] for image in batch.images):
+            raise UserError(
+                f"{first}: a datum with images is not split across ranks; keep it within "
+                "trainer.sequence_parallel_min_tokens tokens",
+                field=first,
+            )
 
     def _run_passes(
         self,
@@ -280,10 +300,11 @@ class TrainingEngine:
             input_ids, mask = padded([part], self.device)
             # Every host-to-device copy before the forward: a blocking copy waits for the work queued ahead of it.
             finish = loss.prepare(part)
+            images = self._image_inputs(part, input_ids)
             if model.value_head is None:
-                name, prediction = "logprobs", self._target_logprobs(part, input_ids, mask)
+                name, prediction = "logprobs", self._target_logprobs(part, input_ids, mask, **images)
             else:
-                name, prediction = "values", self._values(model.value_head, part, input_ids, mask)
+                name, prediction = "values", self._values(model.value_head, part, input_ids, mask, **images)
             return self._finish_pass(name, prediction, finish, forward_only, in_step=self.sharded)
 
     def _split_pass(
@@ -346,24 +367,37 @@ class TrainingEngine:
             if not forward_only:
                 (out.float().sum() * 0).backward()
 
-    def forward(self, input_ids: torch.Tensor, mask: torch.Tensor | None, **kwargs: Any) -> Any:
-        """The adapted model's forward (no KV cache: nothing is generated)."""
+    def forward(self, input_ids: torch.Tensor | None, mask: torch.Tensor | None, **kwargs: Any) -> Any:
+        """The adapted model's forward (no KV cache: nothing is generated); with `inputs_embeds` (a micro-batch with
+        images: `_image_inputs`) the token ids are not read."""
+        if "inputs_embeds" in kwargs:
+            input_ids = None
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self._autocast):
             return self.pool.model(input_ids=input_ids, attention_mask=mask, use_cache=False, **kwargs)
 
-    def _logits(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return self.forward(input_ids, mask).logits
+    def _image_inputs(self, part: PackedBatch, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """A micro-batch's images as the forward takes them: input embeddings with the vision tower's in place, and
+        multimodal positions (app.training.vision); none without images."""
+        if not part.images or self.vision is None:
+            return {}
+        embeds, positions = self.vision.inputs(part, input_ids, self.pool.model.get_input_embeddings())
+        return {"inputs_embeds": embeds, "position_ids": positions}
 
-    def _target_logprobs(self, shard: PackedBatch, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _logits(self, input_ids: torch.Tensor, mask: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        return self.forward(input_ids, mask, **kwargs).logits
+
+    def _target_logprobs(
+        self, shard: PackedBatch, input_ids: torch.Tensor, mask: torch.Tensor, **kwargs: Any
+    ) -> torch.Tensor:
         """Log-probabilities of target_tokens, flat over the shard: [T] or [T, K]."""
         targets = torch.from_numpy(shard.loss_inputs["target_tokens"]).to(self.device).long()
-        return target_logprobs(unpadded(self._logits(input_ids, mask), shard.lengths), targets)
+        return target_logprobs(unpadded(self._logits(input_ids, mask, **kwargs), shard.lengths), targets)
 
-    def _hidden(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _hidden(self, input_ids: torch.Tensor, mask: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         """The backbone's final hidden states [N, L, hidden]. The call goes through the whole model, as a policy's
         does (a sharded base gathers its outer weights there), with the LM head applied to the last position only."""
         with self.capturing_hidden() as captured:
-            self.forward(input_ids, mask, logits_to_keep=1)
+            self.forward(input_ids, mask, logits_to_keep=1, **kwargs)
         return captured[0]
 
     @contextlib.contextmanager
@@ -378,10 +412,10 @@ class TrainingEngine:
             hook.remove()
 
     def _values(
-        self, head: torch.nn.Linear, shard: PackedBatch, input_ids: torch.Tensor, mask: torch.Tensor
+        self, head: torch.nn.Linear, shard: PackedBatch, input_ids: torch.Tensor, mask: torch.Tensor, **kwargs: Any
     ) -> torch.Tensor:
         """The critic's value of each position (after reading that token), flat over the shard: [T]."""
-        return head(unpadded(self._hidden(input_ids, mask), shard.lengths).float()).squeeze(-1)
+        return head(unpadded(self._hidden(input_ids, mask, **kwargs), shard.lengths).float()).squeeze(-1)
 
     def optim_step(self, model_id: str, hp: OptimParams) -> dict[str, float]:
         model = self._activate(model_id)

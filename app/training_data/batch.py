@@ -11,7 +11,6 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-
 IMAGE_PLACEHOLDER = -1  # an image's positions in PackedBatch.tokens, until a rank puts the base's image token there
 
 

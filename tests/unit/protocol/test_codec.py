@@ -14,8 +14,7 @@ from tinker.proto import tinker_public_pb2 as pb
 from app.errors import LimitExceeded, UserError
 from app.protocol.codec import decode_forward_backward
 from app.protocol.results import encode_forward_backward_output, forward_backward_output_to_json
-from app.training_data.batch import IMAGE_PLACEHOLDER
-from app.training_data.batch import ForwardBackwardResult
+from app.training_data.batch import IMAGE_PLACEHOLDER, ForwardBackwardResult
 from tests.unit.protocol.sdk_wire import legacy_json_input
 
 PROTO = "application/x-protobuf"
