@@ -31,8 +31,11 @@ def image_parts(messages: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str,
 
 def check_images(messages: list[dict[str, Any]], base_model: str, vision: PromptVision | None) -> int:
     """The vision tokens of the messages' images, each checked; a user error naming the part for anything else."""
+    parts = list(image_parts(messages))
+    if vision is not None:
+        vision.check_count(len(parts), "messages")
     tokens = 0
-    for field, part in image_parts(messages):
+    for field, part in parts:
         kind = part.get("type") if isinstance(part, dict) else None
         require(
             kind == "image_url",

@@ -64,6 +64,14 @@ class PromptVision:
 
     budget: ImageBudget
     image_token_id: int
+    max_images: int  # limits.max_images_per_prompt
+
+    def check_count(self, images: int, field: str) -> None:
+        """Refuse more than limits.max_images_per_prompt images (counted before any is read)."""
+        if images > self.max_images:
+            raise LimitExceeded(
+                f"{field} holds {images} images, over limits.max_images_per_prompt={self.max_images}", field=field
+            )
 
 
 def prompt_vision(limits: LimitsConfig, model: ModelLimits) -> PromptVision | None:
@@ -71,7 +79,7 @@ def prompt_vision(limits: LimitsConfig, model: ModelLimits) -> PromptVision | No
     spec = model.vision_spec
     if spec is None or model.image_token_id is None:
         return None
-    return PromptVision(ImageBudget(spec, ImageLimits.of(limits)), model.image_token_id)
+    return PromptVision(ImageBudget(spec, ImageLimits.of(limits)), model.image_token_id, limits.max_images_per_prompt)
 
 
 def prompt_tokens(
@@ -88,6 +96,8 @@ def prompt_tokens(
         raise LimitExceeded(
             f"prompt.chunks has {len(chunks)} chunks; the model's context length is {context}", field="prompt.chunks"
         )
+    if vision is not None:
+        vision.check_count(sum(isinstance(c, dict) and c.get("type") in IMAGE_KINDS for c in chunks), "prompt.chunks")
     tokens: list[int] = []
     images: list[SampleImage] = []
     for i, chunk in enumerate(chunks):

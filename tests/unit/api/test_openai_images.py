@@ -71,13 +71,14 @@ def test_other_media_parts_are_refused(vlm: InProcessApi) -> None:
 
 
 def test_image_bounds_from_the_header(make_api) -> None:  # type: ignore[no-untyped-def]
-    api = make_api(max_image_pixels=10_000, max_images_per_request=2)
+    api = make_api(max_image_pixels=10_000, max_images_per_prompt=2)
     limits = api.services.model_limits
     limits[BASE_MODEL] = replace(limits[BASE_MODEL], vision=asdict(SPEC), image_token_id=7)
     huge = "data:image/png;base64," + base64.b64encode(claimed_png(10_000, 10_000)).decode()
     assert "limits.max_image_pixels" in refused_image(api.post("/v1/chat/completions", chat(image(huge))), 1)
     three = chat(image(png_url()), image(png_url()), image(png_url()))
-    assert "limits.max_images_per_request" in refused_image(api.post("/v1/chat/completions", three), 3)
+    body = refused(api.post("/v1/chat/completions", three), "messages")
+    assert "limits.max_images_per_prompt" in body["error"]["message"]
     gif = chat(image("data:image/gif;base64,R0lGODlhAQABAAAAACw="))
     assert "data: URL" in refused_image(api.post("/v1/chat/completions", gif), 1)
     jpeg_claimed = chat(image(png_url().replace("image/png", "image/jpeg")))

@@ -23,7 +23,7 @@ PAD = 90
 SPEC = VisionSpec(patch_size=16, merge_size=2, temporal_patch_size=2, min_pixels=32 * 32, max_pixels=128 * 128)
 VLM = ModelLimits(vocab_size=100, max_context_length=64, vision=asdict(SPEC), image_token_id=PAD)
 TEXT_ONLY = ModelLimits(vocab_size=100, max_context_length=64)
-LIMITS = LimitsConfig(max_image_bytes=4096, max_image_pixels=10_000, max_images_per_request=2)
+LIMITS = LimitsConfig(max_image_bytes=4096, max_image_pixels=10_000, max_images_per_prompt=2)
 
 
 def png(width: int = 64, height: int = 64) -> bytes:
@@ -45,8 +45,12 @@ def image_chunk(data: bytes, **fields: object) -> dict:
 
 def request(*chunks: dict) -> SampleRequest:
     return SampleRequest.model_validate(
-        {"sampling_session_id": "s:sample:0", "seq_id": 0, "prompt": {"chunks": list(chunks)},
-         "sampling_params": {"max_tokens": 4}}
+        {
+            "sampling_session_id": "s:sample:0",
+            "seq_id": 0,
+            "prompt": {"chunks": list(chunks)},
+            "sampling_params": {"max_tokens": 4},
+        }
     )
 
 
@@ -91,7 +95,11 @@ def test_bounds_before_decoding() -> None:
     long = refusal([text(1), {"type": "image", "format": "png", "data": "A" * 8000}])  # refused by its length
     assert isinstance(long, LimitExceeded) and long.field == "prompt.chunks[1].data"
     many = refusal([image_chunk(png()), image_chunk(png()), image_chunk(png())])
-    assert isinstance(many, LimitExceeded) and "limits.max_images_per_request" in many.message
+    assert (
+        isinstance(many, LimitExceeded)
+        and "limits.max_images_per_prompt" in many.message
+        and many.field == "prompt.chunks"
+    )
     assert refusal([text(1), {"type": "image", "format": "png", "data": "not base64!"}]).field == (
         "prompt.chunks[1].data"
     )

@@ -43,4 +43,3 @@ def test_an_expansion_of_another_length_is_refused() -> None:
     check_expanded(sample, 4)
     with pytest.raises(ServerError, match="counted 4"):
         check_expanded(sample, 5)
-
