@@ -28,7 +28,7 @@ from app.messages import (
 )
 from app.operations import OPERATIONS
 from app.storage.paths import CheckpointPath
-from app.training_data.batch import PackedBatch
+from app.training_data.batch import BatchImage, PackedBatch
 from app.training_data.custom_loss_nodes import LossNode
 from app.training_data.custom_losses import CustomLossProgram
 
@@ -40,6 +40,7 @@ RECORD_TYPES: dict[str, type] = {  # every operation's message (app.operations),
     for cls in (
         AdamParams,
         AdapterSpec,
+        BatchImage,
         CheckpointPath,
         CheckpointRecord,
         CustomLossProgram,

@@ -67,11 +67,12 @@ class PackedBatch:
                 return a[:0]
             return np.concatenate([a[s] for s in slices])
 
-        order = {int(old): new for new, old in enumerate(datum_indices)}
-        images = sorted(
-            (replace(image, datum=order[image.datum]) for image in self.images if image.datum in order),
-            key=lambda image: (image.datum, image.position),
-        )
+        by_datum: dict[int, list[BatchImage]] = {}
+        for image in self.images:
+            by_datum.setdefault(image.datum, []).append(image)
+        images = [
+            replace(image, datum=new) for new, old in enumerate(datum_indices) for image in by_datum.get(int(old), ())
+        ]
         return PackedBatch(
             gather(self.tokens), offsets, {k: gather(v) for k, v in self.loss_inputs.items()}, tuple(images)
         )
