@@ -120,6 +120,12 @@ class LimitsConfig(Strict):
     max_vision_tokens_per_datum: int = Field(
         16384, ge=1, description="vision tokens (image pads) of one datum's images, as its base's processor counts them"
     )
+    max_images_per_prompt: int = Field(
+        4,
+        ge=1,
+        description="images in one asample prompt or /v1/chat/completions request: vLLM's per-prompt limit on a "
+        "vision-language base, whose start profiles that many (256 took a tiny base's Sampler 158 s to start, 2 54 s)",
+    )
     # forward(_backward) counts, checked from the wire before anything is built from them (app.protocol.bounds)
     max_chunks_per_datum: int = Field(
         2**16, ge=1, description="model_input chunks of one forward(_backward) datum (one per token still fits 64k)"

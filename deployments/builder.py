@@ -19,6 +19,7 @@ from app.models.embedded import build_embedded_model
 from app.models.families import family_of, sampler_refusal
 from app.models.model_config import ModelShape, model_shape
 from app.models.precision import DTYPE_BYTES
+from app.models.vision_base import image_token_id
 from app.sampling import kv_budget
 from app.trainer import model_defaults
 from deployments import serve_env
@@ -60,6 +61,7 @@ def _model_limits(config: ServerConfig) -> dict[str, dict[str, Any]]:
             "arch": family.name,
             "tokenizer_id": base.name if local else base.path,  # a Hub id is public
             "vision": _vision(Path(base.path)) if local else None,
+            "image_token_id": image_token_id(Path(base.path)) if local else None,
         }
     return limits
 

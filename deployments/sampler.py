@@ -126,6 +126,7 @@ class Sampler:
                     max_lora_rank=cfg.engine.max_lora_rank,
                     max_model_len=max_model_len,
                     work_dir=work_dir,
+                    max_images=cfg.limits.max_images_per_prompt,
                 )
         except Exception as exc:  # it would fail again the same way: no restart loop, a clear answer
             self._failure = start_failure(base_name, exc)

@@ -11,11 +11,13 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.deps import Services, ServicesDep, UserDep
+from app.api.openai_images import check_images, image_parts
 from app.api.v1_sampling import check_budget, relay, served_model, text_size
 from app.errors import LimitExceeded
 from app.protocol.field_limits import Limit
 from app.protocol.wire import INT64_MAX, Int64, Stop, TinkerPath
 from app.sampling.openai import Route
+from app.sampling.params import prompt_vision
 
 router = APIRouter(prefix="/v1")
 
@@ -73,8 +75,8 @@ class ChatRequest(_Request):
 def _check_limits(
     services: Services, user: str, base_model: str, body: _Request, token_field: str, logprobs_field: str
 ) -> int:
-    """Check the sequences (prompts x n) and logprobs against the limits, then the sampling ranges and the token
-    budget (app.api.v1_sampling.check_budget); the budget."""
+    """Check the images, the sequences (prompts x n) and logprobs against the limits, then the sampling ranges and
+    the token budget (app.api.v1_sampling.check_budget); the budget."""
     limits = services.config.limits
     prompts = len(body.prompt) if isinstance(body, CompletionRequest) and _is_batch(body.prompt) else 1
     if prompts * body.n > limits.max_num_samples:
@@ -88,16 +90,25 @@ def _check_limits(
             f"{logprobs_field}={logprobs} exceeds limits.max_topk_logprobs={limits.max_topk_logprobs}",
             field=logprobs_field,
         )
-    prompt = body.prompt if isinstance(body, CompletionRequest) else cast(ChatRequest, body).messages
     sampling = (body.temperature, body.top_k, body.top_p)
     requested = getattr(body, token_field)
-    return check_budget(
-        services, user, base_model, sampling, token_field, requested, prompts * body.n, text_size(prompt)
-    )
+    prompt_tokens = _prompt_tokens(body, services, base_model)
+    return check_budget(services, user, base_model, sampling, token_field, requested, prompts * body.n, prompt_tokens)
 
 
 def _is_batch(prompt: object) -> bool:
     return isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], int)
+
+
+def _prompt_tokens(body: _Request, services: Services, base_model: str) -> int:
+    """The prompt tokens the sampler prefills, as charged to the user's token rate: app.api.v1_sampling.text_size,
+    with images (checked here: app.api.openai_images) at their vision tokens."""
+    if isinstance(body, CompletionRequest):
+        return text_size(body.prompt)
+    messages = cast(ChatRequest, body).messages
+    vision = prompt_vision(services.config.limits, services.model_limits[base_model])
+    images = check_images(messages, base_model, vision)
+    return text_size(messages) - sum(text_size(part) for _, part in image_parts(messages)) + images
 
 
 async def _forward(services: Services, user: str, route: Route, body: _Request, token_field: str) -> Any:

@@ -63,10 +63,16 @@ class ImageBudget:
         self._datum_tokens: dict[int, int] = {}
 
     def check(
-        self, datum: int, field: str, data: bytes, declared_format: str, expected_tokens: int | None
+        self,
+        datum: int,
+        field: str,
+        data: bytes,
+        declared_format: str,
+        expected_tokens: int | None,
+        formats: tuple[str, ...] = CHUNK_FORMATS,
     ) -> tuple[ImageHeader, int]:
         """The header and vision tokens of the image at `field` of datum `datum`; a UserError before any decoding
-        when it is over a bound, not the format it declares, or not `expected_tokens` long."""
+        when it is over a bound, not the format it declares (one of `formats`), or not `expected_tokens` long."""
         limits = self.limits
         self.images += 1
         if self.images > limits.max_images_per_request:
@@ -75,9 +81,9 @@ class ImageBudget:
                 "(limits.max_images_per_request)",
                 field=field,
             )
-        if declared_format not in CHUNK_FORMATS:
+        if declared_format not in formats:
             raise UserError(
-                f"{field}.format is {declared_format!r}; expected one of {list(CHUNK_FORMATS)}", field=f"{field}.format"
+                f"{field}.format is {declared_format!r}; expected one of {list(formats)}", field=f"{field}.format"
             )
         if len(data) > limits.max_image_bytes:
             raise LimitExceeded(

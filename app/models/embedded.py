@@ -22,7 +22,8 @@ from app.models import hub_cache
 if TYPE_CHECKING:  # heavy imports stay lazy so `import app.models` is cheap
     from transformers import PreTrainedTokenizerFast
 
-FORMAT_VERSION = 3  # 2: the final norm's gain (FINAL_NORM_GAIN); 3: vision presets' image tokens and processor
+FORMAT_VERSION = 4  # 2: the final norm's gain (FINAL_NORM_GAIN); 3: vision presets' image tokens and processor; 4: and
+# Qwen3.5's think tokens
 # Random weights give near-uniform next-token distributions (entropy ~ln V) whose logits LoRA layers can
 # barely move, since the unembedding is never adapted. Scaling the final norm's gain makes them peaked like a
 # trained model's (entropy ~3.7 nats on tiny) so fine-tuning and RL visibly learn.
@@ -39,6 +40,8 @@ PAD_TOKEN, IM_START, EOS_TOKEN = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 # image pads where the vision tower's embeddings go
 VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"
 VISION_TOKENS = (VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD)
+# after them, as single tokens: the cookbook's Qwen3.5 renderers parse a response by `</think>`'s one token id
+THINK_TOKENS = ("<think>", "</think>")
 PROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json")
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -262,7 +265,7 @@ def _write_model(preset: str, seed: int, out: Path) -> dict[str, object]:
     shape = PRESETS[preset]
     tokenizer = build_tokenizer(seed)
     if shape.vision is not None:
-        tokenizer.add_special_tokens({"additional_special_tokens": [IM_START, *VISION_TOKENS]})
+        tokenizer.add_special_tokens({"additional_special_tokens": [IM_START, *VISION_TOKENS, *THINK_TOKENS]})
         _write_processor(out, shape.vision)
     tokenizer.save_pretrained(out)
     eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id

@@ -22,6 +22,7 @@ from app.models.families import Family, family_of
 from app.models.model_config import ModelShape, model_shape
 from app.sampling.params import SampleArgs
 from app.sampling.response import SampledSequence, SampleResult, TopK
+from app.sampling.vision import Vision, check_expanded, vision_of
 
 if TYPE_CHECKING:
     from vllm.config.lora import MaxLoRARanks
@@ -59,16 +60,25 @@ def import_vllm() -> None:
 
 
 class SamplerEngine:
-    def __init__(self, llm: AsyncLLM, zero_adapter: LoRARequest, family: Family) -> None:
+    def __init__(self, llm: AsyncLLM, zero_adapter: LoRARequest, family: Family, vision: Vision | None) -> None:
         self._llm = llm
         self._zero = zero_adapter
         self._family = family
+        self._vision = vision
         self._ids = itertools.count(2)  # 1 is the zero adapter
 
     @classmethod
     async def start(
-        cls, model_path: str, config: SamplerConfig, *, max_lora_rank: int, max_model_len: int, work_dir: Path
+        cls,
+        model_path: str,
+        config: SamplerConfig,
+        *,
+        max_lora_rank: int,
+        max_model_len: int,
+        work_dir: Path,
+        max_images: int = 0,
     ) -> SamplerEngine:
+        """`max_images`: images per prompt, on a vision-language base (app.sampling.vision); 0 serves it as text."""
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.lora.request import LoRARequest
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -80,6 +90,7 @@ class SamplerEngine:
         shape = model_shape(model_path)
         family = family_of(shape.model_type)
         allow_scaled_context(shape, max_model_len)
+        vision = vision_of(model_path, max_images) if max_images else None
         on_gpu = config.num_gpus > 0
         dtype = config.dtype  # auto resolved already (app.config.BaseModelConfig.sampler_dtype)
         args = AsyncEngineArgs(
@@ -94,7 +105,7 @@ class SamplerEngine:
             max_num_seqs=config.max_num_seqs,
             seed=0,
             tensor_parallel_size=config.tensor_parallel_size,
-            **family.vllm_options,
+            **family.vllm_options | (vision.engine_options() if vision else {}),
             **(
                 {"gpu_memory_utilization": config.gpu_memory_utilization}
                 if on_gpu
@@ -107,7 +118,7 @@ class SamplerEngine:
         zero = LoRARequest("base", 1, str(zero_dir))
         await llm.add_lora(zero)  # not pinned: with pin_lora, concurrent multi-adapter batches crashed vLLM (KeyError)
         logger.info("vLLM engine for %s ready in %.1f s", model_path, time.monotonic() - started)
-        return cls(llm, zero, family)
+        return cls(llm, zero, family, vision)
 
     @property
     def base_adapter(self) -> LoRARequest:
@@ -170,13 +181,17 @@ class SamplerEngine:
             detokenize=bool(args.stop_strings),
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
+        if args.images and self._vision is None:
+            raise ServerError("this sampler serves its base as text: it has no image processor")
+        prompt = await self._vision.engine_prompt(args) if self._vision else {"prompt_token_ids": list(args.prompt)}
         final = None  # vLLM's own request checks raise ValueError: sample_args checks first, so one is our fault
         async for output in self._llm.generate(
-            {"prompt_token_ids": list(args.prompt)}, params, request_id=uuid.uuid4().hex, lora_request=lora
+            cast("Any", prompt), params, request_id=uuid.uuid4().hex, lora_request=lora
         ):
             final = output
         if final is None or not final.finished:
             raise ServerError("the sampler ended a request without a result; retry it")
+        check_expanded(args, len(final.prompt_token_ids or ()))
         return final
 
     async def check_health(self) -> None:

@@ -5,20 +5,35 @@ Every failure is a user error naming the request field, raised before anything i
 
 from __future__ import annotations
 
+import base64
+import binascii
 from dataclasses import dataclass
+from typing import cast
 
 from app.config import LimitsConfig
 from app.errors import LimitExceeded, UserError, require
-from app.protocol.chunks import TEXT, not_text
+from app.images.checks import ImageBudget, ImageLimits, pointer_refusal, text_only
+from app.protocol.chunks import TEXT
 from app.protocol.wire import SampleRequest
 from app.training_data.validation import ModelLimits
 
+IMAGE_POINTER = "image_asset_pointer"
+IMAGE_KINDS = ("image", IMAGE_POINTER)  # the SDK's ImageChunk and ImageAssetPointerChunk
 _SEED_RANGE = 2**63  # the SDK allows any 64-bit seed; engines take a non-negative one
 
 
 @dataclass(frozen=True)
+class SampleImage:
+    """An image in a prompt: its encoded bytes, which stand for prompt[start : start + length] (image-pad tokens)."""
+
+    start: int
+    length: int
+    data: bytes
+
+
+@dataclass(frozen=True)
 class SampleArgs:
-    prompt: tuple[int, ...]
+    prompt: tuple[int, ...]  # an image's positions hold its image-pad tokens
     num_samples: int
     max_tokens: int
     temperature: float
@@ -35,15 +50,44 @@ class SampleArgs:
     usage_session: str | None = None  # not the engine's: the session its tokens are counted for (app.db.usage)
     record_for_session: str | None = None  # not the engine's: the Sampler keeps a stability record of each
     # sampled sequence for this session (record_stability_info)
+    images: tuple[SampleImage, ...] = ()  # in prompt order
 
     @property
     def wants_prompt_logprobs(self) -> bool:
         return self.prompt_logprobs or self.topk_prompt_logprobs > 0
 
 
-def prompt_tokens(prompt: dict, context: int) -> tuple[int, ...]:
-    """The tokens of a ModelInput JSON; only text chunks are served. Chunks and tokens are counted against the
-    model's `context` length before their contents are read."""
+@dataclass(frozen=True)
+class PromptVision:
+    """How a vision-language base takes a prompt's images: each checked by `budget` (bounds, header, token count)
+    and standing for that many `image_token_id` tokens."""
+
+    budget: ImageBudget
+    image_token_id: int
+    max_images: int  # limits.max_images_per_prompt
+
+    def check_count(self, images: int, field: str) -> None:
+        """Refuse more than limits.max_images_per_prompt images (counted before any is read)."""
+        if images > self.max_images:
+            raise LimitExceeded(
+                f"{field} holds {images} images, over limits.max_images_per_prompt={self.max_images}", field=field
+            )
+
+
+def prompt_vision(limits: LimitsConfig, model: ModelLimits) -> PromptVision | None:
+    """How `model` takes a prompt's images; None on a text-only base."""
+    spec = model.vision_spec
+    if spec is None or model.image_token_id is None:
+        return None
+    return PromptVision(ImageBudget(spec, ImageLimits.of(limits)), model.image_token_id, limits.max_images_per_prompt)
+
+
+def prompt_tokens(
+    prompt: dict, context: int, vision: PromptVision | None = None
+) -> tuple[tuple[int, ...], tuple[SampleImage, ...]]:
+    """The tokens of a ModelInput JSON, each image chunk as its image-pad tokens, and its images (on a
+    vision-language base: `vision`; a text-only base takes text chunks only). Chunks and tokens are counted against
+    the model's `context` length, and each image against the bounds from its header, before anything is decoded."""
     chunks = prompt.get("chunks", [])
     require(
         isinstance(chunks, list) and len(chunks) > 0, "prompt.chunks must be a non-empty list", field="prompt.chunks"
@@ -52,14 +96,28 @@ def prompt_tokens(prompt: dict, context: int) -> tuple[int, ...]:
         raise LimitExceeded(
             f"prompt.chunks has {len(chunks)} chunks; the model's context length is {context}", field="prompt.chunks"
         )
+    if vision is not None:
+        vision.check_count(sum(isinstance(c, dict) and c.get("type") in IMAGE_KINDS for c in chunks), "prompt.chunks")
     tokens: list[int] = []
+    images: list[SampleImage] = []
     for i, chunk in enumerate(chunks):
         kind = chunk.get("type", "encoded_text") if isinstance(chunk, dict) else None
-        if kind != TEXT:
-            raise not_text(f"prompt.chunks[{i}]", kind)
-        ids = chunk.get("tokens")
-        tokens_field = f"prompt.chunks[{i}].tokens"
-        require(isinstance(ids, list), f"{tokens_field} must be a list of integers", field=tokens_field)
+        field = f"prompt.chunks[{i}]"
+        if kind in IMAGE_KINDS and vision is not None:
+            image = _image(cast(dict, chunk), field, len(tokens), vision)
+            images.append(image)
+            ids: list = [vision.image_token_id] * image.length
+        elif kind != TEXT:
+            raise text_only(field, kind)
+        else:
+            ids = chunk.get("tokens")
+            require(isinstance(ids, list), f"{field}.tokens must be a list of integers", field=f"{field}.tokens")
+            require(
+                vision is None or vision.image_token_id not in ids,
+                f"{field}.tokens holds the image-pad token {vision and vision.image_token_id}: send images as image "
+                "chunks",
+                field=f"{field}.tokens",
+            )
         if (total := len(tokens) + len(ids)) >= context:
             raise LimitExceeded(
                 f"the prompt has {total} tokens; the model's context length is {context}, which must leave room for "
@@ -68,12 +126,40 @@ def prompt_tokens(prompt: dict, context: int) -> tuple[int, ...]:
             )
         require(
             all(isinstance(t, int) and not isinstance(t, bool) for t in ids),
-            f"{tokens_field} must be a list of integers",
-            field=tokens_field,
+            f"{field}.tokens must be a list of integers",
+            field=f"{field}.tokens",
         )
         tokens.extend(ids)
     require(bool(tokens), "prompt has no tokens", field="prompt")
-    return tuple(tokens)
+    return tuple(tokens), tuple(images)
+
+
+def image_bytes(encoded: str, field: str, max_bytes: int) -> bytes:
+    """The bytes of a base64 image at `field`, its length checked against limits.max_image_bytes before decoding."""
+    if len(encoded) > 4 * (max_bytes // 3 + 1):  # base64 holds 3 bytes in 4 characters
+        raise LimitExceeded(f"{field} holds over {max_bytes} bytes (limits.max_image_bytes)", field=field)
+    try:
+        return base64.b64decode(encoded, validate=True)
+    except binascii.Error as exc:
+        raise UserError(f"{field} is not valid base64: {exc}", field=field) from exc
+
+
+def _image(chunk: dict, field: str, start: int, vision: PromptVision) -> SampleImage:
+    """An image chunk's bytes, checked from their header (a pointer chunk is refused: this server fetches nothing).
+    Its base64 text is measured against limits.max_image_bytes before it is decoded."""
+    if chunk.get("type") == IMAGE_POINTER:
+        raise pointer_refusal(field, str(chunk.get("location", "")))
+    encoded = chunk.get("data")
+    require(isinstance(encoded, str), f"{field}.data must be the image's bytes in base64", field=f"{field}.data")
+    data = image_bytes(cast(str, encoded), f"{field}.data", vision.budget.limits.max_image_bytes)
+    expected = chunk.get("expected_tokens")
+    require(
+        expected is None or (isinstance(expected, int) and not isinstance(expected, bool)),
+        f"{field}.expected_tokens must be an integer",
+        field=f"{field}.expected_tokens",
+    )
+    _, length = vision.budget.check(0, field, data, str(chunk.get("format")), expected)
+    return SampleImage(start=start, length=length, data=data)
 
 
 def _stops(stop: str | list | None, vocab_size: int) -> tuple[tuple[str, ...], tuple[int, ...], bool]:
@@ -121,7 +207,7 @@ def check_sampling_ranges(
 
 def sample_args(req: SampleRequest, limits: LimitsConfig, model: ModelLimits) -> SampleArgs:
     """Validate an asample request; returns what the sampler needs."""
-    tokens = prompt_tokens(req.prompt, model.max_context_length)
+    tokens, images = prompt_tokens(req.prompt, model.max_context_length, prompt_vision(limits, model))
     bad = [t for t in tokens if not 0 <= t < model.vocab_size]
     require(not bad, f"prompt token ids {bad[:5]} are outside the vocabulary [0, {model.vocab_size})", field="prompt")
     if not 1 <= req.num_samples <= limits.max_num_samples:
@@ -182,4 +268,5 @@ def sample_args(req: SampleRequest, limits: LimitsConfig, model: ModelLimits) ->
         topk_prompt_logprobs=req.topk_prompt_logprobs,
         topk_sample_logprobs=req.topk_sample_logprobs,
         prompt_logprobs_last_n=last_n,
+        images=images,
     )

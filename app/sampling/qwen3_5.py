@@ -9,6 +9,10 @@ things still stood in the way:
   torchvision first. The CPU install has none (PyPI's wheels are CUDA builds that do not load on a CPU torch), so every
   Qwen3.5 architecture failed vLLM's model inspection. Without torchvision that module name is given the PIL image
   processor's module, whose `smart_resize` is the same function.
+- On a vision-language base (app.sampling.vision) vLLM builds the model's processor, `Qwen3VLProcessor`, whose video
+  processor transformers offers only with torchvision: without it the class and its base class are placeholders that
+  raise ImportError. The Sampler takes no video (its video limit is 0), so the real classes, importable
+  without torchvision, stand in for the placeholders; their torchvision calls are never reached.
 - The trainer loads the language model alone (AutoModelForCausalLM: `Qwen3_5ForCausalLM`), so adapters name its layers
   `model.layers.N...`; vLLM maps a checkpoint's `model.language_model.` onto its `language_model.model.` and left ours
   unmatched, and an adapter unmatched is silently not applied. The models' name mapping (which vLLM also applies to
@@ -21,6 +25,7 @@ import importlib
 import importlib.util
 import logging
 import sys
+from typing import Any
 
 logger = logging.getLogger("tinker_serve.sampler")
 _VLLM_SERIES = "0.32."  # vLLM 0.32's Qwen3.5 classes and their name mapping
@@ -38,6 +43,7 @@ def install() -> None:
         return
     if _TORCHVISION_MODULE not in sys.modules and importlib.util.find_spec("torchvision") is None:
         sys.modules[_TORCHVISION_MODULE] = importlib.import_module(_PIL_MODULE)
+        _video_processor_without_torchvision()
 
     from vllm.model_executor.models import qwen3_5
     from vllm.model_executor.models.utils import WeightsMapper
@@ -45,3 +51,22 @@ def install() -> None:
     trainer_names = WeightsMapper(orig_to_new_prefix={TRAINER_PREFIX: VLLM_PREFIX})
     for model in (qwen3_5.Qwen3_5ForConditionalGeneration, qwen3_5.Qwen3_5MoeForConditionalGeneration):
         model.hf_to_vllm_mapper = model.hf_to_vllm_mapper | trainer_names
+
+
+def _video_processor_without_torchvision() -> None:
+    """Let transformers build Qwen3VLProcessor without torchvision: its video processor class and the base class a
+    processor checks its video processor against, as they are (importable), for transformers' placeholders."""
+    from transformers import processing_utils
+    from transformers.models.auto import video_processing_auto
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+    from transformers.video_processing_utils import VideoProcessorMixin
+
+    load_backend_class = video_processing_auto._load_backend_class
+
+    def _load(video_processor_class_name: str, backend: str) -> Any:
+        if video_processor_class_name == Qwen3VLVideoProcessor.__name__:
+            return Qwen3VLVideoProcessor
+        return load_backend_class(video_processor_class_name, backend)
+
+    video_processing_auto._load_backend_class = _load
+    setattr(processing_utils.transformers_module, VideoProcessorMixin.__name__, VideoProcessorMixin)

@@ -31,6 +31,7 @@ class ModelLimits:
     arch: str = "qwen2"  # the base's model family (app.models.families), what get_info reports
     tokenizer_id: str = ""  # what get_info reports: the served name of a local base, the Hub id of another
     vision: dict[str, int] | None = None  # a vision-language base's VisionSpec fields; None: text-only
+    image_token_id: int | None = None  # a vision-language base's image-pad token (a prompt's image stands as them)
 
     @property
     def vision_spec(self) -> VisionSpec | None:
