@@ -23,7 +23,8 @@ class _Capture(logging.Handler):
 def test_request_log_line_carries_fields_as_text_and_attributes() -> None:
     logger, capture = logging.getLogger("tinker_serve.requests"), _Capture()
     logger.addHandler(capture)
-    level, logger.level = logger.level, logging.INFO
+    level = logger.level
+    logger.setLevel(logging.INFO)  # setLevel, not .level: it clears the cached isEnabledFor answers of earlier calls
     try:
         log_request("queued", op="forward_backward", model_id="s1:train:0", seq_id=3, tinker_request_id="abc")
     finally:
