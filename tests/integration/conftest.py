@@ -116,15 +116,20 @@ def server_config(state_dir: Path, sharded: bool = False) -> dict:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The modules with a Ray of their own (a bare `serve run`, a multi-node cluster) run before the shared Ray
-    starts, in this order; modules that replace the shared Serve app run last, in this order."""
+    starts, in this order; modules that replace the shared Serve app run last, in this order (every module on the
+    families app among them: a module that replaced the shared app in the middle failed every one after it)."""
     first = ("test_bare_serve_run.py", "test_multinode.py")
     last = (
         "test_precision.py",
         "test_worker_failure.py",
         "test_object_storage.py",
         "test_families.py",
+        "test_vlm_classifier.py",
+        "test_image_sampling.py",
         "test_postgres_app.py",
     )
+    stray = {item.path.name for item in items if "families_on_postgres" in item.fixturenames} - set(last)
+    assert not stray, f"{sorted(stray)} use the families app: name them in conftest's `last` modules"
     items.sort(
         key=lambda item: (
             first.index(item.path.name) - len(first)
