@@ -1,5 +1,6 @@
-"""Image and audio chunks through the real SDK: the models here are text-only, so forward_backward (protobuf, and
-JSON as older SDKs send it) and sample answer at once with a user error naming the chunk's type and position."""
+"""Image and audio chunks through the real SDK on the suite's text-only base: forward_backward (protobuf, and JSON as
+older SDKs send it) and sample answer at once with a user error naming the chunk's type and position (images on a
+vision-language base: test_image_sampling, test_vlm_classifier)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 32
 DMEL = bytes([0, 2, 4, 8]) + bytes(4 * 8 * 4)  # a TensorContainer header (float32, shape [4, 8]) and its zeros
 IMAGE = ("image", types.ImageChunk(data=PNG, format="png", expected_tokens=4))
 AUDIO = ("dmel", types.DmelChunk(dmel=DMEL))
+WHY = {"image": "text-only", "dmel": "not served"}  # a text-only base takes no images; no base takes audio
 POINTER = ("image_asset_pointer", types.ImageAssetPointerChunk(location="s3://b/a", format="png", expected_tokens=4))
 
 
@@ -27,7 +29,7 @@ def test_forward_backward_names_the_chunk(service_client, kind, chunk):  # type:
     n = 3 + chunk.length
     datum = types.Datum(model_input=_with(chunk), loss_fn_inputs={"target_tokens": [2] * n, "weights": [1.0] * n})
     with pytest.raises(
-        tinker.RequestFailedError, match=rf"data\[0\]\.model_input\[1\] is a '{kind}' chunk; .*text-only"
+        tinker.RequestFailedError, match=rf"data\[0\]\.model_input\[1\] is a '{kind}' chunk; .*{WHY[kind]}"
     ):
         tc.forward_backward([datum], "cross_entropy").result(timeout=60)
     # the rejected seq_id did not stall the model: the next request runs
