@@ -30,7 +30,6 @@ EPHEMERAL_TTL_S = 15.0  # short, so one test can watch an ephemeral sampler expi
 MAX_LORAS = 2  # fewer vLLM LoRA slots than adapters in use: the scheduler must rotate them
 MAX_PENDING_SAMPLES = 16  # beyond it asample answers 429
 SESSION_TIMEOUT_S = 30.0  # a session silent this long expires (the SDK beats every 10 s; the least allowed)
-TRAINER_DRAIN_S = 2.0  # a stopping trainer waits this long for what it runs (the default: 60 s)
 HANDOVER_CHECK_S = 3.0  # lost hand-overs found within 3-6 s (test_worker_failure waits for one)
 MAX_STABILITY_RECORDS = 600  # per session: small, so a test can reach it
 MIN_CHECKPOINT_TTL_S = 2  # the hosted minimum is an hour: short, so a test can watch checkpoints expire
@@ -93,9 +92,6 @@ def server_config(state_dir: Path, sharded: bool = False) -> dict:
         "timeouts": {
             "session_timeout_seconds": SESSION_TIMEOUT_S,
             "handover_check_seconds": HANDOVER_CHECK_S,
-            # an app replaced mid-step (test_worker_failure) reruns what its trainer ran from the journal at once,
-            # rather than waiting for it (or for a worker group restarting under it)
-            "trainer_drain_seconds": TRAINER_DRAIN_S,
         },
         "retention": {
             "ephemeral_sampler_ttl_seconds": EPHEMERAL_TTL_S,
@@ -177,7 +173,7 @@ def replace_app(config: dict, url: str, while_starting: Callable[[], None] | Non
     `while_starting` runs once the new app's ingress answers, before the app is ready."""
     standard = "database_url" not in config and config["state_dir"] == os.environ[_STANDARD_STATE_DIR]
     os.environ[_ON_ANOTHER_DATABASE] = "" if standard else "1"
-    serve.delete("tinker", _blocking=False)  # the trainers let their submits finish for timeouts.trainer_drain_seconds
+    serve.delete("tinker", _blocking=False)  # trainers drain for timeouts.trainer_drain_seconds (60 s)
     app = build_app(config)  # meanwhile (the new bases' embedded models are built here)
     # Polled often (each look is one call to Serve's controller or Ray's GCS): the new app starts the moment the old
     # one is gone and its placement groups are freed
