@@ -243,13 +243,6 @@ class TimeoutsConfig(Strict):
         description="and answered within this long of the death, or failed as a server error (a replacement replica "
         "starts vLLM first: 20-60 s on CPU)",
     )
-    trainer_drain_seconds: float = Field(
-        60.0,
-        ge=0,
-        le=3600,
-        description="a stopping Trainer replica (a redeploy, a scale-down) lets the operations it runs finish this "
-        "long; those still running are rerun from the journal by the replica that replaces it",
-    )
     session_timeout_seconds: float = Field(
         300.0,
         ge=30,

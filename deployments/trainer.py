@@ -39,7 +39,7 @@ class Trainer:
             "ray_actor_options": {"num_cpus": 0},
             "max_ongoing_requests": 100_000,  # submits wait in per-model queues, never in Serve
             "health_check_timeout_s": 30,
-            "graceful_shutdown_timeout_s": config.timeouts.trainer_drain_seconds,
+            "graceful_shutdown_timeout_s": 60,
         }
 
     async def __init__(  # type: ignore[misc]  # Serve awaits async constructors

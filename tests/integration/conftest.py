@@ -173,7 +173,7 @@ def replace_app(config: dict, url: str, while_starting: Callable[[], None] | Non
     `while_starting` runs once the new app's ingress answers, before the app is ready."""
     standard = "database_url" not in config and config["state_dir"] == os.environ[_STANDARD_STATE_DIR]
     os.environ[_ON_ANOTHER_DATABASE] = "" if standard else "1"
-    serve.delete("tinker", _blocking=False)  # trainers drain for timeouts.trainer_drain_seconds (60 s)
+    serve.delete("tinker", _blocking=False)  # the trainers' graceful shutdown waits up to 60 s for a submit
     app = build_app(config)  # meanwhile (the new bases' embedded models are built here)
     # Polled often (each look is one call to Serve's controller or Ray's GCS): the new app starts the moment the old
     # one is gone and its placement groups are freed
