@@ -86,8 +86,10 @@ serve:
 	@if [ "$(SERVE_ON_GPU)" = 1 ]; then $(MAKE) --no-print-directory serve-gpu GPU=1; \
 	else $(MAKE) --no-print-directory serve-cpu; fi
 
+# SERVE_CONFIG: another config to serve on CPU (examples/vlm/serve_config.yaml: a vision-language base)
+SERVE_CONFIG ?= serve_config.yaml
 serve-cpu: model
-	eval "$$($(PY) -m deployments.serve_env --port 8000)" && $(VENV)/bin/serve run serve_config.yaml
+	eval "$$($(PY) -m deployments.serve_env --port 8000)" && $(VENV)/bin/serve run $(SERVE_CONFIG)
 
 serve-gpu:
 	$(MAKE) --no-print-directory setup GPU=1

@@ -1,12 +1,14 @@
-"""Gated DeltaNet (Qwen3.5's linear attention) on CPU in float32 (a vLLM general plugin, loaded in the Sampler's
-processes).
+"""Gated DeltaNet (Qwen3.5's linear attention) on CPU where vLLM's kernels do not run (a vLLM general plugin, loaded
+in the Sampler's processes).
 
 vLLM 0.32 runs a Gated DeltaNet layer on CPU through `torch.ops.vllm.cpu_gdn_attention_core`, whose C++ kernels
-(gating, chunked and recurrent delta rule) take BF16 only: it asserts "CPU GDN attention requires BF16". The Sampler
-runs in the trainer's dtype (float32 on CPU) so that its logprobs are the trainer's. Here that op keeps vLLM's code for
-BF16 and runs any other dtype in torch, in float32, with the math of transformers' torch path that the trainer runs
-(its causal conv1d, gating, and chunked delta rule for prompts and the recurrent one for decoded tokens), reading and
-writing vLLM's conv and SSM state caches in place. Speculative decoding (a wider conv state) keeps vLLM's path.
+(gating, chunked and recurrent delta rule) take BF16 only: it asserts "CPU GDN attention requires BF16", and only
+heads of 64 or 128 dimensions ("Unexpected head dim size, 32": the tiny presets' heads). The Sampler runs in the
+trainer's dtype (float32 on CPU) so that its logprobs are the trainer's. Here that op keeps vLLM's code for BF16
+heads its kernels take and runs anything else in torch, in float32, with the math of transformers' torch path that
+the trainer runs (its causal conv1d, gating, and chunked delta rule for prompts and the recurrent one for decoded
+tokens), reading and writing vLLM's conv and SSM state caches in place. Speculative decoding (a wider conv state)
+keeps vLLM's path.
 """
 
 from __future__ import annotations
@@ -20,10 +22,16 @@ import torch.nn.functional as F
 logger = logging.getLogger("tinker_serve.sampler")
 _VLLM_SERIES = "0.32."  # the op's contract and the state caches' layout are vLLM 0.32's
 _CHUNK = 64  # transformers' torch_chunk_gated_delta_rule default, what the trainer runs
+KERNEL_HEAD_DIMS = (64, 128)  # the key and value head sizes vLLM 0.32's BF16 CPU delta-rule kernels are built for
+
+
+def runs_vllm_kernel(dtype: torch.dtype, head_k_dim: int, head_v_dim: int) -> bool:
+    """Whether vLLM's own CPU kernels take this layer (BF16, heads they are built for); else the torch path runs it."""
+    return dtype == torch.bfloat16 and head_k_dim in KERNEL_HEAD_DIMS and head_v_dim in KERNEL_HEAD_DIMS
 
 
 def install() -> None:
-    """Route vLLM's CPU Gated DeltaNet op to `gdn_core` for dtypes other than BF16 (before the op is registered)."""
+    """Route vLLM's CPU Gated DeltaNet op to `gdn_core` where its kernels do not run (before the op is registered)."""
     import vllm
     from vllm.platforms import current_platform
 
@@ -42,13 +50,13 @@ def install() -> None:
     def cpu_gdn_attention_core(
         mixed_qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, core_attn_out: torch.Tensor, layer_name: Any
     ) -> None:
-        if mixed_qkv.dtype == torch.bfloat16:
-            return original(mixed_qkv, b, a, core_attn_out, layer_name)
         from vllm.forward_context import get_forward_context
         from vllm.utils.torch_utils import _resolve_layer_name
 
         context = get_forward_context()
         layer = context.no_compile_layers[_resolve_layer_name(layer_name)]
+        if runs_vllm_kernel(mixed_qkv.dtype, layer.head_k_dim, layer.head_v_dim):
+            return original(mixed_qkv, b, a, core_attn_out, layer_name)
         metadata: Any = context.attn_metadata  # per layer: {prefix: GDNAttentionMetadata}, None when profiling
         if metadata is None or metadata[layer.prefix].num_actual_tokens == 0:
             return None

@@ -1,6 +1,8 @@
 """The float32 CPU Gated DeltaNet's delta rules equal transformers' torch ones, which the trainer runs (chunked for a
 prompt, token by token for decoding, from a prior state); the Sampler's side of Qwen3.5 against the trainer's logprobs
-is the families' probe. And Qwen3.5's plugin maps the trainer's adapter names onto vLLM's modules."""
+is the families' probe. vLLM's own BF16 kernel runs only the heads it takes (the tiny presets' 32-wide ones go to
+torch: served in BF16 they failed every sample). And Qwen3.5's plugin maps the trainer's adapter names onto vLLM's
+modules."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import pytest
 import torch
 from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
 
-from app.sampling.cpu_gdn import _chunked, _recurrent
+from app.sampling.cpu_gdn import _chunked, _recurrent, runs_vllm_kernel
 from tests.tolerances import assert_sums_close
 
 K_HEADS, V_HEADS, K_DIM, V_DIM = 2, 4, 16, 8
@@ -81,3 +83,33 @@ def test_qwen3_5_maps_trainer_adapter_names() -> None:
         assert mapper.map_name("model.language_model.layers.3.mlp.gate_proj.weight") == (
             "language_model.model.layers.3.mlp.gate_proj.weight"
         )
+
+
+@pytest.mark.parametrize("head_dim", [32, 64, 96, 128])
+def test_only_heads_vllms_bf16_kernel_takes_are_given_to_it(head_dim: int) -> None:
+    from vllm import _custom_ops as ops
+
+    tokens, heads = 8, 2
+    q, k, v = (torch.randn(1, tokens, heads, head_dim, dtype=torch.bfloat16) for _ in range(3))
+
+    def kernel() -> None:
+        ops.chunk_gated_delta_rule_cpu(
+            query=q,
+            key=k,
+            value=v,
+            g=-torch.rand(1, tokens, heads),
+            beta=torch.rand(1, tokens, heads, dtype=torch.bfloat16),
+            initial_state=torch.zeros(1, heads, head_dim, head_dim),
+            output_final_state=True,
+            cu_seqlens=torch.tensor([0, tokens], dtype=torch.int32),
+            head_first=False,
+            use_qk_l2norm_in_kernel=True,
+            initial_state_indices=torch.tensor([0], dtype=torch.int32),
+        )
+
+    if runs_vllm_kernel(torch.bfloat16, head_dim, head_dim):
+        kernel()
+    else:
+        with pytest.raises(RuntimeError, match="head dim"):
+            kernel()
+    assert not runs_vllm_kernel(torch.float32, head_dim, head_dim)  # "CPU GDN attention requires BF16"
