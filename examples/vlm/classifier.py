@@ -35,7 +35,8 @@ def _arguments() -> argparse.Namespace:
 
 
 def _metrics(experiment_dir: Path) -> list[dict]:
-    (metrics,) = experiment_dir.glob("*/metrics.jsonl")  # the recipe names its run directory
+    # the recipe names its run directory (by dataset, model, rank, rate and date): this run's is the newest
+    metrics = max(experiment_dir.glob("*/metrics.jsonl"), key=lambda path: path.stat().st_mtime)
     return [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
 
 
