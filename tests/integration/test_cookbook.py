@@ -24,7 +24,7 @@ from tests.integration.conftest import BASE_MODEL
 from tests.integration.helpers import SENTENCES
 
 COMPLETION_TOKENS = 8
-STEPS = 14
+STEPS = 10
 
 
 def _metric(log_path: Path, name: str) -> list[float]:
