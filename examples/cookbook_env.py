@@ -14,7 +14,7 @@ import tinker
 from tinker_cookbook.rl.types import Env, EnvGroupBuilder, RLDataset, RLDatasetBuilder, StepResult
 from tinker_cookbook.tokenizer_utils import get_tokenizer
 
-from examples.rl_task import PROMPTS, make_task
+from examples.rl_task import PROMPTS, make_dense_task
 
 
 class TokenSetEnv(Env):
@@ -77,6 +77,8 @@ class TokenSetDatasetBuilder(RLDatasetBuilder):
 
 
 def token_set_targets(service: tinker.ServiceClient, model_name: str, completion_tokens: int = 8) -> tuple[int, ...]:
-    """The task's target tokens for this base model (examples/rl_task.py's make_task: ones it writes now and then)."""
+    """The task's target tokens for this base model (examples/rl_task.py's make_dense_task: ones it writes in about
+    a tenth of its tokens after every prompt)."""
     sampler = service.create_sampling_client(base_model=model_name).result()
-    return tuple(sorted(make_task(get_tokenizer(model_name), sampler, completion_tokens=completion_tokens).targets))
+    task = make_dense_task(get_tokenizer(model_name), sampler, completion_tokens=completion_tokens)
+    return tuple(sorted(task.targets))

@@ -1,10 +1,11 @@
 """A toy RL task for the embedded model, and the client-side pieces of an RL loop over the Tinker SDK.
 
 The task: after each prompt, write only tokens from a target set; the reward of a completion is the
-fraction of its tokens in the set. The set holds tokens the untrained model writes now and then, so the
-reward starts low but above zero and learning shows quickly.
+fraction of its tokens in the set. The set holds tokens the untrained model writes now and then (make_task), or
+in about a tenth of its tokens after every prompt (make_dense_task: every group has a signal from the first step),
+so the reward starts low but above zero and learning shows quickly.
 
-Used by examples/ppo.py, bench/ppo_iteration.py and the RL integration tests.
+Used by examples/ppo.py, examples/cookbook_env.py, bench/ppo_iteration.py and the RL integration tests.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import tinker
 from tinker import types
 
 PROMPTS = ["What is 2 + 2?", "Name a colour:", "The cat sat on the", "Count to three:"]
+PROBE_GROUP = 64  # completions of a prompt per probe request: the sampler's default limits.max_num_samples
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,14 @@ class TokenSetTask:
         ]
 
 
+def probe_rollouts(
+    tokenizer, sampler: tinker.SamplingClient, group_size: int, completion_tokens: int, seed: int, rounds: int = 1
+) -> list[Rollout]:
+    """`rounds` x `group_size` seeded completions of every prompt in PROMPTS, unrewarded: what the base writes."""
+    probe = TokenSetTask([tokenizer.encode(p) for p in PROMPTS], frozenset(), completion_tokens)
+    return [r for k in range(rounds) for r in probe.rollouts(sampler, group_size, seed + k * len(PROMPTS))]
+
+
 def make_task(
     tokenizer,
     sampler: tinker.SamplingClient,
@@ -66,11 +76,40 @@ def make_task(
 ) -> TokenSetTask:
     """A task whose targets are tokens `sampler` writes after PROMPTS, but not its favourites: the
     `num_targets` next most frequent after the `skip_most_common` most frequent."""
-    prompts = [tokenizer.encode(p) for p in PROMPTS]
-    probe = TokenSetTask(prompts, frozenset(), completion_tokens)
-    counts = Counter(t for r in probe.rollouts(sampler, group_size=16, seed=seed) for t in r.tokens)
+    rollouts = probe_rollouts(tokenizer, sampler, 16, completion_tokens, seed)
+    counts = Counter(t for r in rollouts for t in r.tokens)
     ranked = [t for t, _ in counts.most_common(skip_most_common + num_targets)]
-    return TokenSetTask(prompts, frozenset(ranked[skip_most_common:]), completion_tokens)
+    return TokenSetTask([tokenizer.encode(p) for p in PROMPTS], frozenset(ranked[skip_most_common:]), completion_tokens)
+
+
+def make_dense_task(
+    tokenizer,
+    sampler: tinker.SamplingClient,
+    base_reward: float = 0.1,
+    completion_tokens: int = 8,
+    probe_rounds: int = 2,
+    seed: int = 10**6,
+) -> TokenSetTask:
+    """A task on which `sampler` scores about `base_reward` after every prompt, so that from the first step most
+    groups of a few completions hold rewarded and unrewarded ones. Per prompt, in a seeded probe of `probe_rounds` x
+    PROBE_GROUP completions, its most frequent tokens are added until they make `base_reward` of what it wrote,
+    skipping any that alone would take it past 1.5 x `base_reward` (a favourite). make_task's 16 rarer tokens from
+    a 16-completion probe are mostly ones a single completion repeated: the base writes them in ~2% of its tokens,
+    not the ~18% the probe counts."""
+    by_prompt: dict[tuple[int, ...], Counter[int]] = {}
+    for r in probe_rollouts(tokenizer, sampler, PROBE_GROUP, completion_tokens, seed, probe_rounds):
+        by_prompt.setdefault(tuple(r.prompt), Counter()).update(r.tokens)
+    targets: set[int] = set()
+    written = probe_rounds * PROBE_GROUP * completion_tokens
+    for counts in by_prompt.values():
+        share = sum(counts[t] for t in targets) / written
+        for token, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+            if share >= base_reward:
+                break
+            if token not in targets and share + n / written <= 1.5 * base_reward:
+                targets.add(token)
+                share += n / written
+    return TokenSetTask([tokenizer.encode(p) for p in PROMPTS], frozenset(targets), completion_tokens)
 
 
 def group_advantages(rollouts: list[Rollout], group_size: int) -> list[float]:

@@ -24,7 +24,7 @@ from tests.integration.conftest import BASE_MODEL
 from tests.integration.helpers import SENTENCES
 
 COMPLETION_TOKENS = 8
-STEPS = 14
+STEPS = 10
 
 
 def _metric(log_path: Path, name: str) -> list[float]:
@@ -70,9 +70,11 @@ def test_rl_loop_with_its_default_loss_learns(
     asyncio.run(train.main(config))
     rewards = _metric(tmp_path / mode, "env/all/reward/total")
     print(f"cookbook {mode} {config.training_loss_fn()} rewards:", [round(r, 3) for r in rewards])
-    assert len(rewards) == STEPS and rewards[0] < 0.2  # the first step samples the untrained policy
-    # Runs are noisy (an off-policy step may dip to 0; a sync run may learn in two steps): the second half's mean
-    # is what must be up
+    # The first step samples the untrained policy, which writes the targets in about 0.1 of its tokens (the mean of
+    # its 32 completions: sd 0.04)
+    assert len(rewards) == STEPS and rewards[0] < 0.3
+    # Runs are noisy (an off-policy step may dip; a sync run may learn in two steps): the second half's mean is
+    # what must be up
     assert np.mean(rewards[STEPS // 2 :]) > rewards[0] + 0.2, rewards
 
 
