@@ -1,12 +1,13 @@
 """The server-wide sections of the configuration (app.config.ServerConfig): what one request may ask (`limits`), how
 long the server waits and how often it tries again (`timeouts`), how long it keeps what it stores (`retention`),
 what one user, key, session or base model may hold or send at once (`quotas`), the widths of the engines every
-base model runs (`engine`), and which labels the server's metrics carry (`metrics`). Each field's description says
-what it bounds; validation reads no file."""
+base model runs (`engine`), which labels the server's metrics carry (`metrics`) and where image pointers may point
+(`images`). Each field's description says what it bounds; validation reads no file."""
 
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -494,9 +495,9 @@ class ImagesConfig(Strict):
     @model_validator(mode="after")
     def _check_roots(self) -> ImagesConfig:
         for root in self.asset_roots:
-            scheme = root.partition("://")[0] if "://" in root else ""
-            local = root.startswith("/") or (scheme == "file" and root.startswith("file:///"))
-            if not (local or (scheme in ASSET_STORE_SCHEMES and len(root) > len(scheme) + 3)):
+            parts = urlsplit(root)
+            local = root.startswith(("/", "file:///"))
+            if not (local or (parts.scheme in ASSET_STORE_SCHEMES and parts.netloc)):
                 raise ValueError(
                     f"images.asset_roots entry {root!r} must be an absolute path, a file:/// URL or an "
                     f"{' or '.join(f'{s}://bucket[/prefix]' for s in ASSET_STORE_SCHEMES)} URI"

@@ -103,7 +103,9 @@ def make_api(tmp_path: Path) -> Iterator[Callable[..., InProcessApi]]:
     def make(
         users: dict[str, dict[str, int]] | None = None, images: dict[str, Any] | None = None, **overrides: Any
     ) -> InProcessApi:
-        sections: dict[str, dict[str, Any]] = {"quotas": {"users": users or {}}, "images": images or {}}
+        sections: dict[str, dict[str, Any]] = {"quotas": {"users": users or {}}}  # users: quotas.users
+        if images is not None:
+            sections["images"] = images
         for name, value in overrides.items():
             sections.setdefault(MOVED_FROM_LIMITS.get(name, "limits"), {})[name] = value
         config = ServerConfig(
