@@ -39,14 +39,22 @@ class ImageCounter:
         self._images: list[BatchImage] = []
         self._pointed: dict[int, Located] = {}  # index in _images -> where its bytes lie
 
-    def images(self) -> tuple[BatchImage, ...]:
-        """The request's image chunks, each pointer's file read into its bytes (blocking: it reads files)."""
-        return tuple(
-            replace(image, data=self.assets.read(image.field, self._pointed[i], image.format))
-            if i in self._pointed
-            else image
-            for i, image in enumerate(self._images)
-        )
+    def images(self, room: int | None = None) -> tuple[BatchImage, ...]:
+        """The request's image chunks, each pointer's file read into its bytes (blocking: it reads files). The files
+        together take at most `room` bytes: what is left of limits.max_request_bytes beside the body, as if they had
+        been sent in it."""
+        images, pointed = list(self._images), 0
+        for i, located in self._pointed.items():
+            image = images[i]
+            images[i] = replace(image, data=self.assets.read(image.field, located, image.format))
+            pointed += len(images[i].data)
+            if room is not None and pointed > room:
+                raise LimitExceeded(
+                    f"{image.field}.location: the request's images by location make {pointed} bytes, over the "
+                    f"{room} bytes of limits.max_request_bytes its body leaves them",
+                    field=f"{image.field}.location",
+                )
+        return tuple(images)
 
     def point(self, datum: int, at: int, field: str, location: str, fmt: str, expected: int | None) -> np.ndarray:
         """Keep the pointer chunk at `field` (its location checked now, its file read by `images`) as `add` does."""

@@ -155,7 +155,8 @@ def decode_plain(plain: bytes, json_body: bool, bounds: Bounds = Bounds()) -> Ou
     except UserError as exc:
         return Outcome(None, exc)
     try:
-        return Outcome(_decode_json(obj, bounds.max_datums, budget, bounds.counts, bounds.assets))
+        room = bounds.max_body_bytes - len(plain)  # for the images by location, as if they were in the body
+        return Outcome(_decode_json(obj, bounds.max_datums, budget, bounds.counts, bounds.assets, room))
     except UserError as exc:
         return Outcome(None, exc, valid_sequence(obj.get("model_id"), obj.get("seq_id")))
 
@@ -480,7 +481,7 @@ def _parse_json(body: bytes) -> dict[str, Any]:
 
 
 def _decode_json(
-    obj: dict[str, Any], max_datums: int, budget: CellBudget, counts: CountLimits, assets: ImageAssets
+    obj: dict[str, Any], max_datums: int, budget: CellBudget, counts: CountLimits, assets: ImageAssets, room: int
 ) -> ForwardBackwardInput:
     fbi = obj.get("forward_backward_input")
     inner = fbi if isinstance(fbi, dict) else obj
@@ -511,5 +512,5 @@ def _decode_json(
     images = ImageCounter(counts, assets)
     batch = _pack([_json_datum(i, d, images) for i, d in enumerate(data)])
     provenance = collect([provenance_from_json(i, d) for i, d in enumerate(data)], counts)  # datums: dicts (checked)
-    batch = replace(batch, images=images.images())  # pointed files are read last, once the rest of the body is valid
+    batch = replace(batch, images=images.images(room))  # pointed files are read last, once the rest is valid
     return ForwardBackwardInput(model_id, seq_id, loss_fn, config, forward_only, batch, provenance)

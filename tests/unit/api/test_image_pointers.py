@@ -72,7 +72,7 @@ class Lab:
     and files in and beside it: `cat.png` (150x100), `big.png` (over limits.max_image_bytes), `jpeg.png` (a JPEG),
     `bomb.png` (a 100 megapixel header), `escape.png` (a symlink to `outside/secret.png`)."""
 
-    def __init__(self, make_api: Callable[..., InProcessApi], tmp: Path, with_root: bool = True) -> None:
+    def __init__(self, make_api: Callable[..., InProcessApi], tmp: Path, with_root: bool = True, **limits: int) -> None:
         self.root, self.outside = tmp / "assets", tmp / "outside"
         for folder in (self.root, self.outside):
             folder.mkdir()
@@ -84,22 +84,22 @@ class Lab:
         (self.outside / "secret.png").write_bytes(self.png)
         os.symlink(self.outside / "secret.png", self.root / "escape.png")
         images = {"asset_roots": [str(self.root)]} if with_root else None
-        self.api = make_api(images=images, max_image_bytes=MAX_IMAGE_BYTES)
+        self.api = make_api(images=images, **{"max_image_bytes": MAX_IMAGE_BYTES, **limits})
         limits = self.api.services.model_limits
         limits[BASE_MODEL] = replace(limits[BASE_MODEL], vision=VISION, image_token_id=PAD)
         self.trainers = self.api.services.trainers = _Trainers()  # type: ignore[assignment]
         self.samplers = self.api.services.samplers = _Samplers()
 
-    def train(self, chunk: dict) -> ForwardBackward | dict:
-        """A forward_backward of one datum [5, chunk, 6]: the operation the trainer got, or its future's error."""
+    def train(self, *chunks: dict) -> ForwardBackward | dict:
+        """A forward_backward of one datum [5, *chunks, 6]: the operation the trainer got, or its future's error."""
         session_id = new_session(self.api)
         model_id = model_id_for(session_id, 0)
         lora = {"rank": 4, "seed": 1, "train_attn": True, "train_mlp": True, "optimizer": "adamw"}
         run = TrainingRun(model_id, session_id, BASE_MODEL, 4, "policy", BASE_MODEL, lora, {}, time.time(), True)
         self.api.run(self.api.services.metadata.add_training_run(run))
-        length = 2 + TOKENS
+        length = 2 + sum(chunk["expected_tokens"] for chunk in chunks)
         datum = {
-            "model_input": {"chunks": [_text(5), chunk, _text(6)]},
+            "model_input": {"chunks": [_text(5), *chunks, _text(6)]},
             "loss_fn_inputs": {"target_tokens": {"data": [1] * length, "dtype": "int64", "shape": [length]}},
         }
         body = {
@@ -134,8 +134,8 @@ def _text(*tokens: int) -> dict:
     return {"type": "encoded_text", "tokens": list(tokens)}
 
 
-def _pointer(location: str, fmt: str = "png") -> dict:
-    return {"type": "image_asset_pointer", "location": location, "format": fmt, "expected_tokens": TOKENS}
+def _pointer(location: str, fmt: str = "png", tokens: int = TOKENS) -> dict:
+    return {"type": "image_asset_pointer", "location": location, "format": fmt, "expected_tokens": tokens}
 
 
 @pytest.fixture
@@ -220,3 +220,18 @@ def test_without_asset_roots_every_pointer_is_refused_naming_the_config_key(
     error = _refusal(lab, route, _pointer(str(lab.root / "cat.png")))
     assert error["field"] == "data[0].model_input.chunks[1].location", error
     assert "images.asset_roots is empty" in error["error"], error
+
+
+def test_a_requests_files_count_against_the_bytes_its_body_leaves(
+    make_api: Callable[..., InProcessApi], tmp_path: Path
+) -> None:
+    """Images by location take what the body leaves of limits.max_request_bytes, as if they had been sent in it."""
+    lab = Lab(make_api, tmp_path, max_request_bytes=4096)
+    image = _encode("PNG", (28, 28), noise=True)  # one vision token; about 2.4 KB of noise
+    (lab.root / "noise.png").write_bytes(image)
+    pointer = _pointer(str(lab.root / "noise.png"), tokens=1)
+    assert isinstance(lab.train(pointer), ForwardBackward)
+    error = lab.train(pointer, pointer)
+    assert isinstance(error, dict) and error["field"] == "data[0].model_input.chunks[2].location", error
+    assert f"images by location make {2 * len(image)} bytes" in error["error"], error
+    assert "limits.max_request_bytes" in error["error"], error
