@@ -20,6 +20,7 @@ from app.config_sections import (
     MOVED_FROM_LIMITS,
     SECTIONS,
     EngineConfig,
+    ImagesConfig,
     LimitsConfig,
     MetricsConfig,
     QuotasConfig,
@@ -42,6 +43,7 @@ __all__ = [
     "BaseModelConfig",
     "EngineConfig",
     "FeaturesConfig",
+    "ImagesConfig",
     "LimitsConfig",
     "MetricsConfig",
     "QuotasConfig",
@@ -490,6 +492,7 @@ class ServerConfig(Strict):
         MetricsConfig(), description="the metrics' per-user and per-model labels: off by default, capped when on"
     )
     uploads: UploadsConfig = Field(UploadsConfig(), description="uploading LoRA adapters trained elsewhere")
+    images: ImagesConfig = Field(ImagesConfig(), description="where image_asset_pointer chunks may point")
     ingress_replicas: int = Field(1, ge=1, description="replicas of the Ingress deployment (the HTTP API)")
 
     @model_validator(mode="after")

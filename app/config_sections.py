@@ -1,14 +1,17 @@
 """The server-wide sections of the configuration (app.config.ServerConfig): what one request may ask (`limits`), how
 long the server waits and how often it tries again (`timeouts`), how long it keeps what it stores (`retention`),
 what one user, key, session or base model may hold or send at once (`quotas`), the widths of the engines every
-base model runs (`engine`), and which labels the server's metrics carry (`metrics`). Each field's description says
-what it bounds; validation reads no file."""
+base model runs (`engine`), which labels the server's metrics carry (`metrics`) and where image pointers may point
+(`images`). Each field's description says what it bounds; validation reads no file."""
 
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+ASSET_STORE_SCHEMES = ("s3", "gs")  # object stores an image asset root may name (app.images.assets)
 
 
 class Strict(BaseModel):
@@ -474,6 +477,32 @@ class UploadsConfig(Strict):
         2**20, ge=1024, description="the largest safetensors header of adapter_model.safetensors accepted"
     )
     sweep_seconds: float = Field(60.0, gt=0, description="how often expired uploads' files are removed")
+
+
+class ImagesConfig(Strict):
+    """Image chunks that point at a location (`image_asset_pointer`): where they may point. The server fetches
+    nothing from the network; it reads a pointed image from the operator's own directories and object stores."""
+
+    asset_roots: list[str] = Field(
+        [],
+        description="the locations image_asset_pointer chunks may name: local directories (an absolute path or a "
+        "file:// URL; a pointer's path is resolved, symlinks and `..` included, before it is checked to lie inside "
+        "one) and object-store prefixes (s3://bucket/prefix or gs://bucket/prefix, a pyarrow.fs URI whose query may "
+        "set region or endpoint_override; read with the server's storage credentials from the environment). Empty: "
+        "every pointer is refused",
+    )
+
+    @model_validator(mode="after")
+    def _check_roots(self) -> ImagesConfig:
+        for root in self.asset_roots:
+            parts = urlsplit(root)
+            local = root.startswith(("/", "file:///"))
+            if not (local or (parts.scheme in ASSET_STORE_SCHEMES and parts.netloc)):
+                raise ValueError(
+                    f"images.asset_roots entry {root!r} must be an absolute path, a file:/// URL or an "
+                    f"{' or '.join(f'{s}://bucket[/prefix]' for s in ASSET_STORE_SCHEMES)} URI"
+                )
+        return self
 
 
 class MetricsConfig(Strict):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import replace
+from functools import partial
 
 from fastapi import APIRouter
 
@@ -13,9 +15,10 @@ from app.api.user_caps import check_stability_room, stability_record_bytes
 from app.db.sampling_sessions import SamplingSession, sampling_session_id_for
 from app.db.stability import sequence_ids
 from app.errors import LimitExceeded, UserError
+from app.images.assets import ImageAssets
 from app.protocol.wire import CreateSamplingSessionRequest, JoinSamplingSessionRequest, SampleRequest
 from app.request_log import log_request
-from app.sampling.params import sample_args
+from app.sampling.params import holds_images, sample_args
 
 router = APIRouter(prefix="/api/v1")
 
@@ -112,7 +115,10 @@ async def asample(body: SampleRequest, services: ServicesDep, user: UserDep) -> 
             f"this sampler's base model {session.base_model!r} is no longer served here", field="sampling_session_id"
         )
     adapter_location = await _adapter_now(services, session, user)
-    args = replace(sample_args(body, services.config.limits, model), usage_session=session.session_id)
+    config = services.config
+    check = partial(sample_args, body, config.limits, model, ImageAssets.of(config.images, config.limits))
+    args = await asyncio.to_thread(check) if holds_images(body.prompt) else check()  # images: base64, files
+    args = replace(args, usage_session=session.session_id)
     check_sample_tokens(services, user, len(args.prompt) + args.num_samples * args.max_tokens)
     if body.record_stability_info:
         await _check_record_room(services, session.session_id, args.num_samples)

@@ -24,6 +24,7 @@ from app.db import journal_codec
 from app.db.metadata import TrainingRun
 from app.db.outcomes import Pending
 from app.errors import ServerError, TinkerServeError, UserError
+from app.images.assets import ImageAssets
 from app.messages import AdamParams, DimuonParams, ForwardBackwardArgs, SequencedOp, Skip
 from app.operations import operation
 from app.operations.forward_backward import ForwardBackward
@@ -103,7 +104,8 @@ async def forward_backward(request: Request, services: ServicesDep, user: UserDe
     checked, then the rest decoded off the event loop (app.api.decoding); every count bounded before it is built."""
     body = await request.body()
     ctype, encoding = request.headers.get("content-type", ""), request.headers.get("content-encoding")
-    bounds, json_body = Bounds.of(services.config.limits), is_json(ctype)
+    config = services.config
+    bounds, json_body = Bounds.of(config.limits, ImageAssets.of(config.images, config.limits)), is_json(ctype)
     decoders = decoders_of(services.config.quotas)
     async with decoders.turn(user, services.config.quotas.for_user(user).max_concurrent_decodes_per_user):
         plain, header = await asyncio.to_thread(_open, body, encoding, bounds.max_body_bytes, json_body)

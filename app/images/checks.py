@@ -6,7 +6,6 @@ the `limits` field that bounds it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from urllib.parse import urlparse
 
 from app.config import LimitsConfig
 from app.errors import LimitExceeded, UserError
@@ -43,15 +42,42 @@ def text_only(field: str, kind: object) -> UserError:
     )
 
 
-def pointer_refusal(field: str, location: str) -> UserError:
-    """An image_asset_pointer chunk: this server fetches nothing and stores no image assets, so none resolves."""
-    scheme = urlparse(location).scheme
-    why = (
-        f"is an {scheme} URL: this server fetches nothing from the network"
-        if scheme in ("http", "https")
-        else "names no image this server holds (it stores no image assets)"
-    )
-    return UserError(f"{field}.location {why}; send the image's bytes in an image chunk", field=f"{field}.location")
+def check_image(
+    field: str,
+    data: bytes,
+    declared_format: str,
+    limits: ImageLimits,
+    formats: tuple[str, ...] = CHUNK_FORMATS,
+    source: str = "data",
+) -> ImageHeader:
+    """The header of the image at `field` (its bytes from the chunk's `source`: its `data`, or the file its
+    `location` names); a UserError before any decoding when it is over a byte or pixel bound or not the format it
+    declares (one of `formats`)."""
+    if declared_format not in formats:
+        raise UserError(
+            f"{field}.format is {declared_format!r}; expected one of {list(formats)}", field=f"{field}.format"
+        )
+    if len(data) > limits.max_image_bytes:
+        raise LimitExceeded(
+            f"{field}.{source} has {len(data)} bytes, over {limits.max_image_bytes} (limits.max_image_bytes)",
+            field=f"{field}.{source}",
+        )
+    try:
+        header = read_header(data)
+    except NotAnImage as exc:
+        raise UserError(f"{field}.{source} {exc}", field=f"{field}.{source}") from exc
+    if header.format != declared_format:
+        raise UserError(
+            f"{field}.{source} is a {header.format} image but format says {declared_format!r}",
+            field=f"{field}.format",
+        )
+    if header.pixels > limits.max_image_pixels:
+        raise LimitExceeded(
+            f"{field}.{source} is {header.width}x{header.height} = {header.pixels} pixels, over "
+            f"{limits.max_image_pixels} (limits.max_image_pixels)",
+            field=f"{field}.{source}",
+        )
+    return header
 
 
 class ImageBudget:
@@ -81,29 +107,7 @@ class ImageBudget:
                 "(limits.max_images_per_request)",
                 field=field,
             )
-        if declared_format not in formats:
-            raise UserError(
-                f"{field}.format is {declared_format!r}; expected one of {list(formats)}", field=f"{field}.format"
-            )
-        if len(data) > limits.max_image_bytes:
-            raise LimitExceeded(
-                f"{field}.data has {len(data)} bytes, over {limits.max_image_bytes} (limits.max_image_bytes)",
-                field=f"{field}.data",
-            )
-        try:
-            header = read_header(data)
-        except NotAnImage as exc:
-            raise UserError(f"{field}.data {exc}", field=f"{field}.data") from exc
-        if header.format != declared_format:
-            raise UserError(
-                f"{field}.data is a {header.format} image but format says {declared_format!r}", field=f"{field}.format"
-            )
-        if header.pixels > limits.max_image_pixels:
-            raise LimitExceeded(
-                f"{field}.data is {header.width}x{header.height} = {header.pixels} pixels, over "
-                f"{limits.max_image_pixels} (limits.max_image_pixels)",
-                field=f"{field}.data",
-            )
+        header = check_image(field, data, declared_format, limits, formats)
         try:
             tokens = self.spec.tokens(header.width, header.height)
         except ValueError as exc:

@@ -1,9 +1,10 @@
 """Wire codec for forward / forward_backward requests: protobuf, zstd, legacy JSON (results: app.protocol.results).
 
 Requests are decoded straight into a PackedBatch; every structural problem becomes a UserError whose `field` names
-the offending request field (``data[3].loss_fn_inputs.weights``). The only limits applied here bound memory (body
-size, zstd output, then, before any datum is decoded, the datum count and the loss inputs' cells: app.protocol.bounds);
-semantic checks (vocab range, loss names, token counts) belong to the caller.
+the offending request field (``data[3].loss_fn_inputs.weights``). An image pointer chunk (JSON only: protobuf has no
+such chunk) becomes an image chunk holding its file's bytes (app.images.assets). The only limits applied here bound
+memory (body size, zstd output, then, before any datum is decoded, the datum count and the loss inputs' cells:
+app.protocol.bounds); semantic checks (vocab range, loss names, token counts) belong to the caller.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import base64
 import io
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,7 @@ from google.protobuf.message import DecodeError
 
 from app.config import LimitsConfig
 from app.errors import LimitExceeded, UserError
-from app.images.checks import pointer_refusal
+from app.images.assets import NO_ASSETS, ImageAssets
 from app.protocol.bounds import (
     CellBudget,
     Counter,
@@ -29,7 +30,7 @@ from app.protocol.bounds import (
     check_config_entries,
     check_datum_count,
 )
-from app.protocol.chunks import IMAGE, TEXT, ImageCounter, not_text
+from app.protocol.chunks import IMAGE, IMAGE_KINDS, IMAGE_POINTER, TEXT, ImageCounter, not_text
 from app.protocol.proto import pb
 from app.protocol.provenance import collect, provenance_from_json, provenance_from_proto
 from app.protocol.skeleton import scan_counts
@@ -90,15 +91,17 @@ class Bounds:
     max_cells: int = _LIMITS.max_loss_input_cells_per_request
     max_sparse_width: int = _LIMITS.max_sparse_input_width
     counts: CountLimits = _COUNTS
+    assets: ImageAssets = NO_ASSETS  # where image pointers may point
 
     @classmethod
-    def of(cls, limits: LimitsConfig) -> Bounds:
+    def of(cls, limits: LimitsConfig, assets: ImageAssets = NO_ASSETS) -> Bounds:
         return cls(
             limits.max_request_bytes,
             limits.max_datums_per_request,
             limits.max_loss_input_cells_per_request,
             limits.max_sparse_input_width,
             CountLimits.of(limits),
+            assets,
         )
 
 
@@ -144,7 +147,7 @@ def decode_plain(plain: bytes, json_body: bool, bounds: Bounds = Bounds()) -> Ou
     if not json_body:
         try:
             scan_counts(plain, bounds.max_datums, bounds.counts)
-            return Outcome(_decode_proto(plain, bounds.max_datums, budget, bounds.counts))
+            return Outcome(_decode_proto(plain, bounds.max_datums, budget, bounds.counts))  # protobuf has no pointers
         except UserError as exc:
             return Outcome(None, exc)
     try:
@@ -152,7 +155,8 @@ def decode_plain(plain: bytes, json_body: bool, bounds: Bounds = Bounds()) -> Ou
     except UserError as exc:
         return Outcome(None, exc)
     try:
-        return Outcome(_decode_json(obj, bounds.max_datums, budget, bounds.counts))
+        room = bounds.max_body_bytes - len(plain)  # for the images by location, as if they were in the body
+        return Outcome(_decode_json(obj, bounds.max_datums, budget, bounds.counts, bounds.assets, room))
     except UserError as exc:
         return Outcome(None, exc, valid_sequence(obj.get("model_id"), obj.get("seq_id")))
 
@@ -167,15 +171,16 @@ def decode_forward_backward(
     max_cells: int = _LIMITS.max_loss_input_cells_per_request,
     max_sparse_width: int = _LIMITS.max_sparse_input_width,
     counts: CountLimits = _COUNTS,
+    assets: ImageAssets = NO_ASSETS,
 ) -> ForwardBackwardInput:
     """Decode a forward_backward body: protobuf (or JSON from older SDKs), optionally zstd-compressed; a UserError
     when it is refused.
 
     max_body_bytes bounds the raw and the decompressed body; before any datum is decoded, max_datums bounds their
     number, max_cells the cells of all loss inputs (CSR ones densified), max_sparse_width a CSR tensor's width and
-    `counts` every other count the body carries.
+    `counts` every other count the body carries; `assets` says where image pointers may point.
     """
-    bounds = Bounds(max_body_bytes, max_datums, max_cells, max_sparse_width, counts)
+    bounds = Bounds(max_body_bytes, max_datums, max_cells, max_sparse_width, counts, assets)
     outcome = decode_plain(decompress(body, content_encoding, max_body_bytes), is_json(content_type), bounds)
     if outcome.decoded is None:
         assert outcome.error is not None
@@ -330,7 +335,7 @@ def _decode_proto(body: bytes, max_datums: int, budget: CellBudget, counts: Coun
         if arm is None:
             raise _err(f"loss_fn_config_v2.{k}", "has neither number nor text set")
         config[k] = float(v.number) if arm == "number" else str(v.text)
-    batch = _pack(datums, images.images)
+    batch = _pack(datums, images.images())
     return ForwardBackwardInput(
         req.model_id, int(req.seq_id), req.loss_fn, config, bool(req.forward_only), batch, collect(provenance, counts)
     )
@@ -424,11 +429,9 @@ def _json_datum(i: int, d: Any, images: ImageCounter) -> tuple[np.ndarray, dict[
         raise _err(f"data[{i}].model_input.chunks", "must be a list")
     for j, chunk in enumerate(chunks):
         kind = chunk.get("type", "encoded_text") if isinstance(chunk, dict) else "malformed"
-        if kind == IMAGE:
+        if kind in IMAGE_KINDS:
             parts.append(_json_image(i, f"data[{i}].model_input.chunks[{j}]", chunk, sum(map(len, parts)), images))
             continue
-        if kind == "image_asset_pointer":
-            raise pointer_refusal(f"data[{i}].model_input.chunks[{j}]", str(chunk.get("location")))
         if kind != TEXT:
             raise not_text(f"data[{i}].model_input.chunks[{j}]", kind)
         field = f"data[{i}].model_input.chunks[{j}].tokens"
@@ -447,17 +450,24 @@ def _json_datum(i: int, d: Any, images: ImageCounter) -> tuple[np.ndarray, dict[
 
 
 def _json_image(i: int, field: str, chunk: dict[str, Any], at: int, images: ImageCounter) -> np.ndarray:
-    """An image chunk of the JSON form: `data` base64, `format`, `expected_tokens`."""
+    """An image chunk of the JSON form (`data` base64, `format`, `expected_tokens`), or a pointer chunk (`location`
+    for `data`)."""
     data, fmt, expected = chunk.get("data"), chunk.get("format"), chunk.get("expected_tokens")
+    if expected is not None and (not isinstance(expected, int) or isinstance(expected, bool)):
+        raise _err(f"{field}.expected_tokens", "must be an integer")
+    fmt = fmt if isinstance(fmt, str) else repr(fmt)
+    if chunk.get("type") == IMAGE_POINTER:
+        location = chunk.get("location")
+        if not isinstance(location, str):
+            raise _err(f"{field}.location", "must be a string: the image's path or URL")
+        return images.point(i, at, field, location, fmt, expected)
     if not isinstance(data, str):
         raise _err(f"{field}.data", "must be a base64 string")
     try:
         raw = base64.b64decode(data, validate=True)
     except ValueError as exc:
         raise _err(f"{field}.data", "is not valid base64") from exc
-    if expected is not None and (not isinstance(expected, int) or isinstance(expected, bool)):
-        raise _err(f"{field}.expected_tokens", "must be an integer")
-    return images.add(i, at, field, raw, fmt if isinstance(fmt, str) else repr(fmt), expected)
+    return images.add(i, at, field, raw, fmt, expected)
 
 
 def _parse_json(body: bytes) -> dict[str, Any]:
@@ -470,7 +480,9 @@ def _parse_json(body: bytes) -> dict[str, Any]:
     return obj
 
 
-def _decode_json(obj: dict[str, Any], max_datums: int, budget: CellBudget, counts: CountLimits) -> ForwardBackwardInput:
+def _decode_json(
+    obj: dict[str, Any], max_datums: int, budget: CellBudget, counts: CountLimits, assets: ImageAssets, room: int
+) -> ForwardBackwardInput:
     fbi = obj.get("forward_backward_input")
     inner = fbi if isinstance(fbi, dict) else obj
     model_id, seq_id, loss_fn = obj.get("model_id"), obj.get("seq_id") or 0, inner.get("loss_fn")
@@ -497,7 +509,8 @@ def _decode_json(obj: dict[str, Any], max_datums: int, budget: CellBudget, count
         except OverflowError as exc:  # an integer beyond the float range
             raise _err(f"loss_fn_config.{k}", "is out of the float range") from exc
     forward_only = bool(obj.get("forward_only", inner.get("forward_only", False)))
-    images = ImageCounter(counts)
-    batch = _pack([_json_datum(i, d, images) for i, d in enumerate(data)], images.images)
+    images = ImageCounter(counts, assets)
+    batch = _pack([_json_datum(i, d, images) for i, d in enumerate(data)])
     provenance = collect([provenance_from_json(i, d) for i, d in enumerate(data)], counts)  # datums: dicts (checked)
+    batch = replace(batch, images=images.images(room))  # pointed files are read last, once the rest is valid
     return ForwardBackwardInput(model_id, seq_id, loss_fn, config, forward_only, batch, provenance)

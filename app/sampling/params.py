@@ -12,13 +12,12 @@ from typing import cast
 
 from app.config import LimitsConfig
 from app.errors import LimitExceeded, UserError, require
-from app.images.checks import ImageBudget, ImageLimits, pointer_refusal, text_only
-from app.protocol.chunks import TEXT
+from app.images.assets import NO_ASSETS, ImageAssets
+from app.images.checks import ImageBudget, ImageLimits, text_only
+from app.protocol.chunks import IMAGE_KINDS, IMAGE_POINTER, TEXT
 from app.protocol.wire import SampleRequest
 from app.training_data.validation import ModelLimits
 
-IMAGE_POINTER = "image_asset_pointer"
-IMAGE_KINDS = ("image", IMAGE_POINTER)  # the SDK's ImageChunk and ImageAssetPointerChunk
 _SEED_RANGE = 2**63  # the SDK allows any 64-bit seed; engines take a non-negative one
 
 
@@ -60,11 +59,12 @@ class SampleArgs:
 @dataclass(frozen=True)
 class PromptVision:
     """How a vision-language base takes a prompt's images: each checked by `budget` (bounds, header, token count)
-    and standing for that many `image_token_id` tokens."""
+    and standing for that many `image_token_id` tokens; a pointer chunk's image read from `assets`."""
 
     budget: ImageBudget
     image_token_id: int
     max_images: int  # limits.max_images_per_prompt
+    assets: ImageAssets = NO_ASSETS
 
     def check_count(self, images: int, field: str) -> None:
         """Refuse more than limits.max_images_per_prompt images (counted before any is read)."""
@@ -74,12 +74,24 @@ class PromptVision:
             )
 
 
-def prompt_vision(limits: LimitsConfig, model: ModelLimits) -> PromptVision | None:
-    """How `model` takes a prompt's images; None on a text-only base."""
+def prompt_vision(limits: LimitsConfig, model: ModelLimits, assets: ImageAssets = NO_ASSETS) -> PromptVision | None:
+    """How `model` takes a prompt's images (pointed ones read from `assets`); None on a text-only base."""
     spec = model.vision_spec
     if spec is None or model.image_token_id is None:
         return None
-    return PromptVision(ImageBudget(spec, ImageLimits.of(limits)), model.image_token_id, limits.max_images_per_prompt)
+    budget = ImageBudget(spec, ImageLimits.of(limits))
+    return PromptVision(budget, model.image_token_id, limits.max_images_per_prompt, assets)
+
+
+def holds_images(prompt: dict) -> bool:
+    """Whether a ModelInput JSON holds image chunks (its check then decodes base64 and reads headers and files:
+    callers run it off the event loop)."""
+    chunks = prompt.get("chunks")
+    return isinstance(chunks, list) and any(_is_image(c) for c in chunks)
+
+
+def _is_image(chunk: object) -> bool:
+    return isinstance(chunk, dict) and chunk.get("type") in IMAGE_KINDS
 
 
 def prompt_tokens(
@@ -97,7 +109,7 @@ def prompt_tokens(
             f"prompt.chunks has {len(chunks)} chunks; the model's context length is {context}", field="prompt.chunks"
         )
     if vision is not None:
-        vision.check_count(sum(isinstance(c, dict) and c.get("type") in IMAGE_KINDS for c in chunks), "prompt.chunks")
+        vision.check_count(sum(map(_is_image, chunks)), "prompt.chunks")
     tokens: list[int] = []
     images: list[SampleImage] = []
     for i, chunk in enumerate(chunks):
@@ -145,20 +157,23 @@ def image_bytes(encoded: str, field: str, max_bytes: int) -> bytes:
 
 
 def _image(chunk: dict, field: str, start: int, vision: PromptVision) -> SampleImage:
-    """An image chunk's bytes, checked from their header (a pointer chunk is refused: this server fetches nothing).
-    Its base64 text is measured against limits.max_image_bytes before it is decoded."""
-    if chunk.get("type") == IMAGE_POINTER:
-        raise pointer_refusal(field, str(chunk.get("location", "")))
-    encoded = chunk.get("data")
-    require(isinstance(encoded, str), f"{field}.data must be the image's bytes in base64", field=f"{field}.data")
-    data = image_bytes(cast(str, encoded), f"{field}.data", vision.budget.limits.max_image_bytes)
-    expected = chunk.get("expected_tokens")
+    """An image chunk's bytes, checked from their header: its base64 text is measured against
+    limits.max_image_bytes before it is decoded; a pointer chunk's file is located and read (app.images.assets)."""
+    expected, fmt = chunk.get("expected_tokens"), str(chunk.get("format"))
     require(
         expected is None or (isinstance(expected, int) and not isinstance(expected, bool)),
         f"{field}.expected_tokens must be an integer",
         field=f"{field}.expected_tokens",
     )
-    _, length = vision.budget.check(0, field, data, str(chunk.get("format")), expected)
+    if chunk.get("type") == IMAGE_POINTER:
+        location = chunk.get("location")
+        require(isinstance(location, str), f"{field}.location must be a string", field=f"{field}.location")
+        data = vision.assets.read(field, vision.assets.locate(field, cast(str, location)), fmt)
+    else:
+        encoded = chunk.get("data")
+        require(isinstance(encoded, str), f"{field}.data must be the image's bytes in base64", field=f"{field}.data")
+        data = image_bytes(cast(str, encoded), f"{field}.data", vision.budget.limits.max_image_bytes)
+    _, length = vision.budget.check(0, field, data, fmt, expected)
     return SampleImage(start=start, length=length, data=data)
 
 
@@ -205,9 +220,12 @@ def check_sampling_ranges(
     require(0 < top_p <= 1, f"{prefix}top_p {top_p} must be in (0, 1]", field=f"{prefix}top_p")
 
 
-def sample_args(req: SampleRequest, limits: LimitsConfig, model: ModelLimits) -> SampleArgs:
-    """Validate an asample request; returns what the sampler needs."""
-    tokens, images = prompt_tokens(req.prompt, model.max_context_length, prompt_vision(limits, model))
+def sample_args(
+    req: SampleRequest, limits: LimitsConfig, model: ModelLimits, assets: ImageAssets = NO_ASSETS
+) -> SampleArgs:
+    """Validate an asample request; returns what the sampler needs. Blocking when its prompt `holds_images` (their
+    base64 decoded, pointed files read from `assets`)."""
+    tokens, images = prompt_tokens(req.prompt, model.max_context_length, prompt_vision(limits, model, assets))
     bad = [t for t in tokens if not 0 <= t < model.vocab_size]
     require(not bad, f"prompt token ids {bad[:5]} are outside the vocabulary [0, {model.vocab_size})", field="prompt")
     if not 1 <= req.num_samples <= limits.max_num_samples:

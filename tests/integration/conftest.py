@@ -290,8 +290,14 @@ def _family_base(name: str, root: Path) -> dict:
 
 
 @pytest.fixture(scope="session")
+def image_asset_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The families app's image asset root (`images.asset_roots`): image pointers may name files in it."""
+    return tmp_path_factory.mktemp("image_assets")
+
+
+@pytest.fixture(scope="session")
 def families_on_postgres(
-    base_url: str, postgres: PostgresServer, tmp_path_factory: pytest.TempPathFactory
+    base_url: str, postgres: PostgresServer, tmp_path_factory: pytest.TempPathFactory, image_asset_root: Path
 ) -> Iterator[str]:
     """The last app of the session (test_families, test_postgres_app): the shared app replaced by one serving a tiny
     base of each family in FAMILY_BASES, each built offline, whose `database_url` is a fresh database on the session's
@@ -305,6 +311,7 @@ def families_on_postgres(
         "auth": {"mode": "any_tml_key_on_loopback"},
         "base_models": [_family_base(name, root) for name in FAMILY_BASES.values()],
         "engine": {"max_lora_rank": 8},  # vLLM sizes its LoRA buffers by it (x 2 for Qwen3-MoE's experts)
+        "images": {"asset_roots": [str(image_asset_root)]},
     }
     replace_app(config, base_url)
     yield url

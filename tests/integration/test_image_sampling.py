@@ -2,7 +2,8 @@
 Qwen3.5-MoE base is a tiny vision-language preset): a LoRA trained on image datums is sampled with an image in the
 prompt and vLLM gives its own tokens, and compute_logprobs the prompt's, the trainer's logprobs; the official `openai`
 client sends an image as a data: URL to the base and to the checkpoint; the cookbook's vlm_classifier evaluator,
-unmodified, samples from the trained model with its images."""
+unmodified, samples from the trained model with its images; an image_asset_pointer to a file in the app's asset root
+is scored as the ImageChunk of its bytes."""
 
 from __future__ import annotations
 
@@ -109,6 +110,27 @@ def test_the_sampler_agrees_with_the_trainer_on_an_image_prompt(
     np.testing.assert_allclose(sequence.logprobs, expected[-len(sequence.tokens) :], atol=SAMPLER_ATOL)
     assert scored[0] is None and len(scored) == prompt.model_input().length
     np.testing.assert_allclose(np.asarray(scored[1:], dtype=float), prompt_expected.to_numpy(), atol=SAMPLER_ATOL)
+
+
+def test_a_pointer_chunk_is_scored_as_the_image_chunk_of_its_file(
+    client: tinker.ServiceClient, image_asset_root: Path
+) -> None:
+    """compute_logprobs of a prompt whose image is an image_asset_pointer to a file in the app's asset root equals
+    that of the same prompt with the file's bytes in an ImageChunk."""
+    image = png(0, seed=11)
+    (image_asset_root / "red.png").write_bytes(image)
+    sampler = client.create_sampling_client(base_model=VLM).result()
+    prompt = ImagePrompt(sampler.get_tokenizer(), image, "Look:", [])
+    inline = prompt.model_input()
+    pointer = types.ImageAssetPointerChunk(
+        location=f"file://{image_asset_root}/red.png", format="png", expected_tokens=IMAGE_TOKENS
+    )
+    pointed = types.ModelInput(chunks=[inline.chunks[0], pointer, inline.chunks[2]])
+    expected, got = (sampler.compute_logprobs(m).result() for m in (inline, pointed))
+    assert got[0] is None and len(got) == len(expected) == inline.length
+    difference = np.abs(np.asarray(got[1:], dtype=float) - np.asarray(expected[1:], dtype=float)).max()
+    print(f"pointer vs image chunk, prompt logprobs: {difference:.1e}")
+    assert difference <= 1e-6
 
 
 def _chat(model: str, url: str | None) -> dict:

@@ -95,12 +95,17 @@ def saved_checkpoint(api: InProcessApi, user: str, size_bytes: int = 10, public:
 @pytest.fixture
 def make_api(tmp_path: Path) -> Iterator[Callable[..., InProcessApi]]:
     """Makes the in-process API; keyword arguments override config fields of the server-wide sections by name
-    (limits, timeouts, retention, quotas, engine: each name is in one of them), `users` is quotas.users."""
+    (limits, timeouts, retention, quotas, engine: each name is in one of them), `users` is quotas.users, `images`
+    the images section."""
     database, storage = sqlite_url(tmp_path / "api.sqlite"), str(tmp_path / "objects")
     clients: list[TestClient] = []
 
-    def make(users: dict[str, dict[str, int]] | None = None, **overrides: Any) -> InProcessApi:
+    def make(
+        users: dict[str, dict[str, int]] | None = None, images: dict[str, Any] | None = None, **overrides: Any
+    ) -> InProcessApi:
         sections: dict[str, dict[str, Any]] = {"quotas": {"users": users or {}}}  # users: quotas.users
+        if images is not None:
+            sections["images"] = images
         for name, value in overrides.items():
             sections.setdefault(MOVED_FROM_LIMITS.get(name, "limits"), {})[name] = value
         config = ServerConfig(

@@ -12,7 +12,7 @@ from PIL import Image
 
 from app.config import LimitsConfig
 from app.errors import LimitExceeded, UserError
-from app.images.checks import ImageBudget, ImageLimits, pointer_refusal, text_only
+from app.images.checks import ImageBudget, ImageLimits, text_only
 from app.images.header import NotAnImage, read_header
 from app.images.tokens import VisionSpec
 
@@ -144,7 +144,6 @@ def test_a_format_the_bytes_contradict_is_refused() -> None:
         _budget().check(0, "f", _encode("GIF", (10, 10)), "gif", None)
 
 
-def test_refusals_name_audio_text_only_bases_and_network_pointers() -> None:
+def test_refusals_name_audio_and_text_only_bases() -> None:
     assert "audio (dmel) chunks are not served" in str(text_only("data[0].model_input[1]", "dmel"))
     assert "this base model is text-only" in str(text_only("prompt.chunks[1]", "image"))
-    assert "fetches nothing" in str(pointer_refusal("data[0].model_input[1]", "https://example.com/cat.png"))
