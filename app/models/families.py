@@ -53,6 +53,11 @@ class Family:
     # app.training.sequence_parallel splits its long datums across ranks (its sequence mixers are sdpa attention and
     # Gated DeltaNet)
     sequence_parallel: bool = True
+    # transformers builds the family's language model alone (AutoModelForCausalLM; for a vision-language checkpoint its
+    # text part). False: it has no such class (Qwen3-VL, whose text layers take the vision tower's DeepStack features),
+    # so the trainer builds the whole vision-language model and drops its vision tower (app.training.vision holds it);
+    # its adapters then name the layers as the checkpoint does, which vLLM maps onto its own modules
+    causal_lm: bool = True
     vllm_options: dict[str, Any] = field(default_factory=dict)
     lora_request: dict[str, Any] = field(default_factory=dict)
 
@@ -108,6 +113,7 @@ FAMILIES: dict[str, Family] = {
             expert_parameters=("mixer.experts.up_proj", "mixer.experts.down_proj"),
             sequence_parallel=False,  # its Mamba2 mixers' scan is not split across ranks
         ),
+        Family("qwen3_vl", causal_lm=False),
         # the MLP names reach the routed experts only (above)
         _moe("deepseek_v3", attention_modules=MLA_MODULES, sampler_rank_factor=2),
         _moe("glm4_moe", sampler_rank_factor=2),
@@ -133,6 +139,14 @@ def family_of(model_type: str) -> Family:
             f"model_type {model_type!r} is not a supported model family; supported: {', '.join(sorted(FAMILIES))}"
         )
     return family
+
+
+def model_class(family: Family) -> Any:
+    """transformers' auto class that builds a base of this family as the trainer holds it (from a config or a
+    checkpoint); the whole vision-language model's still has its vision tower (app.training.base_model drops it)."""
+    import transformers
+
+    return transformers.AutoModelForCausalLM if family.causal_lm else transformers.AutoModelForImageTextToText
 
 
 def sampler_refusal(family: Family, on_gpu: bool) -> str | None:
