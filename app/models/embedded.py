@@ -56,8 +56,8 @@ class Preset:
     """The shape of one embedded model: a Qwen2 (head_dim = hidden_size / num_attention_heads), a Qwen3, a Llama, a
     mixture of experts (Qwen3-MoE, gpt-oss), or one of the hybrid and latent-attention families; `moe` holds the
     expert fields (and any other family-specific ones) of its config class. A `vision` config makes the model
-    vision-language as the family's real checkpoints are (Qwen3.5, Qwen3-VL): the text fields go under `text_config`, and a
-    tiny random vision tower is saved beside the language model."""
+    vision-language as the family's real checkpoints are (Qwen3.5, Qwen3-VL): the text fields go under `text_config`,
+    and a tiny random vision tower is saved beside the language model."""
 
     hidden_size: int
     num_hidden_layers: int
