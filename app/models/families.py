@@ -20,9 +20,11 @@ MAMBA2_MODULES = ("in_proj",)
 # expands the latent into keys and values: vLLM's MLA folds its base weight into the queries and outputs when it loads
 # the model and decodes with those, so a LoRA on it would be sampled without its delta
 MLA_MODULES = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "o_proj")
-# Qwen3.5's checkpoints are vision-language models: the Sampler serves their text only (no vision tower, no image
-# processor), with app.sampling.qwen3_5 and, in float32 on CPU, app.sampling.cpu_gdn
-QWEN3_5_VLLM_OPTIONS = {"language_model_only": True}
+# Qwen3.5's and Qwen3-VL's checkpoints are vision-language models: on a base not served with images (no processor
+# files: app.sampling.vision, whose options replace these otherwise) the Sampler serves their text only, building no
+# vision tower and no image processor (Qwen3-VL without them failed vLLM's start: "Can't load image processor"); Qwen3.5
+# with app.sampling.qwen3_5 and, in float32 on CPU, app.sampling.cpu_gdn
+LANGUAGE_MODEL_ONLY = {"language_model_only": True}
 
 # DeepSeek-V3 and GLM-4.5 mix dense MLP layers (the first few), routed experts and shared experts, all with projections
 # named gate/up/down_proj. On these model types PEFT 0.21 (with transformers 5) turns every target ending in those
@@ -98,13 +100,13 @@ FAMILIES: dict[str, Family] = {
         Family(
             "qwen3_5",
             attention_modules=ATTN_MODULES + GATED_DELTANET_MODULES,
-            vllm_options=QWEN3_5_VLLM_OPTIONS,
+            vllm_options=LANGUAGE_MODEL_ONLY,
         ),
         _moe(
             "qwen3_5_moe",
             attention_modules=ATTN_MODULES + GATED_DELTANET_MODULES,
             expert_parameters=("mlp.experts.gate_up_proj", "mlp.experts.down_proj"),  # MLP_MODULES: the shared expert
-            vllm_options=QWEN3_5_VLLM_OPTIONS,
+            vllm_options=LANGUAGE_MODEL_ONLY,
         ),
         _moe(
             "nemotron_h",
@@ -113,7 +115,7 @@ FAMILIES: dict[str, Family] = {
             expert_parameters=("mixer.experts.up_proj", "mixer.experts.down_proj"),
             sequence_parallel=False,  # its Mamba2 mixers' scan is not split across ranks
         ),
-        Family("qwen3_vl", causal_lm=False),
+        Family("qwen3_vl", causal_lm=False, vllm_options=LANGUAGE_MODEL_ONLY),
         # the MLP names reach the routed experts only (above)
         _moe("deepseek_v3", attention_modules=MLA_MODULES, sampler_rank_factor=2),
         _moe("glm4_moe", sampler_rank_factor=2),
