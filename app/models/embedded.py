@@ -56,8 +56,8 @@ class Preset:
     """The shape of one embedded model: a Qwen2 (head_dim = hidden_size / num_attention_heads), a Qwen3, a Llama, a
     mixture of experts (Qwen3-MoE, gpt-oss), or one of the hybrid and latent-attention families; `moe` holds the
     expert fields (and any other family-specific ones) of its config class. A `vision` config makes the model
-    vision-language as the family's real checkpoints are (Qwen3.5): the text fields go under `text_config`, and a
-    tiny random vision tower is saved beside the language model."""
+    vision-language as the family's real checkpoints are (Qwen3.5, Qwen3-VL): the text fields go under `text_config`,
+    and a tiny random vision tower is saved beside the language model."""
 
     hidden_size: int
     num_hidden_layers: int
@@ -68,7 +68,7 @@ class Preset:
     head_dim: int | None = None  # all but Qwen2
     architecture: Literal[
         "qwen2", "qwen3", "llama", "qwen3_moe", "gpt_oss", "qwen3_5", "qwen3_5_moe", "nemotron_h", "deepseek_v3",
-        "glm4_moe", "olmo3"
+        "glm4_moe", "olmo3", "qwen3_vl"
     ] = "qwen2"
     dtype: Literal["float32", "bfloat16"] = "float32"  # of the weights on disk
     moe: dict[str, object] = field(default_factory=dict)
@@ -102,6 +102,12 @@ _TINY_IMAGE_PIXELS = {"shortest_edge": 32 * 32, "longest_edge": 128 * 128}
 # the real models' [11, 11, 10] interleaved over 32
 _TINY_MROPE: dict[str, object] = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
                                   "mrope_section": [2, 1, 1], "mrope_interleaved": True}
+# Qwen3-VL's: Qwen3 text layers with full-width interleaved multimodal rotary positions (the real models' [24, 20, 20]
+# over 64 frequencies, scaled to the tiny heads' 16), and a tower whose DeepStack mergers feed each of its layers'
+# features to the language model's first layers (the real models': blocks 5, 11, 17 of 24 into layers 0, 1, 2)
+_TINY_QWEN3_VL_MROPE: dict[str, object] = {"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [6, 5, 5],
+                                           "mrope_interleaved": True}
+_TINY_DEEPSTACK_VISION = _TINY_VISION | {"depth": 2, "deepstack_visual_indexes": [0, 1]}
 # DeepSeek-V3 and GLM-4.5: a dense first layer, then 8 routed experts (2 a token) and a shared one, one expert group
 _ROUTED_MOE: dict[str, object] = {
     "first_k_dense_replace": 1, "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1,
@@ -109,7 +115,7 @@ _ROUTED_MOE: dict[str, object] = {
 
 PresetName = Literal[
     "tiny", "small", "qwen3-0.6b", "tiny-qwen3", "tiny-llama", "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-qwen3_5",
-    "tiny-qwen3_5-moe", "tiny-nemotron-h", "tiny-deepseek-v3", "tiny-glm4-moe",
+    "tiny-qwen3_5-moe", "tiny-nemotron-h", "tiny-deepseek-v3", "tiny-glm4-moe", "tiny-qwen3-vl",
 ]  # PRESETS' keys, named for the config's `embedded_preset` (tests/unit/models/test_embedded_model.py: the same)
 
 PRESETS: dict[str, Preset] = {
@@ -129,6 +135,8 @@ PRESETS: dict[str, Preset] = {
     "tiny-gpt-oss": _tiny(intermediate_size=64, head_dim=32, architecture="gpt_oss",
                           moe={"num_local_experts": 8, "num_experts_per_tok": 2, "sliding_window": 128,
                                "layer_types": ["sliding_attention", "full_attention"]}),
+    "tiny-qwen3-vl": _tiny(intermediate_size=256, head_dim=32, architecture="qwen3_vl",
+                           moe={"rope_parameters": _TINY_QWEN3_VL_MROPE}, vision=_TINY_DEEPSTACK_VISION),
     # the lineup's hybrids and latent-attention MoEs (app.models.families), two to four layers of each kind they mix
     "tiny-qwen3_5": _tiny(intermediate_size=256, head_dim=32, architecture="qwen3_5",
                           moe=_GATED_DELTANET | {"rope_parameters": _TINY_MROPE}, vision=_TINY_VISION),

@@ -20,9 +20,11 @@ MAMBA2_MODULES = ("in_proj",)
 # expands the latent into keys and values: vLLM's MLA folds its base weight into the queries and outputs when it loads
 # the model and decodes with those, so a LoRA on it would be sampled without its delta
 MLA_MODULES = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "o_proj")
-# Qwen3.5's checkpoints are vision-language models: the Sampler serves their text only (no vision tower, no image
-# processor), with app.sampling.qwen3_5 and, in float32 on CPU, app.sampling.cpu_gdn
-QWEN3_5_VLLM_OPTIONS = {"language_model_only": True}
+# Qwen3.5's and Qwen3-VL's checkpoints are vision-language models: on a base not served with images (no processor
+# files: app.sampling.vision, whose options replace these otherwise) the Sampler serves their text only, building no
+# vision tower and no image processor (Qwen3-VL without them failed vLLM's start: "Can't load image processor"); Qwen3.5
+# with app.sampling.qwen3_5 and, in float32 on CPU, app.sampling.cpu_gdn
+LANGUAGE_MODEL_ONLY = {"language_model_only": True}
 
 # DeepSeek-V3 and GLM-4.5 mix dense MLP layers (the first few), routed experts and shared experts, all with projections
 # named gate/up/down_proj. On these model types PEFT 0.21 (with transformers 5) turns every target ending in those
@@ -53,6 +55,11 @@ class Family:
     # app.training.sequence_parallel splits its long datums across ranks (its sequence mixers are sdpa attention and
     # Gated DeltaNet)
     sequence_parallel: bool = True
+    # transformers builds the family's language model alone (AutoModelForCausalLM; for a vision-language checkpoint its
+    # text part). False: it has no such class (Qwen3-VL, whose text layers take the vision tower's DeepStack features),
+    # so the trainer builds the whole vision-language model and drops its vision tower (app.training.vision holds it);
+    # its adapters then name the layers as the checkpoint does, which vLLM maps onto its own modules
+    causal_lm: bool = True
     vllm_options: dict[str, Any] = field(default_factory=dict)
     lora_request: dict[str, Any] = field(default_factory=dict)
 
@@ -93,13 +100,13 @@ FAMILIES: dict[str, Family] = {
         Family(
             "qwen3_5",
             attention_modules=ATTN_MODULES + GATED_DELTANET_MODULES,
-            vllm_options=QWEN3_5_VLLM_OPTIONS,
+            vllm_options=LANGUAGE_MODEL_ONLY,
         ),
         _moe(
             "qwen3_5_moe",
             attention_modules=ATTN_MODULES + GATED_DELTANET_MODULES,
             expert_parameters=("mlp.experts.gate_up_proj", "mlp.experts.down_proj"),  # MLP_MODULES: the shared expert
-            vllm_options=QWEN3_5_VLLM_OPTIONS,
+            vllm_options=LANGUAGE_MODEL_ONLY,
         ),
         _moe(
             "nemotron_h",
@@ -108,6 +115,7 @@ FAMILIES: dict[str, Family] = {
             expert_parameters=("mixer.experts.up_proj", "mixer.experts.down_proj"),
             sequence_parallel=False,  # its Mamba2 mixers' scan is not split across ranks
         ),
+        Family("qwen3_vl", causal_lm=False, vllm_options=LANGUAGE_MODEL_ONLY),
         # the MLP names reach the routed experts only (above)
         _moe("deepseek_v3", attention_modules=MLA_MODULES, sampler_rank_factor=2),
         _moe("glm4_moe", sampler_rank_factor=2),
@@ -133,6 +141,14 @@ def family_of(model_type: str) -> Family:
             f"model_type {model_type!r} is not a supported model family; supported: {', '.join(sorted(FAMILIES))}"
         )
     return family
+
+
+def model_class(family: Family) -> Any:
+    """transformers' auto class that builds a base of this family as the trainer holds it (from a config or a
+    checkpoint); the whole vision-language model's still has its vision tower (app.training.base_model drops it)."""
+    import transformers
+
+    return transformers.AutoModelForCausalLM if family.causal_lm else transformers.AutoModelForImageTextToText
 
 
 def sampler_refusal(family: Family, on_gpu: bool) -> str | None:

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from transformers import AutoModelForCausalLM
 
-from app.models.families import family_of
+from app.models.families import family_of, model_class
 from app.models.model_config import transformers_config
 
 
@@ -18,9 +17,10 @@ def write_zero_adapter(model_path: str, out_dir: Path) -> Path:
     outputs equal the base model's. Its name and shape come from the model as the trainer builds it (on the meta
     device: no weights are read), so it names modules as the trainer's adapters do."""
     config = transformers_config(model_path)
-    target = family_of(config.model_type).attention_modules[0]
+    family = family_of(config.model_type)
+    target = family.attention_modules[0]
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = model_class(family).from_config(config)
     name, module = next((n, m) for n, m in model.named_modules() if n.endswith(f".{target}"))
     out_features, in_features = module.weight.shape
     prefix = f"base_model.model.{name}"

@@ -18,9 +18,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.utils.checkpoint import checkpoint
-from transformers import AutoModelForCausalLM
 
-from app.models.families import family_of
+from app.models.families import Family, family_of, model_class
 from app.models.model_config import transformers_config
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -31,12 +30,20 @@ def load_base_model(path: str, dtype: torch.dtype = torch.float32, device: str =
     where transformers has it (memory-efficient kernels on CPU and GPU: no [tokens, tokens] score matrix is kept)."""
     config = transformers_config(path)  # read once: the family's attention, then the model
     family = family_of(config.model_type)
-    model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(
+    model: torch.nn.Module = model_class(family).from_pretrained(
         path, config=config, dtype=dtype, attn_implementation=family.trainer_attention
     )
+    without_vision_tower(model, family)
     for p in model.parameters():
         p.requires_grad_(False)
     return model.to(device).eval()
+
+
+def without_vision_tower(model: torch.nn.Module, family: Family) -> None:
+    """Drop a whole vision-language model's vision tower, in place (a family transformers builds no language model
+    alone for: `Family.causal_lm`); the ranks' app.training.vision holds the frozen tower apart."""
+    if not family.causal_lm:
+        del model.get_submodule("model").visual
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

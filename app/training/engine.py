@@ -93,7 +93,9 @@ class TrainingEngine:
 
     def _value_head(self) -> torch.nn.Linear:
         """A scalar head on the final hidden state, in float32; zero-initialised, so new critics predict 0."""
-        head = torch.nn.Linear(self.pool.model.config.hidden_size, 1, device=self.device, dtype=torch.float32)
+        head = torch.nn.Linear(
+            self.pool.model.config.get_text_config().hidden_size, 1, device=self.device, dtype=torch.float32
+        )
         torch.nn.init.zeros_(head.weight)
         torch.nn.init.zeros_(head.bias)
         return head
@@ -300,11 +302,11 @@ class TrainingEngine:
             input_ids, mask = padded([part], self.device)
             # Every host-to-device copy before the forward: a blocking copy waits for the work queued ahead of it.
             finish = loss.prepare(part)
-            images = self._image_inputs(part, input_ids)
-            if model.value_head is None:
-                name, prediction = "logprobs", self._target_logprobs(part, input_ids, mask, **images)
-            else:
-                name, prediction = "values", self._values(model.value_head, part, input_ids, mask, **images)
+            with self._image_inputs(part, input_ids) as images:
+                if model.value_head is None:
+                    name, prediction = "logprobs", self._target_logprobs(part, input_ids, mask, **images)
+                else:
+                    name, prediction = "values", self._values(model.value_head, part, input_ids, mask, **images)
             return self._finish_pass(name, prediction, finish, forward_only, in_step=self.sharded)
 
     def _split_pass(
@@ -375,13 +377,15 @@ class TrainingEngine:
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self._autocast):
             return self.pool.model(input_ids=input_ids, attention_mask=mask, use_cache=False, **kwargs)
 
-    def _image_inputs(self, part: PackedBatch, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
-        """A micro-batch's images as the forward takes them: input embeddings with the vision tower's in place, and
-        multimodal positions (app.training.vision); none without images."""
+    def _image_inputs(
+        self, part: PackedBatch, input_ids: torch.Tensor
+    ) -> contextlib.AbstractContextManager[dict[str, torch.Tensor]]:
+        """A micro-batch's images as the forward takes them, within it: input embeddings with the vision tower's in
+        place, multimodal positions, and a DeepStack tower's features joining the first layers (app.training.vision);
+        none without images."""
         if not part.images or self.vision is None:
-            return {}
-        embeds, positions = self.vision.inputs(part, input_ids, self.pool.model.get_input_embeddings())
-        return {"inputs_embeds": embeds, "position_ids": positions}
+            return contextlib.nullcontext({})
+        return self.vision.inputs(part, input_ids, self.pool.model)
 
     def _logits(self, input_ids: torch.Tensor, mask: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         return self.forward(input_ids, mask, **kwargs).logits

@@ -19,12 +19,12 @@ from accelerate import init_empty_weights  # a dependency of peft
 from safetensors import safe_open
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import PreTrainedModel
 from transformers.conversion_mapping import get_model_conversion_mapping
 
-from app.models.families import family_of
+from app.models.families import family_of, model_class
 from app.models.model_config import transformers_config
-from app.training.base_model import load_base_model, shard_base
+from app.training.base_model import load_base_model, shard_base, without_vision_tower
 
 logger = logging.getLogger("tinker_serve.worker")
 
@@ -60,9 +60,10 @@ def _empty_base(path: str, dtype: torch.dtype) -> PreTrainedModel:
     config = transformers_config(path)
     family = family_of(config.model_type)
     with init_empty_weights(include_buffers=False):
-        model: PreTrainedModel = AutoModelForCausalLM.from_config(
+        model: PreTrainedModel = model_class(family).from_config(
             config, dtype=dtype, attn_implementation=family.trainer_attention
         )
+    without_vision_tower(model, family)
     model.tie_weights()  # again: under init_empty_weights, tying gave the LM head a meta weight of its own
     model.requires_grad_(False)
     return model.eval()

@@ -3,30 +3,38 @@ test_family_samplers.py does, in processes of its own, so vLLM's general plugins
 for each tiny preset named, one family after another, the trainer's engine (app.training.engine) trains two adapters,
 MLP-only and attention + MLP, exports them as the Trainer does, and the Sampler's engine (app.sampling.engine.
 SamplerEngine, the Sampler replica's own vLLM set-up: the family's options, its zero adapter, its plugins) loads both
-and samples from the base and from each; the trainer's logprobs of each sampled sequence are computed beside them.
-`kv_fit` among the checks: _fits_its_kv_cache. The presets are built into PRESETS_DIR (or found there). Prints one
-JSON line a check."""
+and samples from the base and from each; the trainer's logprobs of each sampled sequence are computed beside them. On
+a vision-language preset the attention + MLP adapter also samples after a prompt with an image (`image`), which the
+trainer reads through its vision tower. `kv_fit` among the checks: _fits_its_kv_cache. The presets are built into
+PRESETS_DIR (or found there). Prints one JSON line a check."""
 
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import torch
+from PIL import Image
 
 from app.config import SamplerConfig
+from app.images.tokens import VisionSpec
 from app.messages import AdamParams, AdapterSpec
 from app.models.embedded import build_embedded_model
 from app.models.families import family_of
 from app.models.model_config import model_shape
+from app.models.vision_base import image_token_id
 from app.sampling.engine import SamplerEngine
-from app.sampling.params import SampleArgs
+from app.sampling.params import SampleArgs, SampleImage
 from app.training.base_model import load_base_model
 from app.training.engine import TrainingEngine
-from app.training_data.batch import PackedBatch
+from app.training.vision import VisionTower
+from app.training_data.batch import IMAGE_PLACEHOLDER, BatchImage, PackedBatch
 from tests.unit.training.sharded_ranks import batch_of
 
 ADAPTERS = {"mlp": AdapterSpec(rank=8, seed=3, train_attn=False), "all": AdapterSpec(rank=8, seed=3)}
@@ -35,11 +43,19 @@ KV_FIT = "kv_fit"  # the name of _fits_its_kv_cache's check among the presets'
 SAMPLER = SamplerConfig(kv_cache_mib=32, dtype="float32", max_loras=2, max_cpu_loras=3, max_num_seqs=4)
 
 
-def _logprobs(engine: TrainingEngine, model_id: str, tokens: list[int]) -> np.ndarray:
-    """The trainer's logprobs of tokens[1:] given their prefixes."""
+def _logprobs(
+    engine: TrainingEngine, model_id: str, tokens: list[int], images: tuple[SampleImage, ...] = ()
+) -> np.ndarray:
+    """The trainer's logprobs of tokens[1:] given their prefixes (`images`: the prompt's, at their image pads)."""
     ids = np.asarray(tokens, np.int64)
+    inputs = ids[:-1].copy()
+    for image in images:
+        inputs[image.start : image.start + image.length] = IMAGE_PLACEHOLDER
     batch = PackedBatch(
-        ids[:-1], np.array([0, len(ids) - 1]), {"target_tokens": ids[1:], "weights": np.ones(len(ids) - 1, np.float32)}
+        inputs,
+        np.array([0, len(ids) - 1]),
+        {"target_tokens": ids[1:], "weights": np.ones(len(ids) - 1, np.float32)},
+        tuple(BatchImage("image", 0, image.start, image.length, "png", image.data) for image in images),
     )
     return np.asarray(
         engine.forward_backward(model_id, "cross_entropy", {}, batch, forward_only=True).outputs["logprobs"]
@@ -49,7 +65,7 @@ def _logprobs(engine: TrainingEngine, model_id: str, tokens: list[int]) -> np.nd
 async def _check(preset: str, out: Path, presets: Path) -> dict:
     started = time.monotonic()
     path = build_embedded_model(preset, presets / preset)
-    engine = TrainingEngine(load_base_model(str(path)))
+    engine = TrainingEngine(load_base_model(str(path)), vision=VisionTower.load(str(path), torch.float32, "cpu"))
     losses: dict[str, list[float]] = {}
     for name, spec in ADAPTERS.items():
         engine.create_model(name, spec)
@@ -59,16 +75,25 @@ async def _check(preset: str, out: Path, presets: Path) -> dict:
             engine.optim_step(name, AdamParams(learning_rate=1e-2))
         engine.save_adapter(name, out / f"{preset}-{name}")
     sampler = await SamplerEngine.start(
-        str(path), SAMPLER, max_lora_rank=8, max_model_len=256, work_dir=out / f"{preset}-sampler"
+        str(path),
+        SAMPLER,
+        max_lora_rank=8,
+        max_model_len=256,
+        work_dir=out / f"{preset}-sampler",
+        max_images=1 if VisionSpec.of_model(path) else 0,
     )
     try:
         adapters = {name: await sampler.load_adapter(str(out / f"{preset}-{name}")) for name in ADAPTERS}
         args = SampleArgs(PROMPT, 1, 12, 1.0, -1, 1.0, 3, (), (), True, False, 0, 0, None)
+        prompts = [(name, name, args) for name in ADAPTERS]  # (what is checked, the adapter, the prompt)
+        with_image = _with_image(path, args)
+        if with_image is not None:
+            prompts.append(("image", "all", with_image))
         differences = {}
-        for name, adapter in adapters.items():
-            (sequence,) = (await sampler.sample(args, adapter)).sequences
-            expected = _logprobs(engine, name, [*PROMPT, *sequence.tokens])[-len(sequence.tokens) :]
-            differences[name] = float(np.abs(np.asarray(sequence.logprobs) - expected).max())
+        for check, name, prompt in prompts:
+            (sequence,) = (await sampler.sample(prompt, adapters[name])).sequences
+            expected = _logprobs(engine, name, [*prompt.prompt, *sequence.tokens], prompt.images)
+            differences[check] = float(np.abs(np.asarray(sequence.logprobs) - expected[-len(sequence.tokens) :]).max())
     finally:
         sampler.shutdown()
     family = family_of(model_shape(str(path)).model_type).name
@@ -78,6 +103,20 @@ async def _check(preset: str, out: Path, presets: Path) -> dict:
         "max_abs_difference": differences,
         "seconds": time.monotonic() - started,
     }
+
+
+def _with_image(path: Path, args: SampleArgs) -> SampleArgs | None:
+    """On a vision-language base, `args` with a 48x48 noise image after the prompt's first 3 tokens, as many image
+    pads as the server counts for it (4 on the tiny presets' processor); None on a text-only base."""
+    spec, pad = VisionSpec.of_model(path), image_token_id(path)
+    if spec is None or pad is None:
+        return None
+    pixels = (np.random.default_rng(0).random((48, 48, 3)) * 255).astype("uint8")
+    data = io.BytesIO()
+    Image.fromarray(pixels).save(data, "PNG")
+    image = SampleImage(start=3, length=spec.tokens(48, 48), data=data.getvalue())
+    prompt = (*args.prompt[:3], *[pad] * image.length, *args.prompt[3:])
+    return replace(args, prompt=prompt, images=(image,))
 
 
 async def _fits_its_kv_cache(out: Path, presets: Path) -> dict:

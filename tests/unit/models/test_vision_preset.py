@@ -1,7 +1,7 @@
-"""The tiny vision-language preset (Qwen3.5 with its vision tower): its tokenizer carries Qwen-VL's image tokens with
-the ids its config names, and a name it is registered under resolves offline, in a fresh interpreter, to the
-cookbook's tokenizer and image processor, whose renderer wraps an image in vision start/end around an image chunk of
-as many tokens as the processor makes of it."""
+"""The tiny vision-language presets (Qwen3.5 and Qwen3-VL with their vision towers): the tokenizer carries Qwen-VL's
+image tokens with the ids its config names, and a name it is registered under resolves offline, in a fresh interpreter,
+to the cookbook's tokenizer and image processor, whose renderer for the family wraps an image in vision start/end
+around an image chunk of as many tokens as the processor makes of it."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from app.models.embedded import VISION_TOKENS, build_embedded_model
 from app.models.hub_cache import register
@@ -26,7 +28,7 @@ from tinker_cookbook.tokenizer_utils import get_tokenizer
 name = {name!r}
 processor, tokenizer = get_image_processor(name), get_tokenizer(name)
 image = Image.fromarray((np.random.RandomState(0).rand(100, 150, 3) * 255).astype("uint8"))
-renderer = get_renderer("qwen3_5_disable_thinking", tokenizer, image_processor=processor)
+renderer = get_renderer({renderer!r}, tokenizer, image_processor=processor)
 prompt = renderer.build_generation_prompt([{{"role": "user", "content": [
     {{"type": "image", "image": image}}, {{"type": "text", "text": "What is it?"}}]}}])
 grid = processor(images=[image], return_tensors="pt")["image_grid_thw"]
@@ -36,13 +38,18 @@ print(json.dumps({{"chunks": [c.model_dump(mode="json", exclude={{"data"}}) for 
 """
 
 
-def test_a_registered_vision_preset_renders_images_offline(presets_dir: Path, tmp_path: Path) -> None:
-    model = build_embedded_model("tiny-qwen3_5", presets_dir / "tiny-qwen3_5")
+@pytest.mark.parametrize(
+    ("preset", "renderer"), [("tiny-qwen3_5", "qwen3_5_disable_thinking"), ("tiny-qwen3-vl", "qwen3_vl_instruct")]
+)
+def test_a_registered_vision_preset_renders_images_offline(
+    preset: str, renderer: str, presets_dir: Path, tmp_path: Path
+) -> None:
+    model = build_embedded_model(preset, presets_dir / preset)
     config = json.loads((model / "config.json").read_text())
     cache = tmp_path / "hub"
     register("tinker-serve/tiny-vlm", model, cache)
 
-    probe = PROBE.format(name="tinker-serve/tiny-vlm", tokens=list(VISION_TOKENS))
+    probe = PROBE.format(name="tinker-serve/tiny-vlm", tokens=list(VISION_TOKENS), renderer=renderer)
     env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -13,12 +13,11 @@ import numpy as np
 import pytest
 import torch
 from peft import PeftModel
-from transformers import AutoModelForCausalLM
 
 from app.config import ServerConfig
 from app.messages import AdamParams, AdapterSpec
 from app.models.embedded import build_embedded_model
-from app.models.families import FAMILIES, UnsupportedFamily, family_of, sampler_refusal
+from app.models.families import FAMILIES, UnsupportedFamily, family_of, model_class, sampler_refusal
 from app.training.base_model import load_base_model
 from app.training.checkpoint import write_captured
 from app.training.engine import TrainingEngine
@@ -38,6 +37,7 @@ PRESETS = {
     "nemotron_h": "tiny-nemotron-h",
     "deepseek_v3": "tiny-deepseek-v3",
     "glm4_moe": "tiny-glm4-moe",
+    "qwen3_vl": "tiny-qwen3-vl",
 }
 MLP_ONLY = AdapterSpec(rank=8, seed=3, train_attn=False)
 ADAM = AdamParams(learning_rate=1e-2)
@@ -113,7 +113,7 @@ def test_mlp_only_lora_learns_and_its_export_loads_in_peft(
     assert losses[-1] < 0.7 * losses[0], losses
 
     engine.save_adapter("m", tmp_path / "adapter")
-    base = AutoModelForCausalLM.from_pretrained(path, attn_implementation=FAMILIES[family].trainer_attention)
+    base = model_class(FAMILIES[family]).from_pretrained(path, attn_implementation=FAMILIES[family].trainer_attention)
     peft = PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
     ours = _logprobs(engine, "m", batch)
     theirs = []

@@ -1,7 +1,8 @@
-"""Training on images, in process on the tiny Qwen3.5 vision-language preset: a datum with an image chunk decoded by
-the codec as the SDK sends it runs through the frozen vision tower into the LoRA-adapted language model; its
-logprobs equal transformers' whole Qwen3.5 model on the same image (its processor, image pads and multimodal
-positions), gradients reach the language model's adapter only and the loss falls."""
+"""Training on images, in process on the tiny vision-language presets (Qwen3.5 and Qwen3-VL, each with its vision
+tower): a datum with an image chunk decoded by the codec as the SDK sends it runs through the frozen vision tower into
+the LoRA-adapted language model; its logprobs equal transformers' whole model on the same image (its processor, image
+pads and multimodal positions, and Qwen3-VL's DeepStack features added to its first layers), gradients reach the
+language model's adapter only and the loss falls."""
 
 from __future__ import annotations
 
@@ -29,9 +30,17 @@ ATOL = 1e-4  # float32: our blockwise logprobs and inputs_embeds path vs transfo
 TEXT_BEFORE, TEXT_AFTER = [1, 847, 201], [276, 262, 223, 292, 33, 2]
 
 
-@pytest.fixture(scope="module")
-def model_dir(presets_dir: Path) -> Path:
-    return build_embedded_model("tiny-qwen3_5", presets_dir / "tiny-qwen3_5")
+# Qwen3-VL without its DeepStack features (transformers' whole model given none) against with them, on these images:
+# 1.16 nats apart at most (ours with the injection removed: the same), where ours and the whole model agree to
+# 4e-6; the check only needs them to matter far past ATOL
+DEEPSTACK_MATTERS = 100 * ATOL
+IMAGES = {"wide": (150, 100), "tall": (40, 90)}  # 96x160 -> 3x5 tokens; 32x96 -> 1x3
+TOKENS = {"wide": 15, "tall": 3}
+
+
+@pytest.fixture(scope="module", params=["tiny-qwen3_5", "tiny-qwen3-vl"])
+def model_dir(presets_dir: Path, request: pytest.FixtureRequest) -> Path:
+    return build_embedded_model(request.param, presets_dir / request.param)
 
 
 def _png(size: tuple[int, int], seed: int) -> bytes:
@@ -74,28 +83,44 @@ def _engine(model_dir: Path) -> TrainingEngine:
     return engine
 
 
-def test_image_logprobs_equal_transformers_whole_model_and_only_the_language_model_learns(model_dir: Path) -> None:
-    from transformers import AutoImageProcessor, AutoModelForImageTextToText
+def _images() -> list[tuple[bytes, int]]:
+    return [(_png(size, seed), TOKENS[name]) for seed, (name, size) in enumerate(IMAGES.items())]
 
-    images = [(_png((150, 100), 0), 15), (_png((40, 90), 1), 3)]  # 96x160 -> 3x5 tokens; 32x96 -> 1x3
-    batch = _batch(images)
-    engine = _engine(model_dir)
-    ours = engine.forward_backward("m", "cross_entropy", {}, batch, forward_only=True).outputs["logprobs"]
+
+def _whole_model_logprobs(model_dir: Path, batch: PackedBatch, images: list[tuple[bytes, int]], deepstack: bool = True):
+    """transformers' whole vision-language model's logprobs of `batch`'s targets, one datum (one image) at a time;
+    `deepstack=False`: its tower's DeepStack features left out (Qwen3-VL)."""
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText
 
     whole = AutoModelForImageTextToText.from_pretrained(model_dir).eval()
     processor = AutoImageProcessor.from_pretrained(model_dir)
+    out = []
     for i, (png, _) in enumerate(images):
         ids = torch.from_numpy(
             np.where(batch.tokens < 0, whole.config.image_token_id, batch.tokens)[batch.datum_slice(i)]
         )[None]
         pixels = processor(images=[Image.open(io.BytesIO(png)).convert("RGB")], return_tensors="pt")
         with torch.no_grad():
+            encoded = whole.model.get_image_features(pixels["pixel_values"], pixels["image_grid_thw"])
+            if not deepstack:
+                encoded.deepstack_features = []
             logits = whole(
-                input_ids=ids, mm_token_type_ids=(ids == whole.config.image_token_id).int(), **pixels
+                input_ids=ids,
+                mm_token_type_ids=(ids == whole.config.image_token_id).int(),
+                image_grid_thw=pixels["image_grid_thw"],
+                mm_encoder_outputs={"image": encoded},
             ).logits[0]
         targets = torch.from_numpy(batch.loss_inputs["target_tokens"][batch.datum_slice(i)])
-        theirs = torch.log_softmax(logits, -1).gather(1, targets[:, None])[:, 0].numpy()
-        np.testing.assert_allclose(ours[batch.datum_slice(i)], theirs, atol=ATOL)
+        out.append(torch.log_softmax(logits, -1).gather(1, targets[:, None])[:, 0].numpy())
+    return np.concatenate(out)
+
+
+def test_image_logprobs_equal_transformers_whole_model_and_only_the_language_model_learns(model_dir: Path) -> None:
+    images = _images()
+    batch = _batch(images)
+    engine = _engine(model_dir)
+    ours = engine.forward_backward("m", "cross_entropy", {}, batch, forward_only=True).outputs["logprobs"]
+    np.testing.assert_allclose(ours, _whole_model_logprobs(model_dir, batch, images), atol=ATOL)
 
     losses = []
     for _ in range(4):
@@ -107,6 +132,16 @@ def test_image_logprobs_equal_transformers_whole_model_and_only_the_language_mod
     assert np.isfinite(losses).all() and losses[-1] < 0.8 * losses[0], losses
     assert not any(p.requires_grad or p.grad is not None for p in engine.vision.visual.parameters())
     assert not any("visual" in name for name in engine.adapter_state("m"))
+
+
+def test_qwen3_vl_deepstack_features_change_its_logprobs(presets_dir: Path) -> None:
+    """What the equality above rests on for Qwen3-VL: without its DeepStack features the whole model is far off."""
+    model_dir = build_embedded_model("tiny-qwen3-vl", presets_dir / "tiny-qwen3-vl")
+    images = _images()
+    batch = _batch(images)
+    ours = _engine(model_dir).forward_backward("m", "cross_entropy", {}, batch, forward_only=True).outputs["logprobs"]
+    without = _whole_model_logprobs(model_dir, batch, images, deepstack=False)
+    assert np.abs(ours - without).max() > DEEPSTACK_MATTERS
 
 
 def test_a_text_only_base_refuses_an_image_naming_the_chunk() -> None:
