@@ -1,13 +1,12 @@
 """Images in sampling through the whole app (the session's families app, conftest's `families_on_postgres`: its
 Qwen3.5-MoE base is a tiny vision-language preset): a LoRA trained on image datums is sampled with an image in the
 prompt and vLLM gives its own tokens, and compute_logprobs the prompt's, the trainer's logprobs; the official `openai`
-client sends an image as a data: URL to the base and to the checkpoint; the cookbook's vlm_classifier evaluator,
-unmodified, samples from the trained model with its images; an image_asset_pointer to a file in the app's asset root
+client sends an image as a data: URL to the base and to the checkpoint (the cookbook's vlm_classifier evaluator
+samples with images in test_vlm_classifier); an image_asset_pointer to a file in the app's asset root
 is scored as the ImageChunk of its bytes."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import io
 from collections.abc import Iterator
@@ -22,7 +21,6 @@ from tinker import types
 
 from tests.integration.conftest import FAMILY_BASES
 from tests.integration.test_families import SAMPLER_ATOL
-from tests.integration.test_vlm_classifier import _image_folder
 
 VLM = FAMILY_BASES["qwen3_5_moe"]
 TEXT_ONLY = FAMILY_BASES["qwen3"]
@@ -161,21 +159,3 @@ def test_the_openai_client_sends_an_image_to_a_vlm_and_its_checkpoint(
         with pytest.raises(openai.BadRequestError) as caught:
             client.chat.completions.create(**body)
         assert caught.value.body["param"] == param and said in caught.value.body["message"]  # type: ignore[index]
-
-
-def test_the_cookbook_vlm_classifier_evaluates_the_trained_model(
-    trained: tuple[tinker.TrainingClient, tinker.SamplingClient, str], tmp_path: Path
-) -> None:
-    from tinker_cookbook.recipes.vlm_classifier.eval import ClassifierEvaluator, ClassifierEvaluatorConfig
-
-    folder = _image_folder(tmp_path / "colours", per_class=1)  # test_vlm_classifier's dataset (its train split)
-    config = ClassifierEvaluatorConfig(
-        dataset=str(folder),
-        dataset_split="train",
-        model_name_for_tokenizer=VLM,
-        renderer_name="qwen3_5_disable_thinking",
-        max_tokens=8,
-        n_eval=3,
-    )
-    metrics = asyncio.run(ClassifierEvaluator(config)(trained[1]))
-    assert metrics.keys() == {"accuracy"} and 0.0 <= metrics["accuracy"] <= 1.0
