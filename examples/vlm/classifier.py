@@ -17,9 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from colours import colour_image_folder  # examples/vlm/colours.py, beside this script
-
-RECIPE_DATASET = "dpdl-benchmark/caltech101"  # the recipe's `caltech101` builder's Hub id
+from colours import RECIPE_DATASET, colour_image_folder  # examples/vlm/colours.py, beside this script
 
 
 def _arguments() -> argparse.Namespace:

@@ -9,6 +9,9 @@ import numpy as np
 from PIL import Image
 
 COLOURS = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (20, 40, 230)}
+# The Hub id of the dataset the cookbook's vlm_classifier recipe trains on as `dataset=caltech101`: `datasets` reads a
+# local folder of that name first, so one written there stands in for it offline
+RECIPE_DATASET = "dpdl-benchmark/caltech101"
 
 
 def colour_image_folder(root: Path, per_class: dict[str, int], seed: int = 0) -> Path:

@@ -13,13 +13,12 @@ from pathlib import Path
 import pytest
 from tinker_cookbook.recipes.vlm_classifier.train import ExperimentConfig, run_experiment
 
-from examples.vlm.colours import colour_image_folder
+from examples.vlm.colours import RECIPE_DATASET, colour_image_folder
 from tests.integration.conftest import FAMILY_BASES
 from tests.integration.test_cookbook import _metric, offline_cookbook  # noqa: F401 - a fixture used by name
 
 VLM_BASE = FAMILY_BASES["qwen3_5_moe"]
 STEPS = 5
-RECIPE_DATASET = "dpdl-benchmark/caltech101"  # the recipe's `caltech101` builder's Hub id
 
 
 def test_the_vlm_classifier_recipe_trains_and_evaluates_on_images(
