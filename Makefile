@@ -144,9 +144,11 @@ browser:
 
 # The linters (mypy: one core, ~75 s from a cold cache) beside what the tests need, made one after another (two
 # apt-get installs cannot run at once), so a fresh machine's second core is not idle through mypy.
+# -X faulthandler: pytest's own fault handler ends with the session; this one stays on to the process's end, so
+# a crash in the interpreter's exit prints every thread's stack too.
 test: setup
 	$(MAKE) --no-print-directory -j2 lint test-deps
-	$(PY) -m pytest tests -v -p no:cacheprovider --durations=30
+	$(PY) -X faulthandler -m pytest tests -v -p no:cacheprovider --durations=30
 
 test-deps:
 	MAKEFLAGS= $(MAKE) --no-print-directory model sdk-compat postgres browser

@@ -95,3 +95,30 @@ def presets_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     preset)` is a no-op after the first (the family tests of the trainer, the sampler and sequence parallelism share
     them; ~1.3 s a build on 2 cores)."""
     return tmp_path_factory.mktemp("presets")
+
+
+def pytest_unconfigure() -> None:
+    """Stop the `tinker` SDK's event-loop thread before the interpreter finalizes.
+
+    The SDK runs every client's heartbeat, futures pollers and connection pools on one daemon thread for the life of
+    the process. A test's client left open keeps that thread at work; one whose server had gone (a module's own app)
+    retried its heartbeat to the end of a clean-clone run, logged into pytest's closed capture file while the
+    interpreter was exiting, and the process then died of a segmentation fault after every test had passed.
+    """
+    holder = sys.modules.get("tinker.lib.internal_client_holder")
+    if holder is None:  # no test imported the SDK (e.g. `make quick`)
+        return
+    sdk_thread = holder._internal_client_holder_thread_singleton
+    loop = sdk_thread.loop_if_started()
+    if loop is None:
+        return
+
+    async def cancel_the_rest() -> None:
+        tasks = asyncio.all_tasks() - {asyncio.current_task()}
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    asyncio.run_coroutine_threadsafe(cancel_the_rest(), loop).result(timeout=30)
+    loop.call_soon_threadsafe(loop.stop)
+    sdk_thread._thread.join(timeout=30)
