@@ -92,3 +92,16 @@ def shard_base(model: torch.nn.Module, device_type: str, shard_group_size: int |
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
+
+
+def reshard(model: torch.nn.Module) -> None:
+    """Free the weights FSDP2 gathered and kept (the outermost unit keeps its gathered weights after a pass with no
+    backward), on every rank alike: then nothing a rank does alone, e.g. a save on rank 0 alone, changes what the next
+    pass gathers. `state_dict()` reshards a gathered unit first, on that rank only; its next pass then gathered once
+    more than the others', and the ranks' gathers no longer matched (gloo: "Received data size doesn't match expected
+    size"). A no-op on a model not sharded."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()

@@ -20,6 +20,7 @@ import torch
 from app.errors import NotFound, TinkerServeError, UserError
 from app.messages import AdapterSpec, ForwardBackwardArgs, OptimParams, PassLayout, ShardOutput
 from app.training import checkpoint
+from app.training.base_model import reshard
 from app.training.datum_layout import DatumLayout
 from app.training.grads import all_reduce_sum_grads, failed_on_any_rank, give_back_grads, take_grads
 from app.training.loaded_model import LoadedModel
@@ -157,6 +158,7 @@ class TrainingEngine:
             if self.sharded:  # mid-pass: the other ranks wait in a gather this rank will not join (see execute)
                 raise
             raised = exc
+        self._release_gathered()
         if earlier is not None:  # every rank keeps this op's gradients, or none does
             (failed,) = failed_on_any_rank([error is not None or raised is not None], self.device)
             give_back_grads(model.params, earlier, keep_current=not failed)
@@ -179,7 +181,7 @@ class TrainingEngine:
         carries the pass's layout (what `replay` needs). Otherwise one after another."""
         if not self.mix(requests):
             return [self._answer_alone(model_id, args) for model_id, args in requests]
-        return MixedPass(self, requests).run()
+        return self._mixed_pass(requests)
 
     def mix(self, requests: Sequence[tuple[str, ForwardBackwardArgs]]) -> bool:
         """Whether these requests run as one pass: two or more distinct models on a base whose adapters mix, and
@@ -207,13 +209,23 @@ class TrainingEngine:
                 self.create_model(stand_in, replace(member.spec, role="policy", optimizer="adamw"))
                 stand_ins.append(stand_in)
                 requests.append((stand_in, _stand_in_args(member.lengths)))
-            answer = MixedPass(self, requests).run()[layout.own]
+            answer = self._mixed_pass(requests)[layout.own]
         finally:
             for stand_in in stand_ins:
                 self.remove_model(stand_in)
         if isinstance(answer, TinkerServeError):
             raise answer
         return answer
+
+    def _mixed_pass(self, requests: Sequence[tuple[str, ForwardBackwardArgs]]) -> list[ShardOutput | TinkerServeError]:
+        answers = MixedPass(self, requests).run()
+        self._release_gathered()
+        return answers
+
+    def _release_gathered(self) -> None:
+        """After an operation's passes, a sharded base keeps no gathered weights (app.training.base_model.reshard)."""
+        if self.sharded:
+            reshard(self.pool.model)
 
     def _answer_alone(self, model_id: str, args: ForwardBackwardArgs) -> ShardOutput | TinkerServeError:
         try:

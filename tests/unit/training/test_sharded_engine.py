@@ -80,15 +80,19 @@ def train_everything(
     for _ in range(2):
         losses.append(engine.forward_backward("c", "ppo_critic", {"value_clip": 0.2}, values, False).loss_sum)
         engine.optim_step("c", ADAM)
+    # A pass with no backward, then a save on rank 0 alone (a `forward`, then `save_state`): the ranks' next gathers
+    # must still match (the save's state_dict() resharded what rank 0 alone had kept gathered: gloo failed the pass)
+    engine.forward_backward("p", "cross_entropy", {}, sft, True)
     if rank == 0:
         engine.save_state("p", Path(out) / "policy")
     torch.distributed.barrier()
+    logprobs = engine.forward_backward("p", "cross_entropy", {}, sft, True)
     engine.create_model("q", POLICY)
     engine.load_state("q", Path(out) / "policy", with_optimizer=True)
     return {
         "losses": losses,
         "metrics": metrics,
-        "logprobs": engine.forward_backward("p", "cross_entropy", {}, sft, True),
+        "logprobs": logprobs,
         "reloaded_logprobs": engine.forward_backward("q", "cross_entropy", {}, sft, True),
         "values": engine.forward_backward("c", "ppo_critic", {"value_clip": 0.2}, values, True),
         "policy": {k: v.numpy() for k, v in engine.adapter_state("p").items()},
