@@ -1,11 +1,12 @@
-"""Every family beside Qwen2 and Qwen3 (Llama 3, Qwen3-MoE, and the lineup's Qwen3.5 and its MoE, Nemotron-H,
+"""Every family beside Qwen2, Qwen3 and Qwen3.5-MoE (Llama 3, Qwen3-MoE, and the lineup's Qwen3.5, Nemotron-H,
 DeepSeek-V3, GLM-4.5, and Qwen3-VL) on the CPU Sampler's real vLLM engine, as the Sampler replica sets it up (its engine
 options, plugins and environment), against the trainer's real engine: the trainer's MLP-only and attention + MLP
 adapters learn, and vLLM gives each exported adapter's own sampled tokens the trainer's logprobs, on the
-vision-language bases (Qwen3.5, Qwen3.5-MoE, Qwen3-VL) after a prompt with an image too. In LANES processes of their
-own, one family's engine at a time in each (tests/integration/family_samplers.py): the families app took 150 s to
-start on 2 cores with four bases and ~50 s with two, so it keeps Qwen3 and Qwen3.5-MoE (through the real SDK,
-test_families.py) and this covers every family. gpt-oss samples on GPUs only."""
+vision-language bases (Qwen3.5, Qwen3-VL) after a prompt with an image too. In LANES processes of their own, one
+family's engine at a time in each (tests/integration/family_samplers.py): the families app took 150 s to start on 2
+cores with four bases and ~50 s with two, so it keeps Qwen3 and Qwen3.5-MoE, whose same three checks run there through
+the real SDK (an MLP-only adapter, test_families.py; attention + MLP after an image prompt, test_image_sampling.py),
+and this covers every other family. gpt-oss samples on GPUs only."""
 
 from __future__ import annotations
 
@@ -30,13 +31,12 @@ PRESETS = {
     "llama": "tiny-llama",
     "qwen3_moe": "tiny-qwen3-moe",
     "qwen3_5": "tiny-qwen3_5",
-    "qwen3_5_moe": "tiny-qwen3_5-moe",
     "nemotron_h": "tiny-nemotron-h",
     "deepseek_v3": "tiny-deepseek-v3",
     "glm4_moe": "tiny-glm4-moe",
     "qwen3_vl": "tiny-qwen3-vl",
 }
-VISION = {"qwen3_5", "qwen3_5_moe", "qwen3_vl"}  # their presets have a vision tower: their check samples an image too
+VISION = {"qwen3_5", "qwen3_vl"}  # their presets have a vision tower: their check samples an image too
 
 
 @pytest.fixture(scope="module")
