@@ -19,6 +19,7 @@ from app.models.embedded import build_embedded_model
 from app.training.base_model import load_base_model
 from deployments.builder import build_app
 from tests.conftest import API_PORT, TINY_MODEL, free_port
+from tests.integration.helpers import raw_client, raw_session_with_model
 from tests.postgres import PostgresServer
 from tests.s3 import S3_ENV, s3_server
 
@@ -166,6 +167,7 @@ def wait_ready(
 # not in it. Kept in the environment: test modules import this file under another module name than pytest does.
 _ON_ANOTHER_DATABASE = "TINKER_SERVE_TEST_APP_ON_ANOTHER_DATABASE"
 _STANDARD_STATE_DIR = "TINKER_SERVE_TEST_STANDARD_STATE_DIR"  # the standard app's state_dir
+_SILENT_SESSION = "TINKER_SERVE_TEST_SILENT_SESSION"  # "session_id model_id" (the silent_session fixture)
 
 
 def replace_app(config: dict, url: str, while_starting: Callable[[], None] | None = None) -> None:
@@ -227,9 +229,19 @@ def base_url(state_dir: Path) -> str:
     url = f"http://127.0.0.1:{API_PORT}"  # the Ingress replica's own server (direct ingress)
     wait_ready(url)
     print(f"\nServe app ready in {time.monotonic() - started:.1f} s at {url}")
+    with raw_client(url, "tml-integration-tests") as http:  # the `silent_session` fixture's
+        os.environ[_SILENT_SESSION] = " ".join(raw_session_with_model(http, BASE_MODEL))
     yield url
     serve.shutdown()
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def silent_session(base_url: str) -> tuple[str, str]:
+    """(session id, model id) of a raw session holding one model that never heartbeats, made the moment the shared
+    app came up: its timeout runs out while the suite goes on, so test_sessions need not wait it out."""
+    session, model_id = os.environ[_SILENT_SESSION].split()
+    return session, model_id
 
 
 @pytest.fixture(scope="session")

@@ -154,6 +154,17 @@ def future_result(http: httpx.Client, request_id: str, timeout_s: float = 120) -
     return body
 
 
+def raw_session_with_model(http: httpx.Client, base_model: str) -> tuple[str, str]:
+    """A raw session (it never heartbeats) holding one created model of `base_model`: (session id, model id)."""
+    session = http.post("/api/v1/create_session", json={}).json()["session_id"]
+    created = http.post(
+        "/api/v1/create_model",
+        json={"session_id": session, "model_seq_id": 0, "base_model": base_model, "lora_config": {"rank": 4}},
+    ).json()
+    assert future_result(http, created["request_id"])["model_id"] == created["model_id"]
+    return session, created["model_id"]
+
+
 def peft_logprobs(adapter_dir: Path, data: list[types.Datum]) -> np.ndarray:
     """The logprobs of `data`'s targets under the adapter at `adapter_dir` loaded by plain PEFT on the tiny base."""
     model = PeftModel.from_pretrained(load_base_model(str(TINY_MODEL)), str(adapter_dir)).eval()
